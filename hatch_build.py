@@ -26,6 +26,8 @@ def compile_protos(root: Path) -> list[Path]:
     proto_dir = root / PROTO_ROOT
     sources = sorted(str(p.relative_to(proto_dir)) for p in (proto_dir / "agentsidecar").rglob("*.proto"))
     well_known = Path(grpc_tools.__file__).parent / "_proto"
+    # pip's isolated build environment puts its scripts on PATH, not beside
+    # sys.executable, so look on PATH first.
     plugin_dir = Path(sys.executable).parent
     args = [
         "grpc_tools.protoc",
@@ -34,8 +36,8 @@ def compile_protos(root: Path) -> list[Path]:
         f"--python_out={proto_dir}",
         f"--grpc_python_out={proto_dir}",
     ]
-    mypy_plugin = plugin_dir / "protoc-gen-mypy"
-    mypy_grpc_plugin = plugin_dir / "protoc-gen-mypy_grpc"
+    mypy_plugin = Path(shutil.which("protoc-gen-mypy") or plugin_dir / "protoc-gen-mypy")
+    mypy_grpc_plugin = Path(shutil.which("protoc-gen-mypy_grpc") or plugin_dir / "protoc-gen-mypy_grpc")
     if mypy_plugin.exists() and mypy_grpc_plugin.exists():
         # mypy-protobuf gives typed messages and typed (sync and aio) stubs.
         args += [

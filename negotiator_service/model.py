@@ -1,0 +1,291 @@
+"""Negotiator values: declarations, calls, requirements and verdicts.
+
+Pure data; no grpc, no I/O. The servicer converts protos to and from these,
+the core (`negotiation.py`) judges a `CallRequest` against a `Declaration`,
+and adapters receive an `AdapterCall` only after the judgement accepted it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+JsonValue = Any  # a value that json.dumps accepts
+
+
+class Capability(enum.Enum):
+    """Capabilities, named as in Kedi's `requires=` plus dsh's start fields."""
+
+    STRUCTURED_OUTPUT = "structured_output"
+    TOOL_REGISTRATION = "tool_registration"
+    MCP = "mcp"
+    PROFILE_OVERRIDE = "profile_override"
+    MODEL_OVERRIDE = "model_override"
+    EFFORT = "effort"
+    SETTINGS = "settings"
+    CODEMODE = "codemode"
+    NATIVE_APPROVALS = "native_approvals"
+    NATIVE_APPROVAL_HANDLER = "native_approval_handler"
+    SUBAGENTS = "subagents"
+    BACKGROUND_SUBAGENTS = "background_subagents"
+    STREAM_EVENTS = "stream_events"
+    HOOKS = "hooks"
+    STATEFUL_HISTORY = "stateful_history"
+    HISTORY_REPLAY = "history_replay"
+    NATIVE_ARTIFACTS = "native_artifacts"
+    DEPTH_LIMIT = "depth_limit"
+    TOOL_FILTER = "tool_filter"
+    PERSONA = "persona"
+
+
+class CapabilityState(enum.Enum):
+    """Tri-state support: a capability the declaration omits is UNKNOWN."""
+
+    UNKNOWN = "unknown"
+    UNSUPPORTED = "unsupported"
+    SUPPORTED = "supported"
+
+
+class AdapterKind(enum.Enum):
+    FRAMEWORK = "agent-framework"  # selected with `adapter`
+    HARNESS = "agent-harness"  # selected with `agent`
+
+
+class TypedSet(enum.Enum):
+    MCP_TRANSPORTS = "mcp_transports"
+    ACCEPTED_SETTINGS = "accepted_settings"
+    STRING_FORMATS = "string_formats"
+    HOOK_EVENTS = "hook_events"
+
+
+# The capability a typed set belongs to: a set member needs both.
+SET_CAPABILITY: Mapping[TypedSet, Capability] = MappingProxyType(
+    {
+        TypedSet.MCP_TRANSPORTS: Capability.MCP,
+        TypedSet.ACCEPTED_SETTINGS: Capability.SETTINGS,
+        TypedSet.STRING_FORMATS: Capability.STRUCTURED_OUTPUT,
+        TypedSet.HOOK_EVENTS: Capability.HOOKS,
+    }
+)
+
+MCP_TRANSPORTS = frozenset({"stdio", "sse", "http"})
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """What an adapter declares it can honour."""
+
+    shortname: str
+    kind: AdapterKind
+    capabilities: Mapping[Capability, CapabilityState] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    mcp_transports: frozenset[str] = frozenset()
+    accepted_settings: frozenset[str] = frozenset()
+    string_formats: frozenset[str] = frozenset()
+    hook_events: frozenset[str] = frozenset()
+    scripted: bool = False  # canned replies: demos and tests only
+
+    def state(self, capability: Capability) -> CapabilityState:
+        return self.capabilities.get(capability, CapabilityState.UNKNOWN)
+
+    def members(self, typed_set: TypedSet) -> frozenset[str]:
+        return {
+            TypedSet.MCP_TRANSPORTS: self.mcp_transports,
+            TypedSet.ACCEPTED_SETTINGS: self.accepted_settings,
+            TypedSet.STRING_FORMATS: self.string_formats,
+            TypedSet.HOOK_EVENTS: self.hook_events,
+        }[typed_set]
+
+    def canonical(self) -> dict[str, JsonValue]:
+        """A stable JSON form: the input of `version`."""
+        return {
+            "shortname": self.shortname,
+            "kind": self.kind.value,
+            "capabilities": {
+                c.value: s.value for c, s in sorted(self.capabilities.items(), key=lambda kv: kv[0].value)
+            },
+            "mcp_transports": sorted(self.mcp_transports),
+            "accepted_settings": sorted(self.accepted_settings),
+            "string_formats": sorted(self.string_formats),
+            "hook_events": sorted(self.hook_events),
+            "scripted": self.scripted,
+        }
+
+    @property
+    def version(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    name: str
+    transport: str  # "stdio" | "sse" | "http" ("streamable-http" normalized to "http")
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    url: str = ""
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class MaxDepth:
+    depth: int | None = None  # 0 forbids delegation
+    provider_managed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFilter:
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    model: str | None = None
+    effort: str | None = None
+    settings: Mapping[str, JsonValue] = field(default_factory=lambda: MappingProxyType({}))
+    profile: str | None = None
+    mcp_servers: tuple[McpServer, ...] = ()
+    max_depth: MaxDepth | None = None
+    tool_filter: ToolFilter | None = None
+    persona: str | None = None
+    stream_events: bool = False
+    allow_unknown: frozenset[Capability] = frozenset()
+
+
+class CallKind(enum.Enum):
+    PRODUCE = "produce"
+    INVOKE = "invoke"
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """A Produce or Invoke call as the caller sent it."""
+
+    kind: CallKind
+    prompt: str
+    adapter: str | None = None  # frameworks only
+    agent: str | None = None  # harnesses only
+    output_schema: str | None = None  # JSON text; Produce only
+    options: CallOptions = field(default_factory=CallOptions)
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One thing a call needs; `member`/`typed_set` are set for set members."""
+
+    capability: Capability
+    request_field: str
+    typed_set: TypedSet | None = None
+    member: str = ""
+
+    def describe(self) -> str:
+        if self.typed_set is None:
+            return self.capability.value
+        return f"{self.typed_set.value}:{self.member}"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    requirement: Requirement
+    state: CapabilityState
+    allowed_unknown: bool = False
+
+    @property
+    def accepted(self) -> bool:
+        return self.state is CapabilityState.SUPPORTED or self.allowed_unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    adapter: str
+    declaration_version: str
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def gaps(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if not v.accepted)
+
+    @property
+    def accepted(self) -> bool:
+        return not self.gaps
+
+    @property
+    def allowed_unknowns(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if v.allowed_unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    type: str
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterCall:
+    """What an adapter receives, only after the decision accepted the call."""
+
+    prompt: str
+    options: CallOptions
+    output_schema: Mapping[str, JsonValue] | None = None  # parsed; Produce only
+    time_budget: float | None = None  # seconds the caller has left; None = no deadline
+    delegation_depth: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterReply:
+    """An adapter's answer: `text` for Invoke, JSON text for Produce."""
+
+    text: str
+    events: tuple[StreamEvent, ...] = ()
+
+
+class Adapter(Protocol):
+    """An agent adapter. The code declares what it implements."""
+
+    implementation: str  # "openai" | "command" | "remote" | "scripted"
+
+    @property
+    def declaration(self) -> Declaration: ...
+
+    async def produce(self, call: AdapterCall) -> AdapterReply: ...
+
+    async def invoke(self, call: AdapterCall) -> AdapterReply: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeclarationOverride:
+    """What a config file says about an adapter's declaration.
+
+    For code-declared adapters (openai, command, remote) this may only narrow
+    the code's declaration; `declarations.narrow` refuses anything wider. For
+    the scripted adapter it is the whole declaration.
+    """
+
+    kind: AdapterKind | None = None
+    capabilities: Mapping[Capability, CapabilityState] = field(default_factory=lambda: MappingProxyType({}))
+    mcp_transports: frozenset[str] | None = None
+    accepted_settings: frozenset[str] | None = None
+    string_formats: frozenset[str] | None = None
+    hook_events: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSpec:
+    """One adapter entry of the config file, before the adapter is built."""
+
+    shortname: str
+    implementation: str  # "openai" | "command" | "remote" | "scripted"
+    declaration: DeclarationOverride | None = None
+    # Implementation-specific options, as parsed from YAML (validated by the adapter).
+    options: Mapping[str, JsonValue] = field(default_factory=lambda: MappingProxyType({}))
+    source_path: str = ""  # config file, for error messages

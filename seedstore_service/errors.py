@@ -1,0 +1,86 @@
+"""The seedstore's error taxonomy. No grpc here: `status.py` maps it once.
+
+    SeedStoreError
+    ├── InvalidArgument            bad flag value (priority, tie, missing provides)
+    │   └── InvalidIdentifier      identifier rule broken; names the field
+    ├── SeedNotFound               unknown seed id
+    ├── AmbiguousSeed              id found in several files; pass --domain
+    ├── SeedMalformed              the targeted seed's file cannot be parsed
+    ├── RevisionMismatch           expected revision differs from the file's
+    ├── StoreUnavailable           HOME/SKILLSPEC_HOME unset, I/O failure
+
+Messages are SkillSpec's, so the CLI prints the same `error: ...` line
+whether it ran locally or through the service.
+"""
+
+from __future__ import annotations
+
+
+class SeedStoreError(Exception):
+    """Base of every seedstore error. `reason` is the ErrorInfo reason."""
+
+    reason = "SEEDSTORE_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(SeedStoreError):
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidIdentifier(InvalidArgument):
+    reason = "INVALID_IDENTIFIER"
+
+    def __init__(self, value: str, field: str) -> None:
+        super().__init__(f'invalid identifier "{value}" in {field}', field)
+        self.value = value
+
+
+class SeedNotFound(SeedStoreError):
+    reason = "SEED_NOT_FOUND"
+
+    def __init__(self, seed_id: str) -> None:
+        super().__init__(f'unknown capability seed "{seed_id}"')
+        self.seed_id = seed_id
+
+
+class AmbiguousSeed(SeedStoreError):
+    reason = "SEED_AMBIGUOUS"
+
+    def __init__(self, seed_id: str, paths: list[str]) -> None:
+        super().__init__(f'capability seed "{seed_id}" exists in multiple domains; pass --domain')
+        self.seed_id = seed_id
+        self.paths = paths
+
+
+class SeedMalformed(SeedStoreError):
+    reason = "SEED_MALFORMED"
+
+    def __init__(self, path: str, line: int, detail: str) -> None:
+        super().__init__(f"failed to parse YAML from {path}: {detail}")
+        self.path = path
+        self.line = line
+        self.detail = detail
+
+
+class RevisionMismatch(SeedStoreError):
+    reason = "REVISION_MISMATCH"
+
+    def __init__(self, seed_id: str, expected: str, actual: str) -> None:
+        super().__init__(
+            f'capability seed "{seed_id}" has revision {actual}, not the expected {expected}; '
+            "read it again and retry"
+        )
+        self.seed_id = seed_id
+        self.expected = expected
+        self.actual = actual
+
+
+class StoreUnavailable(SeedStoreError):
+    reason = "STORE_UNAVAILABLE"

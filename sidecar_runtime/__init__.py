@@ -1,0 +1,1 @@
+"""What both sidecars share: listen addresses, rich status errors, serving."""
