@@ -1,0 +1,384 @@
+"""Running a seed's checks: the shell around `verification.py`.
+
+Evidence commands come from user-writable YAML, so each one runs without a
+shell, in a fresh scratch directory, with a minimal environment, in its own
+session (so its whole process group can be killed), under a timeout, with its
+output capped. Whatever ends a check early — the timeout, a consumer that
+stops iterating, a cancelled task — the process group is killed and reaped
+before control leaves, so no check outlives its caller.
+
+Results stream as events: for each check a `CheckStarted` and a
+`CheckFinished`, then one `SeedChecked` with the verdict. Writing the verdict
+to disk is the caller's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from seedstore_service.model import Outcome, Seed, VerificationStatus
+from seedstore_service.verification import (
+    Check,
+    CommandEnd,
+    EvidenceCommand,
+    Exited,
+    FileState,
+    NoEvidence,
+    PathLookup,
+    SpawnFailed,
+    TimedOut,
+    UnrunnableEvidence,
+    evidence_outcome,
+    lookup_on_path,
+    path_lookup_outcome,
+    plan_checks,
+    verdict,
+)
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+_READ_CHUNK = 65536
+# After SIGKILL the group dies at once; this only bounds the wait for a
+# process that escaped the group (its own setsid) and still holds the pipe.
+_REAP_GRACE_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    check_timeout: float = 10.0
+    """Seconds an evidence command may run before its process group is killed."""
+    output_cap_bytes: int = 65536
+    """Output kept per command (stdout and stderr together); the rest is read and dropped."""
+    path: str = DEFAULT_PATH
+    """PATH for lookups and the only PATH evidence commands see."""
+
+    def __post_init__(self) -> None:
+        if not self.check_timeout > 0:
+            raise ValueError(f"check_timeout must be positive, not {self.check_timeout}")
+        if self.output_cap_bytes < 0:
+            raise ValueError(f"output_cap_bytes must not be negative, not {self.output_cap_bytes}")
+
+
+# --- events -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckStarted:
+    seed_id: str
+    domain: str
+    check: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckFinished:
+    seed_id: str
+    domain: str
+    check: str
+    index: int
+    ok: bool
+    exit_code: int | None  # None unless an evidence command ran and exited
+    duration_s: float
+    message: str
+    output_truncated: bool
+    timed_out: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SeedChecked:
+    seed_id: str
+    domain: str
+    path: str
+    outcomes: tuple[Outcome, ...]
+    status: VerificationStatus
+
+
+VerifyEvent = CheckStarted | CheckFinished | SeedChecked
+
+
+# --- one command ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    end: CommandEnd
+    output: bytes  # at most output_cap_bytes of stdout+stderr
+    output_truncated: bool
+    duration_s: float
+
+
+def probe_file(candidate: Path) -> FileState:
+    """The real filesystem probe for `lookup_on_path`: a regular file, and X_OK for us."""
+    if not os.path.isfile(candidate):
+        return FileState.MISSING
+    return FileState.EXECUTABLE if os.access(candidate, os.X_OK) else FileState.NOT_EXECUTABLE
+
+
+async def run_command(argv: Sequence[str], settings: RunnerSettings, lookup_cwd: Path) -> CommandResult:
+    """Run `argv` (no shell) under the runner's rules and report how it ended.
+
+    A bare program name is resolved on `settings.path` (never the service's
+    own PATH); a name with a slash is taken relative to `lookup_cwd`, as
+    SkillSpec does relative to its working directory.
+    """
+    if not argv:
+        raise ValueError("argv must not be empty")
+    started = time.monotonic()
+    program = _resolve_program(argv[0], settings.path, lookup_cwd)
+    if isinstance(program, SpawnFailed):
+        return CommandResult(program, b"", False, time.monotonic() - started)
+    scratch = Path(tempfile.mkdtemp(prefix="seedstore-verify-"))
+    try:
+        try:
+            process, exited = await _spawn(argv, program, scratch, settings.path)
+        except OSError as error:
+            return CommandResult(_spawn_failed(error), b"", False, time.monotonic() - started)
+        return await _supervise(process, exited, settings, started)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class _ExitSignallingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Says when the process itself has exited.
+
+    Before Python 3.12, `Process.wait()` also waits for the pipes to close,
+    which a background child holding stdout can put off indefinitely.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=_READ_CHUNK, loop=loop)
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
+async def _spawn(
+    argv: Sequence[str], program: str, scratch: Path, path_env: str
+) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
+    # What `asyncio.create_subprocess_exec` does, with a protocol that reports the exit.
+    loop = asyncio.get_running_loop()
+    spawning = asyncio.ensure_future(
+        loop.subprocess_exec(
+            lambda: _ExitSignallingProtocol(loop),
+            *argv,
+            executable=program,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=scratch,
+            env=_minimal_env(path_env, scratch),
+            # A new session makes the child a process group leader, so the whole
+            # group (its children too) can be killed with one killpg.
+            start_new_session=True,
+        )
+    )
+    try:
+        transport, protocol = await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        # Cancelled mid-spawn, the child may already be running (and starting
+        # its own children); asyncio would kill only the child. Let the
+        # spawn finish, it is quick, then kill the whole group.
+        with contextlib.suppress(Exception):
+            transport, protocol = await spawning
+            _kill_group(transport.get_pid())
+            await _reap(asyncio.subprocess.Process(transport, protocol, loop))
+        raise
+    return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+
+
+def _resolve_program(name: str, path_env: str, cwd: Path) -> str | SpawnFailed:
+    if "/" in name:
+        # Let exec report what is wrong with an explicit path (ENOENT, EACCES, ...).
+        return str(cwd / name)
+    found = lookup_on_path(name, path_env, cwd, probe_file)
+    if found.path is None:
+        return _spawn_failed(FileNotFoundError(2, os.strerror(2)))
+    # A non-executable hit is still exec'd, so the error is the OS's own EACCES.
+    return str(found.path)
+
+
+def _spawn_failed(error: OSError) -> SpawnFailed:
+    errno = error.errno or 0
+    return SpawnFailed(errno=errno, strerror=os.strerror(errno) if errno else str(error))
+
+
+def _minimal_env(path: str, scratch: Path) -> dict[str, str]:
+    return {"PATH": path, "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8"}
+
+
+class _CappedOutput:
+    """Keeps the first `cap` bytes and keeps reading past them, so the child never blocks on a full pipe."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = bytearray()
+        self.truncated = False
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(_READ_CHUNK):
+            room = self.cap - len(self.kept)
+            if room > 0:
+                self.kept += chunk[:room]
+            if len(chunk) > room:
+                self.truncated = True
+
+
+async def _supervise(
+    process: asyncio.subprocess.Process, exited: asyncio.Event, settings: RunnerSettings, started: float
+) -> CommandResult:
+    assert process.stdout is not None  # stdout=PIPE
+    output = _CappedOutput(settings.output_cap_bytes)
+    reader = asyncio.create_task(output.drain(process.stdout))
+    end: CommandEnd
+    try:
+        async with asyncio.timeout(settings.check_timeout):
+            await exited.wait()
+            returncode = process.returncode
+            assert returncode is not None  # set before process_exited() is called
+            # Background children left behind would hold the pipe open (and
+            # outlive the check): end them, then read to EOF.
+            _kill_group(process.pid)
+            await reader
+        end = Exited(returncode)
+    except TimeoutError:
+        # If the leader had exited and only the reading ran late, it still exited.
+        end = TimedOut(settings.check_timeout) if process.returncode is None else Exited(process.returncode)
+    finally:
+        # Also reached on cancellation: the group must not outlive the check.
+        _kill_group(process.pid)
+        await _reap(process, reader)
+    return CommandResult(end, bytes(output.kept), output.truncated, time.monotonic() - started)
+
+
+def _kill_group(pgid: int) -> None:
+    # start_new_session=True made the child a session and group leader, so its
+    # pid is the group id; ESRCH just means everyone has already gone.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def _reap(process: asyncio.subprocess.Process, reader: asyncio.Task[None] | None = None) -> None:
+    """Wait (bounded) for a killed process to be reaped and its output pipe to close."""
+    # asyncio.wait, not a timeout context: it works the same while a
+    # cancellation is being delivered.
+    waiting: set[asyncio.Task[int] | asyncio.Task[None]] = {asyncio.create_task(process.wait())}
+    if reader is not None:
+        waiting.add(reader)
+    _, pending = await asyncio.wait(waiting, timeout=_REAP_GRACE_S)
+    for task in pending:
+        task.cancel()
+
+
+# --- one seed ---------------------------------------------------------------
+
+
+async def check_seed(seed: Seed, path: str, settings: RunnerSettings) -> AsyncGenerator[VerifyEvent, None]:
+    """Run `seed`'s checks one after another, yielding events as they happen.
+
+    The PATH lookup (and a relative program in an evidence command) is
+    resolved against the service's current directory, as SkillSpec does.
+    """
+    lookup_cwd = Path.cwd()
+    outcomes: list[Outcome] = []
+    for index, check in enumerate(plan_checks(seed)):
+        yield CheckStarted(seed_id=seed.id, domain=seed.domain, check=check.name, index=index)
+        finished = await _run_check(seed, check, index, settings, lookup_cwd)
+        outcomes.append(Outcome(check=finished.check, ok=finished.ok, message=finished.message))
+        yield finished
+    yield SeedChecked(
+        seed_id=seed.id, domain=seed.domain, path=path, outcomes=tuple(outcomes), status=verdict(outcomes)
+    )
+
+
+async def _run_check(
+    seed: Seed, check: Check, index: int, settings: RunnerSettings, lookup_cwd: Path
+) -> CheckFinished:
+    started = time.monotonic()
+    exit_code: int | None = None
+    output_truncated = False
+    timed_out = False
+    if isinstance(check, PathLookup):
+        outcome = path_lookup_outcome(
+            check, lookup_on_path(check.program, settings.path, lookup_cwd, probe_file)
+        )
+        duration_s = time.monotonic() - started
+    elif isinstance(check, EvidenceCommand):
+        result = await run_command(check.argv, settings, lookup_cwd)
+        outcome = evidence_outcome(check, result.end)
+        duration_s = result.duration_s
+        output_truncated = result.output_truncated
+        timed_out = isinstance(result.end, TimedOut)
+        if isinstance(result.end, Exited):
+            exit_code = result.end.exit_code
+    else:
+        assert isinstance(check, UnrunnableEvidence | NoEvidence)
+        outcome = check.outcome()
+        duration_s = time.monotonic() - started
+    return CheckFinished(
+        seed_id=seed.id,
+        domain=seed.domain,
+        check=outcome.check,
+        index=index,
+        ok=outcome.ok,
+        exit_code=exit_code,
+        duration_s=duration_s,
+        message=outcome.message,
+        output_truncated=output_truncated,
+        timed_out=timed_out,
+    )
+
+
+# --- several seeds ----------------------------------------------------------
+
+
+async def check_seeds(
+    items: Sequence[tuple[Seed, str]], settings: RunnerSettings, concurrency: int
+) -> AsyncGenerator[VerifyEvent, None]:
+    """Check each `(seed, path)`, at most `concurrency` seeds at a time, yielding all events.
+
+    Events of one seed keep their order; events of different seeds
+    interleave as they happen. Stopping early (aclose, break, cancellation)
+    cancels every running check, which kills its process group, before this
+    generator finishes. An unexpected error in one seed's checks stops the
+    rest and is raised here.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    queue: asyncio.Queue[VerifyEvent | asyncio.Task[None]] = asyncio.Queue()
+    pending = iter(items)
+
+    async def worker(work: Iterator[tuple[Seed, str]]) -> None:
+        # Workers share one iterator, so each takes the next seed when free.
+        for seed, path in work:
+            async with contextlib.aclosing(check_seed(seed, path, settings)) as events:
+                async for event in events:
+                    queue.put_nowait(event)
+
+    workers = [asyncio.create_task(worker(pending)) for _ in range(min(concurrency, len(items)))]
+    for task in workers:
+        task.add_done_callback(queue.put_nowait)
+    try:
+        running = len(workers)
+        while running:
+            item = await queue.get()
+            if isinstance(item, asyncio.Task):
+                running -= 1
+                if not item.cancelled() and (error := item.exception()) is not None:
+                    raise error
+                continue
+            yield item
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
