@@ -1,0 +1,358 @@
+"""The pure core of declare-and-refuse: validate a call, derive what it needs, judge it.
+
+No I/O and no adapter code: `Broker` calls these before anything runs, and the
+Negotiate dry run calls nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped, unused-ignore]
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
+
+from negotiator_service.errors import AdapterKindMismatch, InvalidRequest
+from negotiator_service.model import (
+    MCP_TRANSPORTS,
+    SET_CAPABILITY,
+    AdapterKind,
+    CallKind,
+    CallRequest,
+    Capability,
+    CapabilityState,
+    Decision,
+    Declaration,
+    McpServer,
+    Requirement,
+    TypedSet,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    # referencing exports no name for its resolver type.
+    from referencing._core import Resolver
+
+# Kedi's McpServerSpec.normalized(): the modern name of the HTTP transport.
+_TRANSPORT_ALIASES: Mapping[str, str] = {"streamable-http": "http"}
+
+# JSON Schema keywords whose value is one subschema, a name->subschema map, or
+# a list of subschemas (draft 2020-12, plus `definitions` which older schemas
+# still use for `$ref` targets). Everything else is data (enum, const,
+# default, examples, ...), where a "format" key is not a keyword.
+_SUBSCHEMA_KEYWORDS = frozenset(
+    {
+        "additionalProperties",
+        "items",
+        "contains",
+        "not",
+        "if",
+        "then",
+        "else",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+    }
+)
+_SUBSCHEMA_MAP_KEYWORDS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+_SUBSCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+
+
+def normalize_transport(transport: str) -> str:
+    """The canonical transport name ("streamable-http" is "http")."""
+    return _TRANSPORT_ALIASES.get(transport, transport)
+
+
+def validate_request(request: CallRequest) -> Mapping[str, Any] | None:
+    """Check a call's shape; return its parsed output schema (Produce) or None.
+
+    Raises InvalidRequest listing every problem at once, so a caller fixes
+    them in one round trip. A boolean schema is returned as its object
+    equivalent (`true` is `{}`, `false` is `{"not": {}}`).
+    """
+    problems: list[tuple[str, str]] = []
+    problems.extend(_target_problems(request))
+    if request.prompt == "":
+        problems.append(("prompt", "must not be empty"))
+    schema: Mapping[str, Any] | None = None
+    if request.kind is CallKind.PRODUCE:
+        if not request.output_schema:
+            problems.append(("output_schema", "is required for Produce"))
+        else:
+            schema, schema_problems = _parse_schema(request.output_schema)
+            problems.extend(schema_problems)
+    elif request.output_schema:
+        problems.append(("output_schema", "is only for Produce; Invoke returns plain text"))
+    problems.extend(_option_problems(request))
+    if problems:
+        raise InvalidRequest(problems)
+    return schema
+
+
+def _target_problems(request: CallRequest) -> list[tuple[str, str]]:
+    if request.adapter is None and request.agent is None:
+        return [("target", "exactly one of adapter or agent is required")]
+    if request.adapter is not None and request.agent is not None:
+        return [("target", "set adapter or agent, not both")]
+    problems = []
+    if request.adapter == "":
+        problems.append(("adapter", "must not be empty"))
+    if request.agent == "":
+        problems.append(("agent", "must not be empty"))
+    return problems
+
+
+def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, str]]]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, [("output_schema", f"is not valid JSON: {exc}")]
+    if isinstance(parsed, bool):
+        parsed = {} if parsed else {"not": {}}
+    if not isinstance(parsed, dict):
+        return None, [("output_schema", f"must be a JSON object or boolean, not {_json_type_name(parsed)}")]
+    try:
+        Draft202012Validator.check_schema(parsed)
+    except SchemaError as exc:
+        where = json_pointer(exc.absolute_path) or "/"
+        return None, [
+            ("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {exc.message}")
+        ]
+    base_uri = parsed["$id"] if isinstance(parsed.get("$id"), str) else ""
+    registry: Registry[Any] = Registry().with_resource(base_uri, DRAFT202012.create_resource(parsed))
+    ref_problems = list(_ref_problems(parsed, registry.crawl().resolver(base_uri=base_uri), ""))
+    if ref_problems:
+        return None, ref_problems
+    return parsed, []
+
+
+def _json_type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "a number"
+
+
+def _option_problems(request: CallRequest) -> list[tuple[str, str]]:
+    options = request.options
+    problems: list[tuple[str, str]] = []
+    for name, value in (
+        ("model", options.model),
+        ("effort", options.effort),
+        ("profile", options.profile),
+        ("persona", options.persona),
+    ):
+        if value is not None and not value.strip():
+            problems.append((f"options.{name}", "must not be empty when set"))
+    if any(not key for key in options.settings):
+        problems.append(("options.settings", "contains an empty key"))
+    problems.extend(_mcp_problems(options.mcp_servers))
+    if options.max_depth is not None:
+        depth = options.max_depth
+        if depth.provider_managed and depth.depth is not None:
+            problems.append(("options.max_depth", "set either depth or provider_managed, not both"))
+        elif not depth.provider_managed and depth.depth is None:
+            problems.append(("options.max_depth", "set depth or provider_managed"))
+        elif depth.depth is not None and depth.depth < 0:
+            problems.append(("options.max_depth.depth", "must not be negative"))
+    if options.tool_filter is not None:
+        tool_filter = options.tool_filter
+        if not tool_filter.allow and not tool_filter.deny:
+            problems.append(("options.tool_filter", "allow and deny are both empty; omit the filter instead"))
+        for list_name, names in (("allow", tool_filter.allow), ("deny", tool_filter.deny)):
+            problems.extend(_name_list_problems(f"options.tool_filter.{list_name}", names, "tool name"))
+    return problems
+
+
+def _name_list_problems(path: str, names: Sequence[str], what: str) -> list[tuple[str, str]]:
+    problems = []
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if not name:
+            problems.append((f"{path}[{index}]", f"empty {what}"))
+        elif name in seen:
+            problems.append((f"{path}[{index}]", f'duplicate {what} "{name}"'))
+        seen.add(name)
+    return problems
+
+
+def _mcp_problems(servers: Sequence[McpServer]) -> list[tuple[str, str]]:
+    problems = _name_list_problems("options.mcp_servers", [s.name for s in servers], "MCP server name")
+    # _name_list_problems points at the list element; the field is its name.
+    problems = [(f"{path}.name", text) for path, text in problems]
+    for index, server in enumerate(servers):
+        path = f"options.mcp_servers[{index}]"
+        transport = normalize_transport(server.transport)
+        if transport not in MCP_TRANSPORTS:
+            problems.append(
+                (
+                    f"{path}.transport",
+                    f'unknown transport "{server.transport}"; expected stdio, sse, http or streamable-http',
+                )
+            )
+        elif transport == "stdio" and not server.command:
+            problems.append((f"{path}.command", "is required for the stdio transport"))
+        elif transport != "stdio" and not server.url:
+            problems.append((f"{path}.url", f"is required for the {transport} transport"))
+    return problems
+
+
+def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
+    """Everything the call needs from the adapter, in request order."""
+    options = request.options
+    requirements: list[Requirement] = []
+    if schema is not None:
+        requirements.append(Requirement(Capability.STRUCTURED_OUTPUT, "output_schema"))
+        seen_formats: set[str] = set()
+        for pointer, string_format in _schema_formats(schema, "output_schema"):
+            if string_format not in seen_formats:
+                seen_formats.add(string_format)
+                requirements.append(
+                    Requirement(Capability.STRUCTURED_OUTPUT, pointer, TypedSet.STRING_FORMATS, string_format)
+                )
+    if options.model is not None:
+        requirements.append(Requirement(Capability.MODEL_OVERRIDE, "options.model"))
+    if options.effort is not None:
+        requirements.append(Requirement(Capability.EFFORT, "options.effort"))
+    if options.settings:
+        requirements.append(Requirement(Capability.SETTINGS, "options.settings"))
+        # Sorted: settings arrive as a protobuf Struct, whose key order is not kept.
+        for key in sorted(options.settings):
+            requirements.append(
+                Requirement(Capability.SETTINGS, f"options.settings.{key}", TypedSet.ACCEPTED_SETTINGS, key)
+            )
+    if options.profile is not None:
+        requirements.append(Requirement(Capability.PROFILE_OVERRIDE, "options.profile"))
+    if options.mcp_servers:
+        requirements.append(Requirement(Capability.MCP, "options.mcp_servers"))
+        seen_transports: set[str] = set()
+        for index, server in enumerate(options.mcp_servers):
+            transport = normalize_transport(server.transport)
+            if transport not in seen_transports:
+                seen_transports.add(transport)
+                requirements.append(
+                    Requirement(
+                        Capability.MCP,
+                        f"options.mcp_servers[{index}].transport",
+                        TypedSet.MCP_TRANSPORTS,
+                        transport,
+                    )
+                )
+    if options.max_depth is not None:
+        requirements.append(Requirement(Capability.DEPTH_LIMIT, "options.max_depth"))
+        if options.max_depth.provider_managed:
+            # The proto contract: handing the budget to the provider needs an
+            # adapter that delegates at all.
+            requirements.append(Requirement(Capability.SUBAGENTS, "options.max_depth.provider_managed"))
+    if options.tool_filter is not None:
+        requirements.append(Requirement(Capability.TOOL_FILTER, "options.tool_filter"))
+    if options.persona is not None:
+        requirements.append(Requirement(Capability.PERSONA, "options.persona"))
+    if options.stream_events:
+        requirements.append(Requirement(Capability.STREAM_EVENTS, "options.stream_events"))
+    return tuple(requirements)
+
+
+def _schema_formats(schema: object, pointer: str) -> Iterator[tuple[str, str]]:
+    """(request field, format) for every `format` keyword, in document order."""
+    if not isinstance(schema, Mapping):
+        return  # a boolean subschema has no keywords
+    for keyword, value in schema.items():
+        if keyword == "format" and isinstance(value, str):
+            yield f"{pointer}/format", value
+        for child_pointer, child in _children(keyword, value, pointer):
+            yield from _schema_formats(child, child_pointer)
+
+
+def _children(keyword: str, value: object, pointer: str) -> Iterator[tuple[str, object]]:
+    """The subschemas under one keyword of a schema object, with their pointers."""
+    here = f"{pointer}/{_escape(keyword)}"
+    if keyword in _SUBSCHEMA_KEYWORDS:
+        if isinstance(value, list):  # pre-2020 tuple `items`
+            yield from ((f"{here}/{index}", item) for index, item in enumerate(value))
+        else:
+            yield here, value
+    elif keyword in _SUBSCHEMA_MAP_KEYWORDS and isinstance(value, Mapping):
+        yield from ((f"{here}/{_escape(name)}", sub) for name, sub in value.items())
+    elif keyword in _SUBSCHEMA_LIST_KEYWORDS and isinstance(value, list):
+        yield from ((f"{here}/{index}", sub) for index, sub in enumerate(value))
+
+
+def _ref_problems(schema: object, resolver: Resolver[Any], pointer: str) -> Iterator[tuple[str, str]]:
+    """Every `$ref` that does not resolve inside the schema: nothing is fetched, so it never will."""
+    if not isinstance(schema, Mapping):
+        return
+    if isinstance(schema.get("$id"), str):
+        resolver = resolver.in_subresource(DRAFT202012.create_resource(schema))
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            yield ("output_schema", f'$ref "{ref}" at {pointer or "/"} does not resolve within the schema')
+    for keyword, value in schema.items():
+        for child_pointer, child in _children(keyword, value, pointer):
+            yield from _ref_problems(child, resolver, child_pointer)
+
+
+def _escape(token: object) -> str:
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def json_pointer(path: Iterable[object]) -> str:
+    """RFC 6901 pointer of a path such as a jsonschema error's `absolute_path`."""
+    return "".join(f"/{_escape(part)}" for part in path)
+
+
+def judge(
+    declaration: Declaration, requirements: Sequence[Requirement], allow_unknown: frozenset[Capability]
+) -> Decision:
+    """The verdict on each requirement. UNKNOWN passes only where the caller allows it."""
+    verdicts = []
+    for requirement in requirements:
+        state = _state(declaration, requirement)
+        allowed = state is CapabilityState.UNKNOWN and requirement.capability in allow_unknown
+        verdicts.append(Verdict(requirement, state, allowed_unknown=allowed))
+    return Decision(
+        adapter=declaration.shortname,
+        declaration_version=declaration.version,
+        verdicts=tuple(verdicts),
+    )
+
+
+def _state(declaration: Declaration, requirement: Requirement) -> CapabilityState:
+    if requirement.typed_set is None:
+        return declaration.state(requirement.capability)
+    if requirement.member in declaration.members(requirement.typed_set):
+        return CapabilityState.SUPPORTED
+    # A set is only authoritative when its capability is declared; a set left
+    # empty beside an undeclared capability says nothing.
+    if declaration.state(SET_CAPABILITY[requirement.typed_set]) is CapabilityState.UNKNOWN:
+        return CapabilityState.UNKNOWN
+    return CapabilityState.UNSUPPORTED
+
+
+def select(request: CallRequest, lookup: Callable[[str], Declaration]) -> Declaration:
+    """The declaration of the adapter the call names, checked for kind.
+
+    `lookup` raises AdapterNotFound for an unknown shortname.
+    """
+    if request.adapter is not None:
+        shortname, selected_by, expected = request.adapter, "adapter", AdapterKind.FRAMEWORK
+    elif request.agent is not None:
+        shortname, selected_by, expected = request.agent, "agent", AdapterKind.HARNESS
+    else:
+        raise InvalidRequest([("target", "exactly one of adapter or agent is required")])
+    declaration = lookup(shortname)
+    if declaration.kind is not expected:
+        raise AdapterKindMismatch(shortname, declaration.kind.value, selected_by)
+    return declaration

@@ -1,0 +1,114 @@
+"""The adapters the negotiator knows, and a feed of changes to them.
+
+Single event loop, no locks: `add` and `remove` never await, so a watcher's
+snapshot of existing adapters and its subscription happen atomically and it
+can neither miss nor double-count a change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Literal
+
+from negotiator_service.errors import AdapterAlreadyExists, AdapterNotFound, AdapterNotRemovable
+from negotiator_service.model import Adapter, Declaration
+
+Change = Literal["existing", "registered", "deregistered"]
+
+
+@dataclass(frozen=True)
+class RegisteredAdapter:
+    adapter: Adapter
+    source: str  # "config" | "runtime"
+    target: str = ""  # address of a remote adapter
+
+    @property
+    def shortname(self) -> str:
+        return self.adapter.declaration.shortname
+
+
+class AdapterRegistry:
+    def __init__(self) -> None:
+        self._entries: dict[str, RegisteredAdapter] = {}
+        self._watchers: set[asyncio.Queue[tuple[Change, RegisteredAdapter] | None]] = set()
+        self._closed = False
+
+    def add(self, entry: RegisteredAdapter) -> None:
+        shortname = entry.shortname
+        if shortname in self._entries:
+            raise AdapterAlreadyExists(shortname)
+        self._entries[shortname] = entry
+        self._publish("registered", entry)
+
+    def remove(self, shortname: str) -> RegisteredAdapter:
+        """Remove a runtime adapter and return it; the caller closes it."""
+        entry = self.get(shortname)
+        if entry.source == "config":
+            raise AdapterNotRemovable(shortname)
+        del self._entries[shortname]
+        self._publish("deregistered", entry)
+        return entry
+
+    def get(self, shortname: str) -> RegisteredAdapter:
+        try:
+            return self._entries[shortname]
+        except KeyError:
+            raise AdapterNotFound(shortname) from None
+
+    def declaration(self, shortname: str) -> Declaration:
+        return self.get(shortname).adapter.declaration
+
+    def list(self) -> list[RegisteredAdapter]:
+        return [self._entries[name] for name in sorted(self._entries)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def watcher_count(self) -> int:
+        return len(self._watchers)
+
+    async def watch(self) -> AsyncGenerator[tuple[Change, RegisteredAdapter], None]:
+        """("existing", e) for each current adapter, then every change as it happens.
+
+        Ends when the registry closes. The watcher subscribes when it first
+        asks for an item; one that stops iterating is unsubscribed when the
+        generator is closed (explicitly, or when it is garbage-collected).
+        """
+        queue: asyncio.Queue[tuple[Change, RegisteredAdapter] | None] = asyncio.Queue()
+        # No await between the snapshot and the subscription: see the module docstring.
+        existing = self.list()
+        if self._closed:
+            return
+        self._watchers.add(queue)
+        try:
+            for entry in existing:
+                yield "existing", entry
+            while True:
+                item = await queue.get()
+                if item is None:  # the registry closed
+                    return
+                yield item
+        finally:
+            self._watchers.discard(queue)
+
+    async def close(self) -> None:
+        """End every watch and close every adapter (each once, errors not masking others)."""
+        self._closed = True
+        for queue in self._watchers:
+            queue.put_nowait(None)
+        entries, self._entries = list(self._entries.values()), {}
+        failures: list[Exception] = []
+        for entry in entries:
+            try:
+                await entry.adapter.close()
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise ExceptionGroup("closing adapters failed", failures)
+
+    def _publish(self, change: Change, entry: RegisteredAdapter) -> None:
+        for queue in self._watchers:
+            queue.put_nowait((change, entry))

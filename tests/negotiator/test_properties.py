@@ -1,0 +1,291 @@
+"""Properties of declare-and-refuse over random declarations and random calls.
+
+1. A refused call never reaches adapter code.
+2. An accepted call needs nothing the declaration does not support, except
+   UNKNOWN capabilities the caller allowed.
+3. Conversely, a call whose every need is met is accepted.
+
+Needs are re-stated here from the request itself, independently of
+`derive_requirements` and `judge`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fakes import FakeAdapter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from negotiator_service import errors
+from negotiator_service.broker import Broker
+from negotiator_service.model import (
+    SET_CAPABILITY,
+    AdapterKind,
+    CallKind,
+    CallOptions,
+    CallRequest,
+    Capability,
+    CapabilityState,
+    Declaration,
+    MaxDepth,
+    McpServer,
+    ToolFilter,
+    TypedSet,
+)
+from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+
+# One profile for every property here: bounded, deterministic, and leaving no example database behind.
+PROPERTIES = settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+FORMATS = ("email", "date", "uuid", "uri")
+SETTING_KEYS = ("temperature", "seed", "top_k")
+TRANSPORTS = ("stdio", "sse", "http", "streamable-http")
+HOOK_EVENTS = ("user_prompt_submit", "pre_tool_use")
+
+
+def subset(members: tuple[str, ...]) -> st.SearchStrategy[frozenset[str]]:
+    return st.frozensets(st.sampled_from(members))
+
+
+# Strategies are built once: building them inside each draw dominates the run time.
+# States lean to SUPPORTED and options to absent, so that accepted calls are common.
+_STATE_OR_OMITTED = st.sampled_from(
+    [*[CapabilityState.SUPPORTED] * 5, CapabilityState.UNKNOWN, CapabilityState.UNSUPPORTED, None]
+)
+_KINDS = st.sampled_from(list(AdapterKind))
+_DECLARED_TRANSPORTS = subset(("stdio", "sse", "http"))
+_DECLARED_SETTINGS = subset(SETTING_KEYS)
+_DECLARED_FORMATS = subset(FORMATS)
+_DECLARED_HOOKS = subset(HOOK_EVENTS)
+
+
+@st.composite
+def declarations(draw: st.DrawFn) -> Declaration:
+    states = {capability: draw(_STATE_OR_OMITTED) for capability in Capability}
+    return Declaration(
+        shortname="target",
+        kind=draw(_KINDS),
+        capabilities={c: state for c, state in states.items() if state is not None},
+        mcp_transports=draw(_DECLARED_TRANSPORTS),
+        accepted_settings=draw(_DECLARED_SETTINGS),
+        string_formats=draw(_DECLARED_FORMATS),
+        hook_events=draw(_DECLARED_HOOKS),
+    )
+
+
+_FORMAT_LISTS = st.lists(st.sampled_from(FORMATS), max_size=3)
+_PLACES = st.sampled_from(["property", "items", "defs", "anyOf", "enum-data"])
+
+
+@st.composite
+def schemas(draw: st.DrawFn) -> dict[str, Any]:
+    """Object schemas that `{}` satisfies, with `format` placed in assorted keywords."""
+    properties: dict[str, Any] = {}
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    for index, string_format in enumerate(draw(_FORMAT_LISTS)):
+        where = draw(_PLACES)
+        leaf = {"type": "string", "format": string_format}
+        if where == "property":
+            properties[f"p{index}"] = leaf
+        elif where == "items":
+            properties[f"p{index}"] = {"type": "array", "items": leaf}
+        elif where == "defs":
+            schema.setdefault("$defs", {})[f"d{index}"] = leaf
+        elif where == "anyOf":
+            properties[f"p{index}"] = {"anyOf": [{"type": "integer"}, leaf]}
+        else:  # data, not a keyword: requires nothing
+            properties[f"p{index}"] = {"enum": [{"format": string_format}]}
+    return schema
+
+
+def maybe(value: Any) -> st.SearchStrategy[Any]:
+    """`value` one time in four, else None."""
+    return st.sampled_from([None, None, None, value])
+
+
+_CALL_KINDS = st.sampled_from(list(CallKind))
+_TRANSPORT_LISTS = st.lists(st.sampled_from(TRANSPORTS), max_size=3)
+_MAX_DEPTHS = (
+    st.none() | st.builds(MaxDepth, depth=st.integers(0, 5)) | st.just(MaxDepth(provider_managed=True))
+)
+_SETTINGS = st.dictionaries(st.sampled_from(SETTING_KEYS), st.integers(0, 3))
+# Random subsets rarely name the one capability that matters, so "allow everything" is drawn often too.
+_ALLOW_UNKNOWN = st.frozensets(st.sampled_from(list(Capability))) | st.just(frozenset(Capability))
+_MODELS, _EFFORTS, _PROFILES, _PERSONAS = maybe("model-x"), maybe("high"), maybe("profile-x"), maybe("critic")
+_TOOL_FILTERS = maybe(ToolFilter(allow=("read",)))
+_SCHEMAS = schemas()
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Declaration, CallRequest]:
+    """A declaration and a call to it, which usually selects it by the right kind."""
+    declaration = draw(declarations())
+    kind = draw(_CALL_KINDS)
+    servers = tuple(
+        McpServer(name=f"s{i}", transport=t, command="run", url="http://127.0.0.1:9/")
+        for i, t in enumerate(draw(_TRANSPORT_LISTS))
+    )
+    options = CallOptions(
+        model=draw(_MODELS),
+        effort=draw(_EFFORTS),
+        settings=draw(_SETTINGS),
+        profile=draw(_PROFILES),
+        mcp_servers=servers,
+        max_depth=draw(_MAX_DEPTHS),
+        tool_filter=draw(_TOOL_FILTERS),
+        persona=draw(_PERSONAS),
+        stream_events=draw(maybe(True)) is True,
+        allow_unknown=draw(_ALLOW_UNKNOWN),
+    )
+    right_kind = draw(maybe(False)) is None
+    by_agent = (declaration.kind is AdapterKind.HARNESS) is right_kind
+    request = CallRequest(
+        kind=kind,
+        prompt="do it",
+        adapter=None if by_agent else "target",
+        agent="target" if by_agent else None,
+        output_schema=json.dumps(draw(_SCHEMAS)) if kind is CallKind.PRODUCE else None,
+        options=options,
+    )
+    return declaration, request
+
+
+@dataclass(frozen=True)
+class Need:
+    capability: Capability
+    typed_set: TypedSet | None = None
+    member: str = ""
+
+
+def needs_of(request: CallRequest) -> list[Need]:
+    """What the call asks of the adapter, re-stated from the request."""
+    options = request.options
+    needs: list[Need] = []
+    if request.output_schema is not None:
+        needs.append(Need(Capability.STRUCTURED_OUTPUT))
+        needs.extend(
+            Need(Capability.STRUCTURED_OUTPUT, TypedSet.STRING_FORMATS, f) for f in keyword_formats(request)
+        )
+    for value, capability in (
+        (options.model, Capability.MODEL_OVERRIDE),
+        (options.effort, Capability.EFFORT),
+        (options.profile, Capability.PROFILE_OVERRIDE),
+        (options.max_depth, Capability.DEPTH_LIMIT),
+        (options.tool_filter, Capability.TOOL_FILTER),
+        (options.persona, Capability.PERSONA),
+    ):
+        if value is not None:
+            needs.append(Need(capability))
+    if options.max_depth is not None and options.max_depth.provider_managed:
+        needs.append(Need(Capability.SUBAGENTS))
+    if options.stream_events:
+        needs.append(Need(Capability.STREAM_EVENTS))
+    if options.settings:
+        needs.append(Need(Capability.SETTINGS))
+        needs.extend(Need(Capability.SETTINGS, TypedSet.ACCEPTED_SETTINGS, k) for k in options.settings)
+    if options.mcp_servers:
+        needs.append(Need(Capability.MCP))
+        needs.extend(
+            Need(
+                Capability.MCP,
+                TypedSet.MCP_TRANSPORTS,
+                "http" if s.transport == "streamable-http" else s.transport,
+            )
+            for s in options.mcp_servers
+        )
+    return needs
+
+
+def keyword_formats(request: CallRequest) -> set[str]:
+    """The formats `schemas()` placed as keywords (everything but the enum data)."""
+    assert request.output_schema is not None
+    found: set[str] = set()
+
+    def visit(node: Any, in_data: bool) -> None:
+        if isinstance(node, dict):
+            if not in_data and isinstance(node.get("format"), str):
+                found.add(node["format"])
+            for key, value in node.items():
+                visit(value, in_data or key == "enum")
+        elif isinstance(node, list):
+            for item in node:
+                visit(item, in_data)
+
+    visit(json.loads(request.output_schema), False)
+    return found
+
+
+def met(need: Need, declaration: Declaration, allow: frozenset[Capability]) -> bool:
+    declared = dict(declaration.capabilities)
+    if need.typed_set is None:
+        state = declared.get(need.capability, CapabilityState.UNKNOWN)
+        return state is CapabilityState.SUPPORTED or (
+            state is CapabilityState.UNKNOWN and need.capability in allow
+        )
+    if need.member in declaration.members(need.typed_set):
+        return True
+    owner_declared = declared.get(SET_CAPABILITY[need.typed_set], CapabilityState.UNKNOWN)
+    return owner_declared is CapabilityState.UNKNOWN and need.capability in allow
+
+
+def kind_fits(request: CallRequest, declaration: Declaration) -> bool:
+    expected = AdapterKind.FRAMEWORK if request.adapter is not None else AdapterKind.HARNESS
+    return declaration.kind is expected
+
+
+async def run(declaration: Declaration, request: CallRequest) -> tuple[FakeAdapter, Exception | None]:
+    adapter = FakeAdapter(declaration, default="{}")
+    registry = AdapterRegistry()
+    registry.add(RegisteredAdapter(adapter, "config"))
+    try:
+        await Broker(registry).call(request, time_budget=5)
+    except errors.NegotiatorError as exc:
+        return adapter, exc
+    return adapter, None
+
+
+@PROPERTIES
+@given(scenario=scenarios())
+def test_refused_calls_never_reach_the_adapter(scenario: tuple[Declaration, CallRequest]) -> None:
+    declaration, request = scenario
+    adapter, failure = asyncio.run(run(declaration, request))
+    if isinstance(failure, errors.UnsupportedCapability | errors.AdapterKindMismatch):
+        assert adapter.calls == []
+    else:
+        assert failure is None
+        assert len(adapter.calls) == 1
+
+
+@PROPERTIES
+@given(scenario=scenarios())
+def test_accepted_calls_need_only_what_is_supported_or_allowed(
+    scenario: tuple[Declaration, CallRequest],
+) -> None:
+    declaration, request = scenario
+    _adapter, failure = asyncio.run(run(declaration, request))
+    needs = needs_of(request)
+    all_met = all(met(need, declaration, request.options.allow_unknown) for need in needs)
+    if failure is None:
+        assert kind_fits(request, declaration)
+        assert all_met, [n for n in needs if not met(n, declaration, request.options.allow_unknown)]
+    elif isinstance(failure, errors.UnsupportedCapability):
+        assert kind_fits(request, declaration)
+        assert not all_met
+        refused = {
+            Need(v.requirement.capability, v.requirement.typed_set, v.requirement.member)
+            for v in failure.decision.gaps
+        }
+        assert refused == {n for n in needs if not met(n, declaration, request.options.allow_unknown)}
+    else:
+        assert isinstance(failure, errors.AdapterKindMismatch)
+        assert not kind_fits(request, declaration)
