@@ -37,7 +37,9 @@ class RichError:
 
     def to_status(self) -> grpc.Status:
         details = []
-        info = error_details_pb2.ErrorInfo(reason=self.reason, domain=self.domain, metadata=dict(self.metadata))
+        info = error_details_pb2.ErrorInfo(
+            reason=self.reason, domain=self.domain, metadata=dict(self.metadata)
+        )
         details.append(info)
         if self.field_violations:
             details.append(

@@ -26,9 +26,52 @@ from sidecar_runtime.addresses import Address, parse_address
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
+class DrainingHealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc.health.v1 whose Watch streams end once shutdown has begun.
+
+    The stock servicer keeps every Watch open after NOT_SERVING, and an open
+    stream counts as an in-flight call, so one watching probe would hold the
+    whole drain for its full grace period. Here a watcher receives
+    NOT_SERVING and then the stream ends normally (clients re-dial, as the
+    health protocol tells them to).
+    """
+
+    async def Watch(
+        self,
+        request: health_pb2.HealthCheckRequest,
+        context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse],
+    ) -> None:
+        # Same bookkeeping as the parent's Watch (private attributes of
+        # grpcio-health-checking 1.85), plus the early return.
+        condition = self._server_watchers[request.service]
+        self._watcher_count_by_service[request.service] += 1
+        last_status = None
+        try:
+            async with condition:
+                while True:
+                    status = self._server_status.get(
+                        request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+                    )
+                    if status != last_status:
+                        await context.write(health_pb2.HealthCheckResponse(status=status))
+                    last_status = status
+                    if self._gracefully_shutting_down:
+                        return
+                    await condition.wait()
+        finally:
+            self._watcher_count_by_service[request.service] -= 1
+            if self._watcher_count_by_service[request.service] == 0:
+                del self._server_watchers[request.service]
+                del self._watcher_count_by_service[request.service]
+
+
 @dataclass(frozen=True, slots=True)
 class ServerOptions:
     listen: Sequence[str]
+    # Extra listeners serving only grpc.health.v1: Kubernetes' native gRPC
+    # probes dial the pod IP, so the API can stay on a Unix socket while a
+    # TCP port answers health only.
+    health_listen: Sequence[str] = ()
     grace_seconds: float = 10.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_concurrent_rpcs: int | None = None
@@ -39,6 +82,7 @@ class ServerOptions:
 class RunningServer:
     server: grpc.aio.Server
     health: health_aio.HealthServicer
+    health_only_server: grpc.aio.Server | None
     service_names: tuple[str, ...]
     addresses: tuple[Address, ...]
     bound: tuple[str, ...]  # dialable targets, with real ports for ":0"
@@ -52,6 +96,8 @@ class RunningServer:
         self._stopped = True
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.grace_seconds)
+        if self.health_only_server is not None:
+            await self.health_only_server.stop(0)
         for address in self.addresses:
             if address.unix_path is not None:
                 with contextlib.suppress(FileNotFoundError):
@@ -83,7 +129,7 @@ async def start_server(
         maximum_concurrent_rpcs=options.max_concurrent_rpcs,
     )
     register(server)
-    health_servicer = health_aio.HealthServicer()
+    health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -106,7 +152,17 @@ async def start_server(
         else:
             host = address.target.rpartition(":")[0]
             bound.append(f"{host}:{port}")
+    health_only_server = None
+    if options.health_listen:
+        health_only_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_only_server)
+        for text in options.health_listen:
+            address = parse_address(text)
+            health_only_server.add_insecure_port(address.target)
+            addresses = (*addresses, address)
     await server.start()
+    if health_only_server is not None:
+        await health_only_server.start()
     for address in addresses:
         if address.unix_path is not None:
             os.chmod(address.unix_path, options.unix_socket_mode)
@@ -115,6 +171,7 @@ async def start_server(
     return RunningServer(
         server=server,
         health=health_servicer,
+        health_only_server=health_only_server,
         service_names=tuple(service_names),
         addresses=addresses,
         bound=tuple(bound),
