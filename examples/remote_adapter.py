@@ -1,0 +1,197 @@
+"""A minimal remote adapter: a standalone process implementing agentsidecar.adapter.v1.
+
+It declares an agent-framework with structured output (string format
+"email" only) and per-call model override; everything else unsupported, and
+refused with FAILED_PRECONDITION if it is sent anyway.
+
+    Invoke:  "remote:" + prompt
+    Produce: {"echo": prompt} (plus "model" when the call chose one)
+
+Test hooks in the prompt: "sleep:<seconds>" sleeps first (deadlines,
+cancellation); "fail:<CODE>" aborts with that gRPC status code
+(RESOURCE_EXHAUSTED carries a RetryInfo of 2 s); "options:" answers with the
+options and metadata the call carried, as JSON after "remote:".
+
+Prints "READY <address>" once serving, "CANCELLED <method> <prompt>" when a
+caller cancels, and stops cleanly on SIGTERM or SIGINT.
+
+    python examples/remote_adapter.py --listen unix:/tmp/echo.sock --shortname echo
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import grpc
+import grpc.aio
+from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
+from agentsidecar.common.v1 import common_pb2
+from google.protobuf import json_format
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+SUPPORTED = (common_pb2.CAPABILITY_STRUCTURED_OUTPUT, common_pb2.CAPABILITY_MODEL_OVERRIDE)
+STRING_FORMATS = ("email",)
+STOP_GRACE_SECONDS = 2.0
+
+
+def declaration(shortname: str) -> common_pb2.Declaration:
+    capabilities = [
+        common_pb2.CapabilityDeclaration(
+            capability=capability,
+            state=(
+                common_pb2.CAPABILITY_STATE_SUPPORTED
+                if capability in SUPPORTED
+                else common_pb2.CAPABILITY_STATE_UNSUPPORTED
+            ),
+        )
+        for capability in common_pb2.Capability.values()
+        if capability != common_pb2.CAPABILITY_UNSPECIFIED
+    ]
+    return common_pb2.Declaration(
+        shortname=shortname,
+        kind=common_pb2.ADAPTER_KIND_AGENT_FRAMEWORK,
+        capabilities=capabilities,
+        string_formats=STRING_FORMATS,
+    )
+
+
+def unsupported_options(options: adapter_pb2.AdapterCallOptions) -> list[str]:
+    """Every option this adapter was sent but does not implement."""
+    fields = [name for name in ("effort", "profile", "persona", "max_depth") if options.HasField(name)]
+    if options.settings.fields:
+        fields.append("settings")
+    if options.stream_events:
+        fields.append("stream_events")
+    return fields
+
+
+def schema_formats(schema: Any) -> Iterator[str]:
+    """Every `format` keyword in a schema (crudely: any string-valued "format" key)."""
+    if isinstance(schema, Mapping):
+        for key, value in schema.items():
+            if key == "format" and isinstance(value, str):
+                yield value
+            elif key not in ("enum", "const", "default", "examples"):
+                yield from schema_formats(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            yield from schema_formats(item)
+
+
+class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
+    def __init__(self, shortname: str) -> None:
+        self._declaration = declaration(shortname)
+
+    async def GetDeclaration(
+        self, request: adapter_pb2.GetDeclarationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adapter_pb2.GetDeclarationResponse:
+        return adapter_pb2.GetDeclarationResponse(declaration=self._declaration)
+
+    async def Invoke(
+        self, request: adapter_pb2.InvokeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adapter_pb2.InvokeResponse:
+        await _refuse_unsupported(request.options, context)
+        await _act_on(request.prompt, "Invoke", context)
+        if request.prompt.startswith("options:"):
+            seen = {
+                "options": json_format.MessageToDict(request.options),
+                "metadata_delegation_depth": dict(context.invocation_metadata() or ()).get(
+                    "x-delegation-depth"
+                ),
+                "time_remaining": context.time_remaining(),
+            }
+            return adapter_pb2.InvokeResponse(text="remote:" + json.dumps(seen))
+        return adapter_pb2.InvokeResponse(text="remote:" + request.prompt)
+
+    async def Produce(
+        self, request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adapter_pb2.ProduceResponse:
+        await _refuse_unsupported(request.options, context)
+        try:
+            schema = json.loads(request.output_schema)
+        except json.JSONDecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"output_schema is not JSON: {exc}")
+        formats = sorted(set(schema_formats(schema)) - set(STRING_FORMATS))
+        if formats:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"unsupported string formats: {', '.join(formats)}"
+            )
+        await _act_on(request.prompt, "Produce", context)
+        output: dict[str, str] = {"echo": request.prompt}
+        if request.options.HasField("model"):
+            output["model"] = request.options.model
+        return adapter_pb2.ProduceResponse(output_json=json.dumps(output))
+
+
+async def _refuse_unsupported(
+    options: adapter_pb2.AdapterCallOptions, context: grpc.aio.ServicerContext[Any, Any]
+) -> None:
+    unsupported = unsupported_options(options)
+    if unsupported:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, f"this adapter does not implement: {', '.join(unsupported)}"
+        )
+
+
+async def _act_on(prompt: str, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    """Honour the sleep:/fail: test hooks."""
+    if prompt.startswith("sleep:"):
+        try:
+            seconds = float(prompt.removeprefix("sleep:"))
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad sleep prompt {prompt!r}")
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            print(f"CANCELLED {method} {prompt}", flush=True)
+            raise
+    elif prompt.startswith("fail:"):
+        name = prompt.removeprefix("fail:")
+        code = grpc.StatusCode.__members__.get(name)
+        if code is None or code is grpc.StatusCode.OK:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown status code {name!r}")
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            retry = error_details_pb2.RetryInfo()
+            retry.retry_delay.FromSeconds(2)
+            status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message="scripted failure")
+            status.details.add().Pack(retry)
+            await context.abort(
+                code, status.message, trailing_metadata=rpc_status.to_status(status).trailing_metadata
+            )
+        await context.abort(code, f"scripted failure {name}")
+
+
+async def serve(listen: str, shortname: str) -> None:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    adapter_pb2_grpc.add_AdapterServiceServicer_to_server(EchoAdapter(shortname), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {listen}")
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    address = listen if listen.startswith("unix:") else f"{listen.rpartition(':')[0]}:{port}"
+    print(f"READY {address}", flush=True)
+    await stop.wait()
+    await server.stop(STOP_GRACE_SECONDS)
+    print("STOPPED", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--listen", required=True, help="unix:PATH or HOST:PORT (port 0 picks one)")
+    parser.add_argument("--shortname", default="example-remote", help="the declared shortname")
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.listen, args.shortname))
+
+
+if __name__ == "__main__":
+    main()

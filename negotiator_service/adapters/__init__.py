@@ -1,0 +1,104 @@
+"""Adapter implementations, built from config entries.
+
+    scripted  canned replies for demos and tests (declaration from config)
+    command   a local agent CLI run without a shell (a harness)
+    openai    any chat-completions server (a framework)
+    remote    any process implementing agentsidecar.adapter.v1 (declares itself)
+
+`build_adapter` builds the synchronous ones; a remote adapter must connect
+first, so the server builds a whole config with `await build_adapters(specs)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+
+from negotiator_service.adapters.command import CommandAdapter
+from negotiator_service.adapters.openai import OpenAIAdapter
+from negotiator_service.adapters.remote import RemoteAdapter, connect_from_spec, connect_remote
+from negotiator_service.adapters.scripted import ScriptedAdapter
+from negotiator_service.declarations import validate_shortname
+from negotiator_service.errors import ConfigError
+from negotiator_service.model import Adapter, AdapterSpec
+
+_SYNC_BUILDERS: Mapping[str, Callable[[AdapterSpec], Adapter]] = MappingProxyType(
+    {
+        "scripted": ScriptedAdapter,
+        "command": CommandAdapter,
+        "openai": OpenAIAdapter,
+    }
+)
+IMPLEMENTATIONS = frozenset({*_SYNC_BUILDERS, "remote"})
+
+
+def _where(spec: AdapterSpec) -> str:
+    return f" ({spec.source_path})" if spec.source_path else ""
+
+
+def _checked(spec: AdapterSpec) -> None:
+    try:
+        validate_shortname(spec.shortname)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc.message}{_where(spec)}") from exc
+    if spec.implementation not in IMPLEMENTATIONS:
+        raise ConfigError(
+            f'adapter "{spec.shortname}"{_where(spec)}: unknown implementation "{spec.implementation}"; '
+            f"expected one of {', '.join(sorted(IMPLEMENTATIONS))}"
+        )
+
+
+def build_adapter(spec: AdapterSpec) -> Adapter:
+    """Build a scripted, command or openai adapter. Bad config → ConfigError."""
+    _checked(spec)
+    builder = _SYNC_BUILDERS.get(spec.implementation)
+    if builder is None:
+        raise ConfigError(
+            f'adapter "{spec.shortname}"{_where(spec)}: a {spec.implementation} adapter connects '
+            "before it exists; build it with build_adapter_async"
+        )
+    return builder(spec)
+
+
+async def build_adapter_async(spec: AdapterSpec) -> Adapter:
+    """Build any adapter; a remote one connects and fetches its declaration."""
+    _checked(spec)
+    if spec.implementation == "remote":
+        return await connect_from_spec(spec)
+    return build_adapter(spec)
+
+
+async def build_adapters(specs: Sequence[AdapterSpec]) -> list[Adapter]:
+    """Build every adapter of a config, in order; remote ones connect concurrently.
+
+    All or nothing: on any failure the adapters already built are closed and
+    the first failure in config order is raised.
+    """
+    seen: dict[str, AdapterSpec] = {}
+    for spec in specs:
+        if spec.shortname in seen:
+            raise ConfigError(
+                f'adapter "{spec.shortname}" is defined twice{_where(spec)}{_where(seen[spec.shortname])}'
+            )
+        seen[spec.shortname] = spec
+    results = await asyncio.gather(*(build_adapter_async(spec) for spec in specs), return_exceptions=True)
+    built = [result for result in results if not isinstance(result, BaseException)]
+    failures = [result for result in results if isinstance(result, BaseException)]
+    if failures:
+        await asyncio.gather(*(adapter.close() for adapter in built), return_exceptions=True)
+        raise failures[0]
+    return built
+
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "CommandAdapter",
+    "OpenAIAdapter",
+    "RemoteAdapter",
+    "ScriptedAdapter",
+    "build_adapter",
+    "build_adapter_async",
+    "build_adapters",
+    "connect_remote",
+]

@@ -1,0 +1,89 @@
+"""What every adapter checks before it does any work: the call, and the clock.
+
+The broker judges a call before dispatch, but an adapter is the last place a
+field can be silently dropped, so each adapter judges again with the same
+rules (`negotiation.derive_requirements` and `judge`) and additionally refuses
+what its own code does not implement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from negotiator_service.errors import AdapterRefused, AdapterTimeout
+from negotiator_service.model import AdapterCall, CallKind, CallRequest, Capability, Declaration, JsonValue
+from negotiator_service.negotiation import derive_requirements, judge
+
+ALL_CAPABILITIES = frozenset(Capability)
+
+
+def check_call(
+    declaration: Declaration,
+    call: AdapterCall,
+    kind: CallKind,
+    *,
+    implemented: frozenset[Capability],
+) -> None:
+    """Raise AdapterRefused naming every field of `call` this adapter would not honour.
+
+    A field is honoured only when the effective declaration accepts it (SUPPORTED,
+    or UNKNOWN and allowed by the caller) and the adapter's code implements it.
+    """
+    shortname = declaration.shortname
+    if kind is CallKind.PRODUCE and call.output_schema is None:
+        raise AdapterRefused(shortname, "Produce needs an output schema")
+    if kind is CallKind.INVOKE and call.output_schema is not None:
+        raise AdapterRefused(shortname, "Invoke returns plain text; it takes no output schema")
+    request = CallRequest(kind=kind, prompt=call.prompt, options=call.options)
+    requirements = derive_requirements(request, call.output_schema if kind is CallKind.PRODUCE else None)
+    decision = judge(declaration, requirements, call.options.allow_unknown)
+    refused = [
+        f"{verdict.requirement.request_field} needs {verdict.requirement.describe()}"
+        for verdict in decision.verdicts
+        if not verdict.accepted or verdict.requirement.capability not in implemented
+    ]
+    if refused:
+        raise AdapterRefused(shortname, "this adapter does not honour " + "; ".join(refused))
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """How long a call may run, and which limit set that."""
+
+    seconds: float | None  # None: no limit at all
+    limit: str
+
+    def expired(self, adapter: str) -> AdapterTimeout:
+        return AdapterTimeout(adapter, f"no answer within {self.seconds:g} s ({self.limit})")
+
+
+def call_deadline(
+    adapter: str,
+    budget: float | None,
+    configured: float | None = None,
+    configured_limit: str = "the adapter's timeout_seconds",
+) -> Deadline:
+    """The tighter of the caller's remaining time and the adapter's own timeout.
+
+    A budget already spent fails at once: starting work nobody waits for
+    wastes a process or a provider request.
+    """
+    if budget is not None and budget <= 0:
+        raise AdapterTimeout(adapter, "the caller's time budget was already spent")
+    if budget is not None and (configured is None or budget <= configured):
+        return Deadline(budget, "the caller's time budget")
+    if configured is not None:
+        return Deadline(configured, configured_limit)
+    return Deadline(None, "no deadline")
+
+
+def plain_json(value: JsonValue, *, integral_floats: bool = False) -> JsonValue:
+    """`value` as plain dicts and lists (json.dumps refuses MappingProxyType)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain_json(v, integral_floats=integral_floats) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_json(v, integral_floats=integral_floats) for v in value]
+    if integral_floats and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value

@@ -1,0 +1,316 @@
+"""The OpenAI-compatible adapter: any server that speaks chat completions.
+
+Structured output goes through `response_format` with a strict JSON schema,
+so the provider constrains decoding; the broker still validates the text.
+
+Options:
+    base_url:        e.g. http://127.0.0.1:8000/v1 (required)
+    api_key_env:     name of the environment variable holding the key (required;
+                     read at call time, so a rotated key needs no restart)
+    model:           the default model (required)
+    timeout_seconds: default 60
+    organization:    sent as OpenAI-Organization (optional)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import httpx
+
+from negotiator_service import errors
+from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
+from negotiator_service.adapters._options import OptionReader
+from negotiator_service.declarations import narrow
+from negotiator_service.model import (
+    AdapterCall,
+    AdapterKind,
+    AdapterReply,
+    AdapterSpec,
+    CallKind,
+    Capability,
+    CapabilityState,
+    Declaration,
+    JsonValue,
+)
+
+DEFAULT_TIMEOUT_SECONDS = 60.0
+STRING_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
+)
+ACCEPTED_SETTINGS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "seed",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "user",
+        "service_tier",
+    }
+)
+IMPLEMENTED = frozenset(
+    {Capability.STRUCTURED_OUTPUT, Capability.MODEL_OVERRIDE, Capability.EFFORT, Capability.SETTINGS}
+)
+_QUOTE_LIMIT = 500  # characters of a provider's body quoted in an error
+
+
+def code_declaration(shortname: str) -> Declaration:
+    return Declaration(
+        shortname=shortname,
+        kind=AdapterKind.FRAMEWORK,
+        capabilities=MappingProxyType(
+            {
+                capability: (
+                    CapabilityState.SUPPORTED if capability in IMPLEMENTED else CapabilityState.UNSUPPORTED
+                )
+                for capability in Capability
+            }
+        ),
+        accepted_settings=ACCEPTED_SETTINGS,
+        string_formats=STRING_FORMATS,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIOptions:
+    base_url: str
+    api_key_env: str
+    model: str
+    timeout_seconds: float
+    organization: str | None
+
+
+def read_options(spec: AdapterSpec) -> OpenAIOptions:
+    reader = OptionReader(spec, spec.options)
+    base_url = reader.required_string("base_url").rstrip("/")
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        reader.fail("base_url", f"is not a URL: {exc}")
+    if url.scheme not in ("http", "https") or not url.host:
+        reader.fail("base_url", f'must be an http:// or https:// URL with a host, not "{base_url}"')
+    api_key_env = reader.required_string("api_key_env")
+    model = reader.required_string("model")
+    timeout = reader.positive_number("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+    assert timeout is not None  # it has a default
+    organization = reader.string("organization")
+    reader.finish()
+    return OpenAIOptions(
+        base_url=base_url,
+        api_key_env=api_key_env,
+        model=model,
+        timeout_seconds=timeout,
+        organization=organization,
+    )
+
+
+def request_body(call: AdapterCall, default_model: str, *, produce: bool) -> dict[str, JsonValue]:
+    """The chat-completions request for a call that passed `check_call`."""
+    body: dict[str, JsonValue] = {
+        "model": call.options.model or default_model,
+        "messages": [{"role": "user", "content": call.prompt}],
+    }
+    for name, value in call.options.settings.items():
+        # protobuf Struct carries every number as a double; providers reject 256.0 max_tokens.
+        body[name] = plain_json(value, integral_floats=True)
+    if call.options.effort is not None:
+        body["reasoning_effort"] = call.options.effort
+    if produce:
+        assert call.output_schema is not None  # check_call refuses Produce without one
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": plain_json(call.output_schema), "strict": True},
+        }
+    return body
+
+
+def read_response(
+    adapter: str, status: int, headers: Mapping[str, str], body: bytes, *, produce: bool
+) -> AdapterReply:
+    """Map one HTTP answer to a reply or to the error it stands for. Pure."""
+    if status == 429:
+        raise errors.AdapterRateLimited(
+            adapter, f"HTTP 429: {provider_message(body)}", retry_after=retry_after_seconds(headers)
+        )
+    if status in (401, 403):
+        raise errors.AdapterMisconfigured(
+            adapter, f"HTTP {status}: {provider_message(body)} (check the API key and organization)"
+        )
+    if status == 404:
+        raise errors.AdapterMisconfigured(
+            adapter, f"HTTP 404: {provider_message(body)} (check base_url and the model)"
+        )
+    if status == 408 or status >= 500:
+        raise errors.AdapterUnavailable(adapter, f"HTTP {status}: {provider_message(body)}")
+    if 400 <= status < 500:
+        raise errors.AdapterRefused(adapter, f"HTTP {status}: {provider_message(body)}")
+    if not 200 <= status < 300:
+        raise errors.AdapterInternal(adapter, f"unexpected HTTP {status}: {provider_message(body)}")
+
+    try:
+        completion = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.AdapterInternal(
+            adapter, f"malformed response body, not JSON ({exc}): {_quote(body)}"
+        ) from exc
+    if not isinstance(completion, dict):
+        raise errors.AdapterInternal(adapter, f"malformed response body, not a JSON object: {_quote(body)}")
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not choices:
+        error = completion.get("error")
+        detail = f"; error: {_quote(json.dumps(error).encode())}" if error is not None else ""
+        raise errors.AdapterInternal(adapter, f"response has no choices{detail}")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise errors.AdapterInternal(adapter, "choices[0] has no message")
+    refusal = message.get("refusal")
+    if refusal:
+        raise errors.AdapterRefused(adapter, f"the model refused: {refusal}")
+    finish_reason = choice.get("finish_reason")
+    if finish_reason == "content_filter":
+        raise errors.AdapterRefused(adapter, "the provider's content filter stopped the output")
+    content = message.get("content")
+    if not isinstance(content, str):
+        raise errors.AdapterInternal(
+            adapter, f"choices[0].message has no text content (finish_reason {finish_reason!r})"
+        )
+    if produce and finish_reason == "length":
+        raise errors.AdapterInternal(adapter, "output truncated by max tokens")
+    return AdapterReply(text=content)
+
+
+def provider_message(body: bytes) -> str:
+    """The `error.message` of an OpenAI-shaped error body, else the body itself."""
+    try:
+        parsed = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _quote(body) or "(empty body)"
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        message = parsed["error"].get("message")
+        if isinstance(message, str) and message:
+            return message[:_QUOTE_LIMIT]
+    return _quote(body)
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The throttling hint: `retry-after-ms`, else `Retry-After` in seconds or as an HTTP date."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    if "retry-after-ms" in lowered:
+        try:
+            return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _quote(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")[:_QUOTE_LIMIT]
+
+
+class OpenAIAdapter:
+    """Chat completions over one pooled HTTP client; see the module docstring for the options."""
+
+    implementation = "openai"
+
+    def __init__(self, spec: AdapterSpec) -> None:
+        self._options = read_options(spec)
+        self._declaration = narrow(
+            code_declaration(spec.shortname),
+            spec.declaration,
+            shortname=spec.shortname,
+            implementation="openai",
+        )
+        self._url = f"{self._options.base_url}/chat/completions"
+        self._client = httpx.AsyncClient(follow_redirects=False)
+        self._closed = False
+
+    @property
+    def declaration(self) -> Declaration:
+        return self._declaration
+
+    async def invoke(self, call: AdapterCall) -> AdapterReply:
+        check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
+        return await self._complete(call, produce=False)
+
+    async def produce(self, call: AdapterCall) -> AdapterReply:
+        check_call(self._declaration, call, CallKind.PRODUCE, implemented=IMPLEMENTED)
+        return await self._complete(call, produce=True)
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._client.aclose()
+
+    def _refuse_unknown_settings(self, call: AdapterCall) -> None:
+        # A setting this code does not know would be sent blind; only the declared ones are passed on.
+        unknown = sorted(set(call.options.settings) - ACCEPTED_SETTINGS)
+        if unknown:
+            raise errors.AdapterRefused(
+                self._declaration.shortname, f"settings this adapter does not pass on: {', '.join(unknown)}"
+            )
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self._options.api_key_env)
+        if not key:
+            raise errors.AdapterMisconfigured(
+                self._declaration.shortname,
+                f"the API key environment variable {self._options.api_key_env} is not set",
+            )
+        headers = {"Authorization": f"Bearer {key}"}
+        if self._options.organization:
+            headers["OpenAI-Organization"] = self._options.organization
+        return headers
+
+    async def _complete(self, call: AdapterCall, *, produce: bool) -> AdapterReply:
+        shortname = self._declaration.shortname
+        if self._closed:
+            raise errors.AdapterUnavailable(shortname, "the adapter is closed")
+        self._refuse_unknown_settings(call)
+        headers = self._headers()
+        body = request_body(call, self._options.model, produce=produce)
+        deadline = call_deadline(shortname, call.time_budget, self._options.timeout_seconds)
+        status, response_headers, content = await self._post(body, headers, deadline)
+        return read_response(shortname, status, response_headers, content, produce=produce)
+
+    async def _post(
+        self, body: dict[str, JsonValue], headers: dict[str, str], deadline: Deadline
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        shortname = self._declaration.shortname
+        try:
+            # httpx times each phase separately; the outer timeout bounds the whole exchange.
+            async with asyncio.timeout(deadline.seconds):
+                response = await self._client.post(
+                    self._url, json=body, headers=headers, timeout=httpx.Timeout(deadline.seconds)
+                )
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise deadline.expired(shortname) from exc
+        except httpx.TransportError as exc:
+            raise errors.AdapterUnavailable(shortname, f"cannot reach {self._url}: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise errors.AdapterInternal(
+                shortname, f"HTTP exchange with {self._url} failed: {exc!r}"
+            ) from exc
+        return response.status_code, response.headers, response.content

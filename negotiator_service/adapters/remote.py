@@ -1,0 +1,378 @@
+"""The remote adapter: a process in any language implementing agentsidecar.adapter.v1.
+
+The remote process declares itself (GetDeclaration); config may only narrow
+that. Every call carries the caller's remaining time both as the gRPC
+deadline and in `AdapterCallOptions.time_budget`, and the delegation depth
+both in the options and as `x-delegation-depth` metadata. Every gRPC failure
+is mapped to the negotiator's taxonomy; no AioRpcError leaves this module.
+
+Config options:
+    target:          unix:PATH, unix:///PATH or HOST:PORT (required)
+    timeout_seconds: the longest any call may take (default: the caller's budget only)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar, cast
+
+import grpc
+import grpc.aio
+from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
+from agentsidecar.common.v1 import common_pb2
+from google.protobuf import struct_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from negotiator_service import errors
+from negotiator_service.adapters._calls import (
+    ALL_CAPABILITIES,
+    Deadline,
+    call_deadline,
+    check_call,
+    plain_json,
+)
+from negotiator_service.adapters._options import OptionReader
+from negotiator_service.declarations import narrow, validate_shortname
+from negotiator_service.model import (
+    MCP_TRANSPORTS,
+    AdapterCall,
+    AdapterKind,
+    AdapterReply,
+    AdapterSpec,
+    CallKind,
+    Capability,
+    CapabilityState,
+    Declaration,
+    DeclarationOverride,
+    StreamEvent,
+)
+
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
+DECLARATION_TIMEOUT_SECONDS = 5.0
+DELEGATION_DEPTH_METADATA = "x-delegation-depth"
+# AdapterCallOptions has no field for these, so a remote adapter can never honour them.
+IMPLEMENTED = ALL_CAPABILITIES - {Capability.MCP, Capability.TOOL_FILTER, Capability.TOOL_REGISTRATION}
+
+_KINDS: Mapping[int, AdapterKind] = MappingProxyType(
+    {
+        common_pb2.ADAPTER_KIND_AGENT_FRAMEWORK: AdapterKind.FRAMEWORK,
+        common_pb2.ADAPTER_KIND_AGENT_HARNESS: AdapterKind.HARNESS,
+    }
+)
+_STATES: Mapping[int, CapabilityState] = MappingProxyType(
+    {
+        common_pb2.CAPABILITY_STATE_UNKNOWN: CapabilityState.UNKNOWN,
+        common_pb2.CAPABILITY_STATE_UNSUPPORTED: CapabilityState.UNSUPPORTED,
+        common_pb2.CAPABILITY_STATE_SUPPORTED: CapabilityState.SUPPORTED,
+    }
+)
+_CAPABILITIES: Mapping[int, Capability] = MappingProxyType(
+    {common_pb2.Capability.Value(f"CAPABILITY_{capability.name}"): capability for capability in Capability}
+)
+
+# How a remote status maps onto the taxonomy; anything else is AdapterInternal.
+_STATUS_FAILURES: Mapping[grpc.StatusCode, type[errors.AdapterFailure]] = MappingProxyType(
+    {
+        grpc.StatusCode.UNAVAILABLE: errors.AdapterUnavailable,
+        grpc.StatusCode.CANCELLED: errors.AdapterUnavailable,  # the remote side gave up, e.g. shutting down
+        grpc.StatusCode.DEADLINE_EXCEEDED: errors.AdapterTimeout,
+        grpc.StatusCode.RESOURCE_EXHAUSTED: errors.AdapterRateLimited,
+        grpc.StatusCode.FAILED_PRECONDITION: errors.AdapterRefused,
+        grpc.StatusCode.INVALID_ARGUMENT: errors.AdapterRefused,
+        grpc.StatusCode.UNIMPLEMENTED: errors.AdapterRefused,
+        grpc.StatusCode.UNAUTHENTICATED: errors.AdapterMisconfigured,
+        grpc.StatusCode.PERMISSION_DENIED: errors.AdapterMisconfigured,
+    }
+)
+
+
+def grpc_target(target: str) -> str | None:
+    """The gRPC form of a target, or None when it is none of the accepted forms."""
+    if target.startswith("unix:"):
+        path = target.removeprefix("unix:")
+        if path.startswith("//") and not path.startswith("///"):
+            return None  # unix://host/... has an authority; only local paths are meaningful
+        return target if path.strip("/") else None
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return target
+
+
+def declaration_from_proto(message: common_pb2.Declaration) -> tuple[Declaration | None, list[str]]:
+    """The declaration a remote adapter sent, or every reason it cannot be registered."""
+    problems: list[str] = []
+    try:
+        validate_shortname(message.shortname)
+    except errors.ConfigError as exc:
+        problems.append(exc.message)
+    kind = _KINDS.get(message.kind)
+    if kind is None:
+        problems.append(f"kind must be agent-framework or agent-harness, not {message.kind}")
+    capabilities: dict[Capability, CapabilityState] = {}
+    for index, entry in enumerate(message.capabilities):
+        capability = _CAPABILITIES.get(entry.capability)
+        state = _STATES.get(entry.state)
+        if capability is None:
+            problems.append(
+                f"capabilities[{index}].capability is unspecified or unknown ({entry.capability})"
+            )
+        if state is None:
+            problems.append(f"capabilities[{index}].state is unspecified or unknown ({entry.state})")
+        if capability is None or state is None:
+            continue
+        if capability in capabilities and capabilities[capability] is not state:
+            problems.append(f"capabilities[{index}] declares {capability.value} twice, differently")
+        capabilities[capability] = state
+    sets = {
+        "mcp_transports": frozenset(message.mcp_transports),
+        "accepted_settings": frozenset(message.accepted_settings),
+        "string_formats": frozenset(message.string_formats),
+        "hook_events": frozenset(message.hook_events),
+    }
+    for name, members in sets.items():
+        if any(not member.strip() for member in members):
+            problems.append(f"{name} contains an empty member")
+    for transport in sorted(sets["mcp_transports"] - MCP_TRANSPORTS):
+        problems.append(
+            f'mcp_transports contains "{transport}", not one of {", ".join(sorted(MCP_TRANSPORTS))}'
+        )
+    if problems or kind is None:
+        return None, problems
+    return (
+        Declaration(
+            shortname=message.shortname,
+            kind=kind,
+            # An explicit UNKNOWN says what omission says; dropping it keeps the version stable.
+            capabilities=MappingProxyType(
+                {c: s for c, s in capabilities.items() if s is not CapabilityState.UNKNOWN}
+            ),
+            mcp_transports=sets["mcp_transports"],
+            accepted_settings=sets["accepted_settings"],
+            string_formats=sets["string_formats"],
+            hook_events=sets["hook_events"],
+            scripted=message.scripted,
+        ),
+        [],
+    )
+
+
+def call_options(call: AdapterCall) -> adapter_pb2.AdapterCallOptions:
+    """The options a remote adapter receives; only what the call set."""
+    options = adapter_pb2.AdapterCallOptions(
+        stream_events=call.options.stream_events, delegation_depth=call.delegation_depth
+    )
+    if call.options.model is not None:
+        options.model = call.options.model
+    if call.options.effort is not None:
+        options.effort = call.options.effort
+    if call.options.profile is not None:
+        options.profile = call.options.profile
+    if call.options.persona is not None:
+        options.persona = call.options.persona
+    if call.options.settings:
+        settings = plain_json(call.options.settings)
+        assert isinstance(settings, dict)  # plain_json keeps a mapping a mapping
+        options.settings.CopyFrom(_struct(settings))
+    if call.options.max_depth is not None and call.options.max_depth.depth is not None:
+        options.max_depth = call.options.max_depth.depth
+    if call.time_budget is not None:
+        options.time_budget.FromNanoseconds(int(call.time_budget * 1e9))
+    return options
+
+
+def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(values)
+    return struct
+
+
+def failure_from_status(
+    adapter: str, error: grpc.aio.AioRpcError, deadline: Deadline
+) -> errors.AdapterFailure:
+    code = error.code()
+    details = error.details() or "(no details)"
+    failure = _STATUS_FAILURES.get(code, errors.AdapterInternal)
+    cause = f"gRPC {code.name}: {details}"
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and deadline.seconds is not None:
+        cause += f" (deadline {deadline.seconds:g} s: {deadline.limit})"
+    if failure is errors.AdapterRateLimited:
+        return errors.AdapterRateLimited(adapter, cause, retry_after=_retry_delay(error))
+    return failure(adapter, cause)
+
+
+def _retry_delay(error: grpc.aio.AioRpcError) -> float | None:
+    """RetryInfo.retry_delay from the rich status trailer, when the remote sent one."""
+    # grpc-stubs types this as the sync tuple form; an aio call carries grpc.aio.Metadata.
+    metadata = cast("grpc.aio.Metadata | None", error.trailing_metadata())
+    for value in metadata.get_all("grpc-status-details-bin") if metadata is not None else ():
+        if not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status()
+        try:
+            status.ParseFromString(value)
+        except Exception:  # a broken trailer must not hide the status it came with
+            return None
+        for detail in status.details:
+            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                seconds: float = retry.retry_delay.ToNanoseconds() / 1e9
+                return seconds
+    return None
+
+
+class RemoteAdapter:
+    """A connected remote adapter. Build it with `connect_remote`."""
+
+    implementation = "remote"
+
+    def __init__(
+        self,
+        target: str,
+        channel: grpc.aio.Channel,
+        declaration: Declaration,
+        timeout_seconds: float | None = None,
+    ) -> None:
+        self.target = target
+        self._channel = channel
+        self._stub = adapter_pb2_grpc.AdapterServiceStub(channel)
+        self._declaration = declaration
+        self._timeout_seconds = timeout_seconds
+        self._closed = False
+
+    @property
+    def declaration(self) -> Declaration:
+        return self._declaration
+
+    async def invoke(self, call: AdapterCall) -> AdapterReply:
+        self._check(call, CallKind.INVOKE)
+        request = adapter_pb2.InvokeRequest(prompt=call.prompt, options=call_options(call))
+        response = await self._rpc(self._stub.Invoke, request, call)
+        return AdapterReply(text=response.text, events=self._events(call, response.events))
+
+    async def produce(self, call: AdapterCall) -> AdapterReply:
+        self._check(call, CallKind.PRODUCE)
+        assert call.output_schema is not None  # _check refuses Produce without one
+        schema = plain_json(call.output_schema)
+        request = adapter_pb2.ProduceRequest(
+            prompt=call.prompt,
+            output_schema=json.dumps(schema, separators=(",", ":")),
+            options=call_options(call),
+        )
+        response = await self._rpc(self._stub.Produce, request, call)
+        return AdapterReply(text=response.output_json, events=self._events(call, response.events))
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._channel.close(None)
+
+    def _check(self, call: AdapterCall, kind: CallKind) -> None:
+        if self._closed:
+            raise errors.AdapterUnavailable(self._declaration.shortname, "the adapter is closed")
+        check_call(self._declaration, call, kind, implemented=IMPLEMENTED)
+        max_depth = call.options.max_depth
+        if max_depth is not None and max_depth.provider_managed:
+            raise errors.AdapterRefused(
+                self._declaration.shortname,
+                "options.max_depth.provider_managed: the adapter contract has no field to carry it",
+            )
+
+    async def _rpc(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        call: AdapterCall,
+    ) -> _Response:
+        shortname = self._declaration.shortname
+        deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
+        metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)),)
+        try:
+            return await method(request, timeout=deadline.seconds, metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise failure_from_status(shortname, exc, deadline) from exc
+        except grpc.aio.BaseError as exc:  # client-side misuse or a C-core fault, not a remote status
+            raise errors.AdapterInternal(shortname, f"gRPC client error: {exc!r}") from exc
+
+    @staticmethod
+    def _events(call: AdapterCall, events: Iterable[adapter_pb2.AdapterEvent]) -> tuple[StreamEvent, ...]:
+        if not call.options.stream_events:
+            return ()  # not asked for; passing them on would widen the reply
+        return tuple(StreamEvent(type=event.type, text=event.text) for event in events)
+
+
+async def connect_remote(
+    target: str,
+    expected_shortname: str = "",
+    *,
+    override: DeclarationOverride | None = None,
+    timeout_seconds: float | None = None,
+    declaration_timeout: float = DECLARATION_TIMEOUT_SECONDS,
+) -> RemoteAdapter:
+    """Connect, fetch and check the declaration, and return the adapter.
+
+    Unreachable → AdapterUnavailable (worth retrying); a declaration that is
+    missing, invalid, or names another shortname → AdapterRegistrationFailed;
+    `override` widening the declaration → ConfigError.
+    """
+    name = expected_shortname or target
+    resolved = grpc_target(target)
+    if resolved is None:
+        raise errors.AdapterRegistrationFailed(
+            target, "the target must be unix:PATH, unix:///PATH or HOST:PORT", expected_shortname
+        )
+    channel = grpc.aio.insecure_channel(resolved)
+    try:
+        stub = adapter_pb2_grpc.AdapterServiceStub(channel)
+        try:
+            response = await stub.GetDeclaration(
+                adapter_pb2.GetDeclarationRequest(), timeout=declaration_timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise errors.AdapterUnavailable(
+                    name, f"cannot reach {target}: {code.name}: {exc.details()}"
+                ) from exc
+            raise errors.AdapterRegistrationFailed(
+                target, f"GetDeclaration failed: {code.name}: {exc.details()}", expected_shortname
+            ) from exc
+        if not response.HasField("declaration"):
+            raise errors.AdapterRegistrationFailed(
+                target, "GetDeclaration returned no declaration", expected_shortname
+            )
+        declaration, problems = declaration_from_proto(response.declaration)
+        if declaration is None:
+            raise errors.AdapterRegistrationFailed(
+                target, "invalid declaration: " + "; ".join(problems), expected_shortname
+            )
+        if expected_shortname and declaration.shortname != expected_shortname:
+            raise errors.AdapterRegistrationFailed(
+                target,
+                f'it declares shortname "{declaration.shortname}", expected "{expected_shortname}"',
+                expected_shortname,
+            )
+        if override is not None:
+            declaration = narrow(
+                declaration, override, shortname=declaration.shortname, implementation="remote"
+            )
+    except BaseException:
+        await channel.close(None)
+        raise
+    return RemoteAdapter(target, channel, declaration, timeout_seconds)
+
+
+async def connect_from_spec(spec: AdapterSpec) -> RemoteAdapter:
+    """A config-defined remote adapter: options `target` and `timeout_seconds`."""
+    reader = OptionReader(spec, spec.options)
+    target = reader.required_string("target")
+    if grpc_target(target) is None:
+        reader.fail("target", f'"{target}" is not unix:PATH, unix:///PATH or HOST:PORT')
+    timeout = reader.positive_number("timeout_seconds", None)
+    reader.finish()
+    validate_shortname(spec.shortname)
+    return await connect_remote(target, spec.shortname, override=spec.declaration, timeout_seconds=timeout)

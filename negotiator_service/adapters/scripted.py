@@ -1,0 +1,209 @@
+"""The scripted adapter: canned, deterministic replies from config.
+
+For demos and tests only, and labelled so (`Declaration.scripted`). Its whole
+declaration comes from config, since there is no code behind it to narrow;
+it still refuses, like any adapter, a call field its declaration does not
+accept.
+
+Options:
+    invoke:  a reply (default `{echo: true}`)
+    produce: a reply (required when the declaration supports structured_output)
+    delay_seconds: seconds to wait before replying (default 0)
+    events:  [{type, text}] returned when the call asks for stream_events
+
+A reply is exactly one of `{text: "..."}`, `{echo: true}` (the prompt),
+`{json: <value>}` (its JSON text) or `{error: {kind, message, retry_after?}}`
+with kind one of unavailable, timeout, rate_limited, refused, misconfigured,
+internal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from negotiator_service import errors
+from negotiator_service.adapters._calls import ALL_CAPABILITIES, call_deadline, check_call
+from negotiator_service.adapters._options import OptionReader, type_name
+from negotiator_service.declarations import declaration_from_override
+from negotiator_service.model import (
+    AdapterCall,
+    AdapterReply,
+    AdapterSpec,
+    CallKind,
+    Capability,
+    CapabilityState,
+    Declaration,
+    StreamEvent,
+)
+
+ERROR_KINDS: Mapping[str, Callable[[str, str], errors.AdapterFailure]] = MappingProxyType(
+    {
+        "unavailable": errors.AdapterUnavailable,
+        "timeout": errors.AdapterTimeout,
+        "rate_limited": errors.AdapterRateLimited,
+        "refused": errors.AdapterRefused,
+        "misconfigured": errors.AdapterMisconfigured,
+        "internal": errors.AdapterInternal,
+    }
+)
+_REPLY_FORMS = ("text", "echo", "json", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedError:
+    kind: str
+    message: str
+    retry_after: float | None = None
+
+    def exception(self, adapter: str) -> errors.AdapterFailure:
+        if self.kind == "rate_limited":
+            return errors.AdapterRateLimited(adapter, self.message, retry_after=self.retry_after)
+        return ERROR_KINDS[self.kind](adapter, self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedReply:
+    """One configured answer; exactly one field is set."""
+
+    text: str | None = None
+    echo: bool = False
+    error: ScriptedError | None = None
+
+    def answer(self, adapter: str, prompt: str) -> str:
+        if self.error is not None:
+            raise self.error.exception(adapter)
+        if self.echo:
+            return prompt
+        assert self.text is not None  # _read_reply sets exactly one form
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedOptions:
+    invoke: ScriptedReply
+    produce: ScriptedReply | None
+    delay_seconds: float
+    events: tuple[StreamEvent, ...]
+
+
+def read_options(spec: AdapterSpec, declaration: Declaration) -> ScriptedOptions:
+    reader = OptionReader(spec, spec.options)
+    invoke = _read_reply(reader, "invoke") if reader.has("invoke") else ScriptedReply(echo=True)
+    produce = _read_reply(reader, "produce") if reader.has("produce") else None
+    delay_seconds = reader.non_negative_number("delay_seconds", 0.0)
+    events = _read_events(reader)
+    reader.finish()
+    if produce is None and declaration.state(Capability.STRUCTURED_OUTPUT) is CapabilityState.SUPPORTED:
+        reader.fail("produce", "is required when the declaration supports structured_output")
+    return ScriptedOptions(invoke=invoke, produce=produce, delay_seconds=delay_seconds, events=events)
+
+
+def _read_reply(parent: OptionReader, key: str) -> ScriptedReply:
+    reader = parent.nested(key)
+    forms = [form for form in _REPLY_FORMS if reader.has(form)]
+    if len(forms) != 1:
+        reader.fail(parent.path(key), f"must have exactly one of {', '.join(_REPLY_FORMS)}")
+    form = forms[0]
+    reply: ScriptedReply
+    if form == "text":
+        value = reader.raw("text")
+        if not isinstance(value, str):
+            reader.fail(reader.path("text"), f"must be a string, not {type_name(value)}")
+        reply = ScriptedReply(text=value)
+    elif form == "echo":
+        if reader.raw("echo") is not True:
+            reader.fail(reader.path("echo"), "must be true (omit it otherwise)")
+        reply = ScriptedReply(echo=True)
+    elif form == "json":
+        try:
+            text = json.dumps(reader.raw("json"), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            reader.fail(reader.path("json"), f"is not JSON-serializable: {exc}")
+        reply = ScriptedReply(text=text)
+    else:
+        reply = ScriptedReply(error=_read_error(reader.nested("error")))
+    reader.finish()
+    return reply
+
+
+def _read_error(reader: OptionReader) -> ScriptedError:
+    kind = reader.required_string("kind")
+    if kind not in ERROR_KINDS:
+        reader.fail(reader.path("kind"), f'unknown kind "{kind}"; expected one of {", ".join(ERROR_KINDS)}')
+    message = reader.string("message", default=f"scripted {kind} error")
+    assert message is not None  # it has a default
+    retry_after = reader.positive_number("retry_after", None)
+    if retry_after is not None and kind != "rate_limited":
+        reader.fail(reader.path("retry_after"), "is only for kind rate_limited")
+    reader.finish()
+    return ScriptedError(kind=kind, message=message, retry_after=retry_after)
+
+
+def _read_events(reader: OptionReader) -> tuple[StreamEvent, ...]:
+    raw = reader.raw("events")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        reader.fail("events", f"must be a list of {{type, text}}, not {type_name(raw)}")
+    events = []
+    for index, item in enumerate(raw):
+        event = reader.child(item, f"events[{index}]")
+        event_type = event.required_string("type")
+        text = event.raw("text")
+        if text is not None and not isinstance(text, str):
+            event.fail(event.path("text"), f"must be a string, not {type_name(text)}")
+        event.finish()
+        events.append(StreamEvent(type=event_type, text=text or ""))
+    return tuple(events)
+
+
+class ScriptedAdapter:
+    """Canned replies; see the module docstring for the options."""
+
+    implementation = "scripted"
+
+    def __init__(self, spec: AdapterSpec) -> None:
+        if spec.declaration is None:
+            raise errors.ConfigError(
+                f'adapter "{spec.shortname}": a scripted adapter needs a declaration in config '
+                "(there is no code to declare one)"
+            )
+        self._declaration = declaration_from_override(
+            spec.declaration, shortname=spec.shortname, scripted=True
+        )
+        self._options = read_options(spec, self._declaration)
+
+    @property
+    def declaration(self) -> Declaration:
+        return self._declaration
+
+    async def invoke(self, call: AdapterCall) -> AdapterReply:
+        check_call(self._declaration, call, CallKind.INVOKE, implemented=ALL_CAPABILITIES)
+        return await self._reply(self._options.invoke, call)
+
+    async def produce(self, call: AdapterCall) -> AdapterReply:
+        check_call(self._declaration, call, CallKind.PRODUCE, implemented=ALL_CAPABILITIES)
+        if self._options.produce is None:
+            raise errors.AdapterRefused(
+                self._declaration.shortname, "no scripted produce reply is configured"
+            )
+        return await self._reply(self._options.produce, call)
+
+    async def close(self) -> None:
+        return None
+
+    async def _reply(self, reply: ScriptedReply, call: AdapterCall) -> AdapterReply:
+        shortname = self._declaration.shortname
+        if self._options.delay_seconds > 0:
+            deadline = call_deadline(shortname, call.time_budget)
+            try:
+                async with asyncio.timeout(deadline.seconds):
+                    await asyncio.sleep(self._options.delay_seconds)
+            except TimeoutError as exc:
+                raise deadline.expired(shortname) from exc
+        text = reply.answer(shortname, call.prompt)
+        return AdapterReply(text=text, events=self._options.events if call.options.stream_events else ())

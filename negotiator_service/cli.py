@@ -1,0 +1,479 @@
+"""`negotiator`: run the negotiator, or talk to one.
+
+    negotiator serve [--config FILE] --listen ADDR [--listen ADDR]... [--grace SECONDS]
+    negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
+    negotiator [--server ADDR] register TARGET [--shortname NAME]
+    negotiator [--server ADDR] deregister SHORTNAME
+    negotiator [--server ADDR] negotiate (--adapter X | --agent Y) [--schema FILE_OR_JSON] PROMPT [options]
+    negotiator [--server ADDR] produce (--adapter X | --agent Y) --schema FILE_OR_JSON PROMPT [options]
+    negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [options]
+
+ADDR is `unix:PATH`, `unix:///PATH` or `HOST:PORT`; `--server` defaults to
+$NEGOTIATOR_SERVER. `serve` without `--config` uses the embedded demo config.
+PROMPT `-` reads the prompt from stdin; `--schema` takes JSON text (starting
+with `{`, or `true`/`false`), a file path, or `-` for stdin.
+
+Call options (negotiate, produce, invoke); each one is a requirement the
+adapter's declaration must meet:
+    --model NAME  --effort LEVEL  --profile NAME  --persona NAME
+    --setting KEY=JSON             repeatable; the value is JSON (`--setting 'style="terse"'`)
+    --mcp NAME=TRANSPORT:TARGET    repeatable; stdio takes a command line, sse/http a URL
+    --max-depth N|provider-managed
+    --allow-tool NAME --deny-tool NAME   repeatable
+    --stream-events
+    --allow-unknown CAPABILITY     repeatable; accept an UNKNOWN capability for this call
+    --timeout SECONDS              the call's deadline (default 300; 30 for other commands)
+
+Output: JSON on stdout.
+    adapters             {"adapters": [ADAPTER, ...]}
+    adapters NAME        {"adapter": ADAPTER}
+    adapters --watch     one {"change": "existing"|"registered"|"deregistered", "adapter": ADAPTER} per line
+    register/deregister  {"adapter": ADAPTER}
+    negotiate            {"adapter", "declaration_version", "accepted",
+                          "verdicts": [VERDICT], "gaps": [VERDICT]}
+    produce              {"adapter", "declaration_version", "output": <the output, parsed>,
+                          "verdicts": [VERDICT], "events": [{"type", "text"}]}
+    invoke               {"adapter", "declaration_version", "text", "verdicts": [VERDICT], "events": [...]}
+where
+    ADAPTER = {"shortname", "kind": "agent-framework"|"agent-harness", "implementation",
+               "source": "config"|"runtime", "target", "declaration_version", "scripted",
+               "capabilities": {NAME: "supported"|"unsupported"|"unknown"},
+               "mcp_transports", "accepted_settings", "string_formats", "hook_events"}
+    VERDICT = {"capability", "set", "member", "request_field", "state", "allowed_unknown"}
+    (set and member are null unless the requirement is a typed-set member)
+
+Errors go to stderr. A refusal (FAILED_PRECONDITION / UNSUPPORTED_CAPABILITY)
+prints only
+    {"error": {"code", "reason", "message", "adapter", "declaration_version",
+               "gaps": [{"capability", "set", "member", "request_field", "state"}]}}
+Any other failure prints `error: <message>` and then
+    {"error": {"code", "reason", "message", "metadata": {...},
+               "field_violations": [{"field", "description"}],
+               "precondition_violations": [{"type", "subject", "description"}]}}
+
+Exit codes: 0 success; 1 failure (including a config error at `serve`);
+2 usage error; 3 refused: the adapter's declaration does not meet the call
+(`negotiate` also exits 3 when its decision is not accepted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from google.protobuf import json_format, struct_pb2
+
+from clients.errors import SidecarError
+from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, refusal_gaps
+from sidecar_runtime.addresses import parse_address
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+SERVER_ENV = "NEGOTIATOR_SERVER"
+DEFAULT_CALL_TIMEOUT = 300.0
+DEFAULT_ADMIN_TIMEOUT = 30.0
+PROVIDER_MANAGED = "provider-managed"
+
+
+class UsageError(Exception):
+    """A command line that parsed but cannot be used; exits 2."""
+
+
+# --- parsing ---------------------------------------------------------------------
+
+
+def _call_options_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--adapter", help="an agent-framework adapter's shortname")
+    target.add_argument("--agent", help="an agent-harness adapter's shortname")
+    parser.add_argument("prompt", metavar="PROMPT", help="the prompt; - reads stdin")
+    parser.add_argument("--model")
+    parser.add_argument("--effort")
+    parser.add_argument("--profile")
+    parser.add_argument("--persona")
+    parser.add_argument("--setting", action="append", default=[], metavar="KEY=JSON")
+    parser.add_argument("--mcp", action="append", default=[], metavar="NAME=TRANSPORT:COMMAND_OR_URL")
+    parser.add_argument("--max-depth", metavar="N|provider-managed")
+    parser.add_argument("--allow-tool", action="append", default=[], metavar="NAME")
+    parser.add_argument("--deny-tool", action="append", default=[], metavar="NAME")
+    parser.add_argument("--stream-events", action="store_true")
+    parser.add_argument("--allow-unknown", action="append", default=[], metavar="CAPABILITY")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="negotiator",
+        description="Run the capability negotiator, or query and call one.",
+        epilog="See the module docstring of negotiator_service.cli for output shapes and exit codes.",
+    )
+    parser.add_argument(
+        "--server", default=os.environ.get(SERVER_ENV), help=f"negotiator address (default ${SERVER_ENV})"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the negotiator until SIGTERM/SIGINT")
+    serve.add_argument("--config", type=Path, help="YAML config (default: the embedded demo config)")
+    serve.add_argument("--listen", action="append", required=True, metavar="ADDR", help="repeatable")
+    serve.add_argument("--grace", type=float, default=10.0, metavar="SECONDS", help="drain time on shutdown")
+
+    adapters = commands.add_parser("adapters", help="list adapters, get one, or watch changes")
+    adapters.add_argument("shortname", nargs="?", metavar="SHORTNAME")
+    adapters.add_argument("--watch", action="store_true", help="print every change as a JSON line")
+    adapters.add_argument("--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS")
+
+    register = commands.add_parser("register", help="register a remote adapter")
+    register.add_argument("target", metavar="TARGET")
+    register.add_argument("--shortname", default="", help="refuse unless the adapter declares this name")
+    register.add_argument("--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS")
+
+    deregister = commands.add_parser("deregister", help="remove a runtime-registered adapter")
+    deregister.add_argument("shortname", metavar="SHORTNAME")
+    deregister.add_argument("--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS")
+
+    call_options = _call_options_parser()
+    negotiate = commands.add_parser("negotiate", parents=[call_options], help="dry run: verdicts and gaps")
+    negotiate.add_argument("--schema", metavar="FILE_OR_JSON", help="judge a Produce call with this schema")
+    produce = commands.add_parser("produce", parents=[call_options], help="structured output")
+    produce.add_argument("--schema", required=True, metavar="FILE_OR_JSON")
+    commands.add_parser("invoke", parents=[call_options], help="plain text")
+    return parser
+
+
+def _prompt(value: str) -> str:
+    return sys.stdin.read() if value == "-" else value
+
+
+def _read_schema(value: str) -> str:
+    if value == "-":
+        return sys.stdin.read()
+    stripped = value.strip()
+    if stripped.startswith("{") or stripped in ("true", "false"):
+        return value
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(
+            f"--schema: {value!r} is neither JSON text nor a readable file ({exc.strerror})"
+        ) from exc
+
+
+def _settings(items: Sequence[str]) -> struct_pb2.Struct | None:
+    if not items:
+        return None
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--setting {item!r}: expected KEY=JSON")
+        try:
+            values[key] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"--setting {item!r}: the value is not JSON ({exc.msg}); quote strings: {key}='\"{text}\"'"
+            ) from exc
+    struct = struct_pb2.Struct()
+    json_format.ParseDict(values, struct)
+    return struct
+
+
+def _mcp_server(item: str) -> pb.McpServer:
+    name, sep, rest = item.partition("=")
+    transport, sep2, where = rest.partition(":")
+    if not sep or not name or not sep2 or not transport or not where:
+        raise UsageError(
+            f"--mcp {item!r}: expected NAME=TRANSPORT:COMMAND_OR_URL, e.g. fs=stdio:'npx server'"
+        )
+    if transport == "stdio":
+        try:
+            argv = shlex.split(where)
+        except ValueError as exc:
+            raise UsageError(f"--mcp {item!r}: cannot split the command: {exc}") from exc
+        if not argv:
+            raise UsageError(f"--mcp {item!r}: the stdio command is empty")
+        return pb.McpServer(name=name, transport=transport, command=argv[0], args=argv[1:])
+    # Unknown transports are passed on: the server names them in a field violation.
+    return pb.McpServer(name=name, transport=transport, url=where)
+
+
+def _max_depth(value: str | None) -> pb.MaxDepth | None:
+    if value is None:
+        return None
+    if value == PROVIDER_MANAGED:
+        return pb.MaxDepth(provider_managed=True)
+    if not value.isdigit():
+        raise UsageError(f"--max-depth {value!r}: expected a non-negative integer or {PROVIDER_MANAGED}")
+    return pb.MaxDepth(depth=int(value))
+
+
+def _capability(name: str) -> common_pb2.Capability.ValueType:
+    wire = name.strip().upper().replace("-", "_")
+    wire = wire if wire.startswith("CAPABILITY_") else f"CAPABILITY_{wire}"
+    if wire not in common_pb2.Capability.keys() or wire == "CAPABILITY_UNSPECIFIED":  # noqa: SIM118
+        choices = ", ".join(_enum_name(n, "CAPABILITY_") for n in common_pb2.Capability.keys()[1:])
+        raise UsageError(f"--allow-unknown {name!r}: not a capability; expected one of {choices}")
+    return common_pb2.Capability.Value(wire)
+
+
+def call_options(args: argparse.Namespace) -> pb.CallOptions:
+    options = pb.CallOptions()
+    for name in ("model", "effort", "profile", "persona"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(options, name, value)
+    settings = _settings(args.setting)
+    if settings is not None:
+        options.settings.CopyFrom(settings)
+    options.mcp_servers.extend(_mcp_server(item) for item in args.mcp)
+    max_depth = _max_depth(args.max_depth)
+    if max_depth is not None:
+        options.max_depth.CopyFrom(max_depth)
+    if args.allow_tool or args.deny_tool:
+        options.tool_filter.CopyFrom(pb.ToolFilter(allow=args.allow_tool, deny=args.deny_tool))
+    options.stream_events = args.stream_events
+    options.allow_unknown.extend(_capability(name) for name in args.allow_unknown)
+    return options
+
+
+def _target(args: argparse.Namespace) -> dict[str, str]:
+    return {"adapter": args.adapter} if args.adapter is not None else {"agent": args.agent}
+
+
+def produce_request(args: argparse.Namespace) -> pb.ProduceRequest:
+    return pb.ProduceRequest(
+        prompt=_prompt(args.prompt),
+        output_schema=_read_schema(args.schema),
+        options=call_options(args),
+        **_target(args),
+    )
+
+
+def invoke_request(args: argparse.Namespace) -> pb.InvokeRequest:
+    return pb.InvokeRequest(prompt=_prompt(args.prompt), options=call_options(args), **_target(args))
+
+
+# --- JSON shapes -------------------------------------------------------------------
+
+
+def _enum_name(name: str, prefix: str) -> str:
+    return name.removeprefix(prefix).lower()
+
+
+def adapter_json(adapter: pb.Adapter) -> dict[str, Any]:
+    declaration = adapter.declaration
+    return {
+        "shortname": declaration.shortname,
+        "kind": _enum_name(common_pb2.AdapterKind.Name(declaration.kind), "ADAPTER_KIND_").replace("_", "-"),
+        "implementation": adapter.implementation,
+        "source": _enum_name(pb.AdapterSource.Name(adapter.source), "ADAPTER_SOURCE_"),
+        "target": adapter.target,
+        "declaration_version": declaration.version,
+        "scripted": declaration.scripted,
+        "capabilities": {
+            _enum_name(common_pb2.Capability.Name(entry.capability), "CAPABILITY_"): _enum_name(
+                common_pb2.CapabilityState.Name(entry.state), "CAPABILITY_STATE_"
+            )
+            for entry in declaration.capabilities
+        },
+        "mcp_transports": list(declaration.mcp_transports),
+        "accepted_settings": list(declaration.accepted_settings),
+        "string_formats": list(declaration.string_formats),
+        "hook_events": list(declaration.hook_events),
+    }
+
+
+def verdict_json(verdict: pb.Verdict) -> dict[str, Any]:
+    requirement = verdict.requirement
+    in_set = requirement.set != common_pb2.TYPED_SET_UNSPECIFIED
+    return {
+        "capability": _enum_name(common_pb2.Capability.Name(requirement.capability), "CAPABILITY_"),
+        "set": _enum_name(common_pb2.TypedSet.Name(requirement.set), "TYPED_SET_") if in_set else None,
+        "member": requirement.member if in_set else None,
+        "request_field": requirement.request_field,
+        "state": _enum_name(common_pb2.CapabilityState.Name(verdict.state), "CAPABILITY_STATE_"),
+        "allowed_unknown": verdict.allowed_unknown,
+    }
+
+
+def decision_json(decision: pb.Decision) -> dict[str, Any]:
+    return {
+        "adapter": decision.adapter,
+        "declaration_version": decision.declaration_version,
+        "accepted": decision.accepted,
+        "verdicts": [verdict_json(v) for v in decision.verdicts],
+        "gaps": [verdict_json(v) for v in decision.gaps],
+    }
+
+
+def _events_json(events: Sequence[pb.StreamEvent]) -> list[dict[str, str]]:
+    return [{"type": e.type, "text": e.text} for e in events]
+
+
+def produce_json(response: pb.ProduceResponse) -> dict[str, Any]:
+    return {
+        "adapter": response.decision.adapter,
+        "declaration_version": response.decision.declaration_version,
+        "output": json.loads(response.output_json),
+        "verdicts": [verdict_json(v) for v in response.decision.verdicts],
+        "events": _events_json(response.events),
+    }
+
+
+def invoke_json(response: pb.InvokeResponse) -> dict[str, Any]:
+    return {
+        "adapter": response.decision.adapter,
+        "declaration_version": response.decision.declaration_version,
+        "text": response.text,
+        "verdicts": [verdict_json(v) for v in response.decision.verdicts],
+        "events": _events_json(response.events),
+    }
+
+
+def error_json(error: SidecarError) -> dict[str, Any]:
+    if is_refusal(error):
+        return {
+            "error": {
+                "code": error.code.name,
+                "reason": error.reason,
+                "message": error.message,
+                "adapter": error.metadata.get("adapter", ""),
+                "declaration_version": error.metadata.get("declarationVersion", ""),
+                "gaps": [dataclasses.asdict(gap) for gap in refusal_gaps(error)],
+            }
+        }
+    return {
+        "error": {
+            "code": error.code.name,
+            "reason": error.reason,
+            "message": error.message,
+            "metadata": dict(error.metadata),
+            "field_violations": [{"field": f, "description": d} for f, d in error.field_violations],
+            "precondition_violations": [
+                {"type": v.type, "subject": v.subject, "description": v.description}
+                for v in error.precondition_violations
+            ],
+        }
+    }
+
+
+def is_refusal(error: SidecarError) -> bool:
+    return error.code is grpc.StatusCode.FAILED_PRECONDITION and error.reason == UNSUPPORTED_CAPABILITY
+
+
+# --- commands ----------------------------------------------------------------------
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, ensure_ascii=False), flush=True)
+
+
+def _client(args: argparse.Namespace) -> NegotiatorClient:
+    if not args.server:
+        raise UsageError(f"no server: pass --server ADDR or set {SERVER_ENV}")
+    try:
+        parse_address(args.server)
+    except ValueError as exc:
+        raise UsageError(f"--server: {exc}") from exc
+    return NegotiatorClient(args.server, timeout=args.timeout)
+
+
+def _watch(client: NegotiatorClient) -> Iterator[dict[str, Any]]:
+    for change in client.watch_adapters():
+        name = _enum_name(pb.AdapterChange.Name(change.change), "ADAPTER_CHANGE_")
+        yield {"change": name, "adapter": adapter_json(change.adapter)}
+
+
+def run_client_command(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        command = args.command
+        if command == "adapters":
+            if args.watch:
+                for line in _watch(client):
+                    _print(line)
+            elif args.shortname:
+                _print({"adapter": adapter_json(client.get_adapter(args.shortname))})
+            else:
+                _print({"adapters": [adapter_json(a) for a in client.list_adapters()]})
+        elif command == "register":
+            _print({"adapter": adapter_json(client.register_adapter(args.target, args.shortname))})
+        elif command == "deregister":
+            _print({"adapter": adapter_json(client.deregister_adapter(args.shortname))})
+        elif command == "negotiate":
+            call = produce_request(args) if args.schema is not None else invoke_request(args)
+            decision = client.negotiate(call)
+            _print(decision_json(decision))
+            return EXIT_OK if decision.accepted else EXIT_REFUSED
+        elif command == "produce":
+            _print(produce_json(client.produce(produce_request(args))))
+        elif command == "invoke":
+            _print(invoke_json(client.invoke(invoke_request(args))))
+        else:  # pragma: no cover - argparse only accepts the commands above
+            raise UsageError(f"unknown command {command!r}")
+    return EXIT_OK
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from negotiator_service.errors import ConfigError
+    from negotiator_service.server import Settings, serve
+
+    for address in args.listen:
+        try:
+            parse_address(address)
+        except ValueError as exc:
+            raise UsageError(f"--listen: {exc}") from exc
+    # Decision records are JSON lines (the audit trail); keep them unprefixed.
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+    settings = Settings(listen=tuple(args.listen), config_path=args.config, grace_seconds=args.grace)
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as exc:
+        print(f"error: config: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _fail_usage(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    parser.error(message)  # prints usage and exits 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return run_serve(args)
+        return run_client_command(args)
+    except UsageError as exc:
+        _fail_usage(parser, str(exc))
+    except SidecarError as error:
+        if is_refusal(error):
+            print(json.dumps(error_json(error), ensure_ascii=False), file=sys.stderr)
+            return EXIT_REFUSED
+        print(f"error: {error.message}", file=sys.stderr)
+        print(json.dumps(error_json(error), ensure_ascii=False), file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""The negotiator process: config → adapters → registry → broker → gRPC server.
+
+Start-up is all or nothing: a config error (including a config that widens an
+adapter's declaration) or an adapter that cannot be built stops start-up with
+a ConfigError naming the adapter and the field, before anything listens.
+Health turns SERVING only once every config adapter is built.
+
+Shutdown (SIGTERM/SIGINT): open WatchAdapters streams end with UNAVAILABLE,
+health flips to NOT_SERVING, in-flight calls get `grace_seconds` to finish
+while new ones are refused, socket files are removed, then every adapter is
+closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+
+from negotiator_service.adapters import build_adapters, connect_remote
+from negotiator_service.broker import Broker
+from negotiator_service.config import EMBEDDED_CONFIG_PATH, EMBEDDED_DEFAULT_CONFIG, load_config
+from negotiator_service.errors import ConfigError
+from negotiator_service.model import Adapter, AdapterSpec
+from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from negotiator_service.servicer import DEFAULT_DEADLINE_MARGIN_SECONDS, SERVICE_NAME, NegotiatorServicer
+from sidecar_runtime.server import RunningServer, ServerOptions, start_server
+
+DEFAULT_GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen: Sequence[str]
+    config_path: Path | None = None  # None: the embedded default config
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    deadline_margin: float = DEFAULT_DEADLINE_MARGIN_SECONDS
+
+
+@dataclass(slots=True)
+class RunningNegotiator:
+    """A started negotiator: the gRPC server plus what it serves."""
+
+    running: RunningServer
+    registry: AdapterRegistry
+    broker: Broker
+    servicer: NegotiatorServicer
+    _stopped: bool = field(default=False)
+
+    @property
+    def bound(self) -> tuple[str, ...]:
+        """Dialable targets, with real ports for ":0"."""
+        return self.running.bound
+
+    @property
+    def grace_seconds(self) -> float:
+        return self.running.grace_seconds
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.servicer.begin_shutdown()
+        try:
+            await self.running.stop()
+        finally:
+            await self.registry.close()
+
+
+def read_config(config_path: Path | None) -> tuple[AdapterSpec, ...]:
+    """The adapter specs of the config file, or of the embedded default."""
+    if config_path is None:
+        return load_config(EMBEDDED_DEFAULT_CONFIG, EMBEDDED_CONFIG_PATH)
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {config_path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config {config_path}: not UTF-8 text ({exc.reason})") from exc
+    return load_config(text, str(config_path))
+
+
+async def create_server(
+    settings: Settings,
+    *,
+    connect: Callable[[str, str], Awaitable[Adapter]] = connect_remote,
+) -> RunningNegotiator:
+    """Load the config, build its adapters and start serving.
+
+    Raises ConfigError for a bad config (nothing is left running) and
+    RuntimeError when an address cannot be bound.
+    """
+    specs = read_config(settings.config_path)
+    adapters = await build_adapters(specs)
+    registry = AdapterRegistry()
+    for adapter in adapters:
+        registry.add(RegisteredAdapter(adapter=adapter, source="config"))
+    broker = Broker(registry)
+    servicer = NegotiatorServicer(broker, registry, connect, deadline_margin=settings.deadline_margin)
+
+    def register(server: grpc.aio.Server) -> None:
+        negotiator_pb2_grpc.add_NegotiatorServiceServicer_to_server(servicer, server)
+
+    try:
+        running = await start_server(
+            register,
+            (SERVICE_NAME,),
+            ServerOptions(listen=settings.listen, grace_seconds=settings.grace_seconds),
+        )
+    except BaseException:
+        await registry.close()
+        raise
+    return RunningNegotiator(running=running, registry=registry, broker=broker, servicer=servicer)
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT, then stop gracefully.
+
+    Prints one `READY negotiator <target>...` line on stdout once serving, so
+    launchers and tests learn the real ports.
+    """
+    negotiator = await create_server(settings)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    names = ", ".join(entry.shortname for entry in negotiator.registry.list()) or "none"
+    print(f"READY negotiator {' '.join(negotiator.bound)}", flush=True)
+    print(
+        f"negotiator: serving on {', '.join(negotiator.bound)}; adapters: {names}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        await stop.wait()
+        print(f"negotiator: stopping (grace {negotiator.grace_seconds:g}s)", file=sys.stderr, flush=True)
+    finally:
+        await negotiator.stop()

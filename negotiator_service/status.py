@@ -1,0 +1,226 @@
+"""The one table from the negotiator's error taxonomy to gRPC status codes and details.
+
+Every status carries exactly one ErrorInfo in the domain `negotiator.agentsidecar`
+whose `reason` is the error's `reason` (AIP-193), so a caller in any language
+branches on (code, reason) and never parses the message. On top of ErrorInfo:
+
+- InvalidRequest: BadRequest, one field violation per problem.
+- UnsupportedCapability: PreconditionFailure with one violation per gap:
+  type "UNSUPPORTED_CAPABILITY" (declared unsupported) or "UNKNOWN_CAPABILITY"
+  (the declaration is silent and the caller did not allow it), subject the
+  capability name or "<set>:<member>", description
+  `<request field> needs <subject>; the declaration of "<adapter>" says <state>`
+  (the request field is everything before the first " needs ").
+  ErrorInfo metadata: adapter, declarationVersion, gaps (comma-separated
+  subjects, in request order) and, when the caller allowed any unknowns,
+  allowedUnknown (comma-separated subjects).
+- OutputSchemaViolation: INTERNAL (the adapter broke its contract, not the
+  caller) with a PreconditionFailure-style list, one violation per schema
+  error (type "OUTPUT_SCHEMA", subject the JSON pointer into the output, "/"
+  for the root, description the validator's message). PreconditionFailure
+  rather than DebugInfo because it is structured per violation and every
+  client decodes it the same way as a refusal's gaps; metadata adapter and
+  violations (the count).
+- AdapterFailure subclasses: metadata adapter and cause; AdapterRateLimited
+  adds RetryInfo (and metadata retryAfterSeconds) when the provider gave a hint.
+
+Unexpected exceptions become INTERNAL with reason INTERNAL, never UNKNOWN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+
+from negotiator_service import errors
+from negotiator_service.model import CapabilityState, Verdict
+from sidecar_runtime.richstatus import PreconditionViolation, RichError
+
+DOMAIN = "negotiator.agentsidecar"
+
+GAP_TYPES: Mapping[CapabilityState, str] = MappingProxyType(
+    {
+        CapabilityState.UNSUPPORTED: "UNSUPPORTED_CAPABILITY",
+        CapabilityState.UNKNOWN: "UNKNOWN_CAPABILITY",
+    }
+)
+
+
+def _rich(
+    error: errors.NegotiatorError,
+    code: grpc.StatusCode,
+    metadata: Mapping[str, str] | None = None,
+    **details: Any,
+) -> RichError:
+    return RichError(
+        code=code,
+        message=error.message,
+        reason=error.reason,
+        domain=DOMAIN,
+        metadata=dict(metadata or {}),
+        **details,
+    )
+
+
+def gap_violation(verdict: Verdict, adapter: str) -> PreconditionViolation:
+    requirement = verdict.requirement
+    subject = requirement.describe()
+    return PreconditionViolation(
+        type=GAP_TYPES.get(verdict.state, "UNSUPPORTED_CAPABILITY"),
+        subject=subject,
+        description=(
+            f'{requirement.request_field} needs {subject}; the declaration of "{adapter}" '
+            f"says {verdict.state.value}"
+        ),
+    )
+
+
+def _invalid_request(error: errors.InvalidRequest) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        {"fields": ",".join(dict.fromkeys(f for f, _ in error.violations))},
+        field_violations=error.violations,
+    )
+
+
+def _not_found(error: errors.AdapterNotFound) -> RichError:
+    return _rich(error, grpc.StatusCode.NOT_FOUND, {"adapter": error.shortname})
+
+
+def _kind_mismatch(error: errors.AdapterKindMismatch) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"adapter": error.shortname, "kind": error.kind, "selectedBy": error.selected_by},
+        precondition_violations=(
+            PreconditionViolation("ADAPTER_KIND_MISMATCH", error.shortname, error.message),
+        ),
+    )
+
+
+def _unsupported(error: errors.UnsupportedCapability) -> RichError:
+    decision = error.decision
+    metadata = {
+        "adapter": decision.adapter,
+        "declarationVersion": decision.declaration_version,
+        "gaps": ",".join(v.requirement.describe() for v in decision.gaps),
+    }
+    if decision.allowed_unknowns:
+        metadata["allowedUnknown"] = ",".join(v.requirement.describe() for v in decision.allowed_unknowns)
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        metadata,
+        precondition_violations=tuple(gap_violation(v, decision.adapter) for v in decision.gaps),
+    )
+
+
+def _already_exists(error: errors.AdapterAlreadyExists) -> RichError:
+    return _rich(error, grpc.StatusCode.ALREADY_EXISTS, {"adapter": error.shortname})
+
+
+def _not_removable(error: errors.AdapterNotRemovable) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"adapter": error.shortname, "source": "config"},
+        precondition_violations=(
+            PreconditionViolation("ADAPTER_FROM_CONFIG", error.shortname, error.message),
+        ),
+    )
+
+
+def _config(error: errors.ConfigError) -> RichError:
+    return _rich(error, grpc.StatusCode.INVALID_ARGUMENT, field_violations=(("config", error.message),))
+
+
+def _registration_failed(error: errors.AdapterRegistrationFailed) -> RichError:
+    # The remote answered, so retrying changes nothing until it is fixed.
+    metadata = {"target": error.target, "cause": error.cause}
+    if error.shortname:
+        metadata["adapter"] = error.shortname
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        metadata,
+        precondition_violations=(PreconditionViolation("ADAPTER_DECLARATION", error.target, error.cause),),
+    )
+
+
+def _output_violation(error: errors.OutputSchemaViolation) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.INTERNAL,
+        {"adapter": error.adapter, "violations": str(len(error.violations))},
+        precondition_violations=tuple(
+            PreconditionViolation("OUTPUT_SCHEMA", pointer or "/", message)
+            for pointer, message in error.violations
+        ),
+    )
+
+
+def _adapter_failure(code: grpc.StatusCode) -> Callable[[errors.AdapterFailure], RichError]:
+    def build(error: errors.AdapterFailure) -> RichError:
+        return _rich(error, code, {"adapter": error.adapter, "cause": error.cause})
+
+    return build
+
+
+def _rate_limited(error: errors.AdapterRateLimited) -> RichError:
+    metadata = {"adapter": error.adapter, "cause": error.cause}
+    if error.retry_after is not None:
+        metadata["retryAfterSeconds"] = f"{error.retry_after:g}"
+    return _rich(error, grpc.StatusCode.RESOURCE_EXHAUSTED, metadata, retry_after_seconds=error.retry_after)
+
+
+def _generic(error: errors.NegotiatorError) -> RichError:
+    return _rich(error, grpc.StatusCode.INTERNAL)
+
+
+# Keyed by exact class; `to_rich_error` walks the MRO so a subclass added
+# later still maps to its parent's status until it gets its own row.
+STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] = MappingProxyType(
+    {
+        errors.NegotiatorError: _generic,
+        errors.InvalidRequest: _invalid_request,
+        errors.AdapterNotFound: _not_found,
+        errors.AdapterKindMismatch: _kind_mismatch,
+        errors.UnsupportedCapability: _unsupported,
+        errors.AdapterAlreadyExists: _already_exists,
+        errors.AdapterNotRemovable: _not_removable,
+        errors.ConfigError: _config,
+        errors.AdapterRegistrationFailed: _registration_failed,
+        errors.OutputSchemaViolation: _output_violation,
+        errors.AdapterFailure: _adapter_failure(grpc.StatusCode.INTERNAL),
+        errors.AdapterUnavailable: _adapter_failure(grpc.StatusCode.UNAVAILABLE),
+        errors.AdapterTimeout: _adapter_failure(grpc.StatusCode.DEADLINE_EXCEEDED),
+        errors.AdapterRateLimited: _rate_limited,
+        errors.AdapterRefused: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
+        errors.AdapterMisconfigured: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
+        errors.AdapterInternal: _adapter_failure(grpc.StatusCode.INTERNAL),
+    }
+)
+
+
+def to_rich_error(error: errors.NegotiatorError) -> RichError:
+    """The status a NegotiatorError is sent as."""
+    for cls in type(error).__mro__:
+        build = STATUS_TABLE.get(cls)
+        if build is not None:
+            return build(error)
+    raise AssertionError("NegotiatorError is in the table")  # pragma: no cover
+
+
+def unexpected_error(exc: BaseException, operation: str) -> RichError:
+    """An exception outside the taxonomy: INTERNAL, so it is never sent as UNKNOWN."""
+    return RichError(
+        code=grpc.StatusCode.INTERNAL,
+        message=f"internal error in {operation}: {type(exc).__name__}: {exc}",
+        reason="INTERNAL",
+        domain=DOMAIN,
+        metadata={"operation": operation, "exception": type(exc).__name__},
+    )

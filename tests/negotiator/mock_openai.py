@@ -1,0 +1,219 @@
+"""A local HTTP/1.1 server speaking the OpenAI chat-completions wire format.
+
+Real sockets and real HTTP (keep-alive included), so the adapter's client is
+exercised exactly as against a provider. Set `mode` per test:
+
+    ok          a chat.completion; for response_format json_schema the content
+                is the JSON text of `structured`, otherwise `reply_text`
+    400 401 403 an OpenAI-shaped error body
+    429         an error body with a Retry-After header (`retry_after`)
+    500         a server_error body
+    malformed   200 with a body that is not JSON
+    no_choices  200 with an empty choices list
+    refusal     200 with message.refusal set and content null
+    length      200 with finish_reason "length" and cut-off content
+    hang        never answers until the server stops
+
+Every request is recorded (method, path, lower-cased headers, parsed JSON body,
+client port) in `requests`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+MODES = frozenset(
+    {"ok", "400", "401", "403", "429", "500", "malformed", "no_choices", "refusal", "length", "hang"}
+)
+
+_ERRORS: dict[str, tuple[int, str, str, str | None]] = {
+    "400": (400, "Invalid schema for response_format 'output'.", "invalid_request_error", None),
+    "401": (
+        401,
+        "Incorrect API key provided. You can find your API key in your account settings.",
+        "invalid_request_error",
+        "invalid_api_key",
+    ),
+    "403": (403, "You are not allowed to sample from this model", "invalid_request_error", None),
+    "429": (
+        429,
+        "Rate limit reached for requests per min (RPM): Limit 3, Used 3, Requested 1.",
+        "requests",
+        "rate_limit_exceeded",
+    ),
+    "500": (
+        500,
+        "The server had an error while processing your request. Sorry about that!",
+        "server_error",
+        None,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    client_port: int
+
+
+class MockOpenAI:
+    """Start with `with MockOpenAI() as server:`; `server.base_url` ends in /v1."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.reply_text = "Hello from the mock."
+        self.structured: Any = {"answer": "42"}
+        self.refusal = "I'm sorry, but I can't help with that."
+        self.retry_after = "7"
+        self.requests: list[RecordedRequest] = []
+        self._ids = itertools.count(1)
+        self._release = threading.Event()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._server.block_on_close = False
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="mock-openai", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> MockOpenAI:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._release.set()  # let hanging handlers go
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def completion(self, request_body: Any) -> dict[str, Any]:
+        """A chat.completion body as the real API shapes it."""
+        model = request_body.get("model", "unknown") if isinstance(request_body, dict) else "unknown"
+        wants_json = isinstance(request_body, dict) and (
+            (request_body.get("response_format") or {}).get("type") == "json_schema"
+        )
+        content: str | None = json.dumps(self.structured) if wants_json else self.reply_text
+        refusal = None
+        finish_reason = "stop"
+        if self.mode == "refusal":
+            content, refusal = None, self.refusal
+        elif self.mode == "length":
+            content = (content or "")[: max(1, len(content or "") // 2)]
+            finish_reason = "length"
+        return {
+            "id": f"chatcmpl-mock{next(self._ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": "fp_mock",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": content,
+                        "refusal": refusal,
+                        "annotations": [],
+                    },
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+        }
+
+    def wait_released(self) -> None:
+        self._release.wait()
+
+
+def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as providers do
+        timeout = 10  # an idle keep-alive connection does not pin a thread forever
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                body = raw.decode("utf-8", errors="replace")
+            mock.record(
+                RecordedRequest(
+                    method="POST",
+                    path=self.path,
+                    headers={name.lower(): value for name, value in self.headers.items()},
+                    body=body,
+                    client_port=int(self.client_address[1]),
+                )
+            )
+            if self.path != "/v1/chat/completions":
+                self._send_json(
+                    404, _error_body(f"Unknown request URL: POST {self.path}.", "invalid_request_error")
+                )
+                return
+            mode = mock.mode
+            if mode == "hang":
+                mock.wait_released()
+                self.close_connection = True
+                return
+            if mode in _ERRORS:
+                status, message, kind, code = _ERRORS[mode]
+                headers = {"Retry-After": mock.retry_after} if mode == "429" else {}
+                self._send_json(status, _error_body(message, kind, code), headers)
+            elif mode == "malformed":
+                self._send(200, b"<html>502 Bad Gateway</html>", "application/json")
+            elif mode == "no_choices":
+                completion = mock.completion(body)
+                completion["choices"] = []
+                self._send_json(200, completion)
+            else:
+                self._send_json(200, mock.completion(body))
+
+        def _send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+            self._send(status, json.dumps(body).encode(), "application/json", headers)
+
+        def _send(
+            self, status: int, payload: bytes, content_type: str, headers: dict[str, str] | None = None
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("x-request-id", f"req_mock{next(mock._ids)}")
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+    return Handler
+
+
+def _error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

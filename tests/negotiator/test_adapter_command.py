@@ -1,0 +1,337 @@
+"""The command adapter: real processes, no shell, process groups killed on timeout and cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from negotiator_service import errors
+from negotiator_service.adapters import build_adapter
+from negotiator_service.adapters.command import CommandAdapter
+from negotiator_service.model import (
+    AdapterCall,
+    AdapterKind,
+    AdapterSpec,
+    CallOptions,
+    Capability,
+    CapabilityState,
+    DeclarationOverride,
+)
+
+
+def command(
+    argv: list[str], declaration: DeclarationOverride | None = None, **options: Any
+) -> CommandAdapter:
+    spec = AdapterSpec(
+        shortname="cli",
+        implementation="command",
+        declaration=declaration,
+        options=MappingProxyType({"argv": argv, **options}),
+    )
+    adapter = build_adapter(spec)
+    assert isinstance(adapter, CommandAdapter)
+    return adapter
+
+
+def call(prompt: str = "hello", time_budget: float | None = None, **options: Any) -> AdapterCall:
+    return AdapterCall(prompt=prompt, options=CallOptions(**options), time_budget=time_budget)
+
+
+def settings(**values: Any) -> MappingProxyType[str, Any]:
+    return MappingProxyType(values)
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+async def wait_gone(pid: int, within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def spawner_script(tmp_path: Path, then: str) -> tuple[Path, Path]:
+    """A script that starts a background sleep, writes its pid, then does `then`."""
+    pidfile = tmp_path / "child.pid"
+    script = tmp_path / "spawner.sh"
+    script.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\n{then}\n")
+    script.chmod(0o755)
+    return script, pidfile
+
+
+def written_pid(pidfile: Path) -> int | None:
+    text = pidfile.read_text().strip() if pidfile.exists() else ""
+    return int(text) if text else None
+
+
+async def read_pid(pidfile: Path) -> int:
+    for _ in range(200):
+        if (pid := written_pid(pidfile)) is not None:
+            return pid
+        await asyncio.sleep(0.01)
+    raise AssertionError("the script never wrote its child's pid")
+
+
+async def test_prompt_goes_to_stdin_without_a_placeholder() -> None:
+    reply = await command(["cat"]).invoke(call("from stdin\nsecond line"))
+    assert reply.text == "from stdin\nsecond line"
+
+
+async def test_a_large_prompt_on_stdin_does_not_deadlock() -> None:
+    prompt = "x" * 300_000
+    reply = await command(["cat"]).invoke(call(prompt, time_budget=10))
+    assert reply.text == prompt
+
+
+async def test_placeholder_element_is_replaced_by_the_prompt() -> None:
+    reply = await command(["echo", "{prompt}"]).invoke(call("hello world"))
+    assert reply.text == "hello world\n"
+
+
+async def test_placeholder_inside_an_element_is_replaced() -> None:
+    reply = await command(["printf", "%s|%s", "--say={prompt}", "{prompt}!"]).invoke(call("hi"))
+    assert reply.text == "--say=hi|hi!"
+
+
+async def test_no_shell_interprets_the_prompt(tmp_path: Path) -> None:
+    marker = tmp_path / "X"
+    adapter = command(["echo", "{prompt}"], cwd=str(tmp_path))
+    reply = await adapter.invoke(call(f"a; touch {marker} && echo $HOME `id`"))
+    assert reply.text == f"a; touch {marker} && echo $HOME `id`\n"
+    assert os.listdir(tmp_path) == []
+
+
+async def test_non_zero_exit_is_internal_with_the_stderr_tail() -> None:
+    adapter = command(["sh", "-c", "echo partial; echo 'it broke' >&2; exit 3"])
+    with pytest.raises(errors.AdapterInternal) as raised:
+        await adapter.invoke(call())
+    assert raised.value.adapter == "cli"
+    assert raised.value.cause == "exited with 3: it broke"
+
+
+async def test_only_the_last_500_bytes_of_stderr_are_kept() -> None:
+    code = "import sys; sys.stderr.write('a' * 5000 + 'THE END'); sys.exit(1)"
+    with pytest.raises(errors.AdapterInternal) as raised:
+        await command([sys.executable, "-c", code]).invoke(call())
+    assert raised.value.cause.endswith("THE END")
+    assert len(raised.value.cause) <= len("exited with 1: ") + 500
+
+
+async def test_missing_executable_is_misconfigured() -> None:
+    with pytest.raises(errors.AdapterMisconfigured) as raised:
+        await command(["no-such-agent-cli-xyz", "{prompt}"]).invoke(call())
+    assert "no-such-agent-cli-xyz" in raised.value.cause
+    assert raised.value.adapter == "cli"
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    script, pidfile = spawner_script(tmp_path, "wait")
+    adapter = command([str(script)], timeout_seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(errors.AdapterTimeout) as raised:
+        await adapter.invoke(call())
+    assert time.monotonic() - started < 3
+    assert "timeout_seconds" in raised.value.cause
+    assert await wait_gone(await read_pid(pidfile))
+
+
+async def test_time_budget_shorter_than_the_timeout_wins(tmp_path: Path) -> None:
+    script, pidfile = spawner_script(tmp_path, "wait")
+    started = time.monotonic()
+    with pytest.raises(errors.AdapterTimeout) as raised:
+        await command([str(script)], timeout_seconds=30).invoke(call(time_budget=0.4))
+    assert time.monotonic() - started < 3
+    assert "time budget" in raised.value.cause
+    assert await wait_gone(await read_pid(pidfile))
+
+
+async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> None:
+    script, pidfile = spawner_script(tmp_path, "wait")
+    task = asyncio.create_task(command([str(script)]).invoke(call()))
+    child = await read_pid(pidfile)
+    assert alive(child)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wait_gone(child)
+
+
+@pytest.mark.parametrize("after", [0.0, 0.002, 0.005, 0.01, 0.02])
+async def test_cancellation_while_starting_neither_hangs_nor_leaks(tmp_path: Path, after: float) -> None:
+    # asyncio's own start-up cleanup would wait for pipes the background child holds.
+    script, pidfile = spawner_script(tmp_path, "wait")
+    task = asyncio.create_task(command([str(script)]).invoke(call()))
+    await asyncio.sleep(after)
+    task.cancel()
+    started = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - started < 3
+    await asyncio.sleep(0.1)
+    if (pid := written_pid(pidfile)) is not None:
+        assert await wait_gone(pid)
+
+
+async def test_leftover_children_are_killed_when_the_command_exits(tmp_path: Path) -> None:
+    script, pidfile = spawner_script(tmp_path, "echo finished")
+    reply = await command([str(script)], timeout_seconds=10).invoke(call())
+    assert reply.text == "finished\n"
+    assert await wait_gone(await read_pid(pidfile))
+
+
+async def test_output_over_the_cap_is_an_internal_error_not_a_truncation() -> None:
+    started = time.monotonic()
+    with pytest.raises(errors.AdapterInternal, match="output_cap_bytes=1000"):
+        await command(["yes"], output_cap_bytes=1000).invoke(call())
+    assert time.monotonic() - started < 3
+
+
+async def test_minimal_environment_plus_configured_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEGOTIATOR_TEST_SECRET", "must-not-leak")
+    reply = await command(["env"], env={"AGENT_MODE": "batch"}).invoke(call())
+    names = {line.partition("=")[0] for line in reply.text.splitlines()}
+    assert "AGENT_MODE=batch" in reply.text.splitlines()
+    assert "NEGOTIATOR_TEST_SECRET" not in names
+    assert names <= {"PATH", "HOME", "LANG", "AGENT_MODE"}
+
+
+async def test_settings_env_is_layered_over_the_configured_env() -> None:
+    adapter = command(["env"], env={"A": "config", "B": "config"})
+    reply = await adapter.invoke(call(settings=settings(env={"B": "call", "C": "call"})))
+    lines = set(reply.text.splitlines())
+    assert {"A=config", "B=call", "C=call"} <= lines
+
+
+async def test_settings_cwd_overrides_the_configured_cwd(tmp_path: Path) -> None:
+    configured = tmp_path / "configured"
+    per_call = tmp_path / "per-call"
+    configured.mkdir()
+    per_call.mkdir()
+    adapter = command(["pwd"], cwd=str(configured))
+    assert (await adapter.invoke(call())).text.strip() == str(configured)
+    reply = await adapter.invoke(call(settings=settings(cwd=str(per_call))))
+    assert reply.text.strip() == str(per_call)
+
+
+async def test_settings_timeout_lowers_the_timeout() -> None:
+    adapter = command(["sleep", "5"], timeout_seconds=30)
+    started = time.monotonic()
+    with pytest.raises(errors.AdapterTimeout, match="timeout setting"):
+        await adapter.invoke(call(settings=settings(timeout=0.3)))
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"timeout": 120.0}, "timeout"),  # above the configured 60 s
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": "soon"}, "timeout"),
+        ({"cwd": "/no/such/dir"}, "cwd"),
+        ({"env": {"A": 1}}, "env"),
+        ({"env": "A=1"}, "env"),
+    ],
+)
+async def test_bad_settings_are_refused(values: dict[str, Any], named: str) -> None:
+    with pytest.raises(errors.AdapterRefused, match=f"setting {named}"):
+        await command(["true"]).invoke(call(settings=settings(**values)))
+
+
+async def test_unaccepted_setting_and_other_options_are_refused() -> None:
+    adapter = command(["cat"])
+    with pytest.raises(errors.AdapterRefused, match="accepted_settings:temperature"):
+        await adapter.invoke(call(settings=settings(temperature=0.2)))
+    with pytest.raises(errors.AdapterRefused) as raised:
+        await adapter.invoke(call(model="m", effort="high", persona="p", stream_events=True))
+    for field in ("options.model", "options.effort", "options.persona", "options.stream_events"):
+        assert field in raised.value.cause
+    # Declared unsupported: allowing unknowns does not help.
+    with pytest.raises(errors.AdapterRefused):
+        await adapter.invoke(call(model="m", allow_unknown=frozenset({Capability.MODEL_OVERRIDE})))
+
+
+async def test_produce_is_refused() -> None:
+    adapter = command(["cat"])
+    with pytest.raises(errors.AdapterRefused, match="structured_output"):
+        await adapter.produce(
+            AdapterCall(prompt="x", options=CallOptions(), output_schema={"type": "object"})
+        )
+
+
+async def test_a_nul_byte_in_a_prompt_argument_is_refused() -> None:
+    with pytest.raises(errors.AdapterRefused, match="NUL"):
+        await command(["echo", "{prompt}"]).invoke(call("a\0b"))
+
+
+def test_declaration_advertises_only_settings() -> None:
+    declaration = command(["cat"]).declaration
+    assert declaration.kind is AdapterKind.HARNESS
+    assert declaration.shortname == "cli"
+    assert declaration.scripted is False
+    assert declaration.accepted_settings == {"cwd", "env", "timeout"}
+    for capability in Capability:
+        expected = (
+            CapabilityState.SUPPORTED if capability is Capability.SETTINGS else CapabilityState.UNSUPPORTED
+        )
+        assert declaration.state(capability) is expected, capability
+
+
+async def test_config_may_narrow_the_settings() -> None:
+    adapter = command(["env"], declaration=DeclarationOverride(accepted_settings=frozenset({"cwd"})))
+    assert adapter.declaration.accepted_settings == {"cwd"}
+    with pytest.raises(errors.AdapterRefused, match="accepted_settings:env"):
+        await adapter.invoke(call(settings=settings(env={"A": "1"})))
+
+
+def test_config_may_not_widen_the_declaration() -> None:
+    widening = DeclarationOverride(
+        capabilities=MappingProxyType({Capability.STRUCTURED_OUTPUT: CapabilityState.SUPPORTED})
+    )
+    with pytest.raises(errors.ConfigError, match="structured_output"):
+        command(["cat"], declaration=widening)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({}, "argv"),
+        ({"argv": []}, "argv"),
+        ({"argv": "cat"}, "argv"),
+        ({"argv": ["cat", 3]}, "argv[1]"),
+        ({"argv": ["{prompt}"]}, "argv[0]"),
+        ({"argv": [""]}, "argv[0]"),
+        ({"argv": ["cat"], "timeout_seconds": 0}, "timeout_seconds"),
+        ({"argv": ["cat"], "timeout_seconds": "1m"}, "timeout_seconds"),
+        ({"argv": ["cat"], "cwd": "/no/such/dir"}, "cwd"),
+        ({"argv": ["cat"], "env": {"A": 1}}, "env.A"),
+        ({"argv": ["cat"], "output_cap_bytes": 0}, "output_cap_bytes"),
+        ({"argv": ["cat"], "shell": True}, "shell"),
+    ],
+)
+def test_bad_options_are_config_errors_naming_the_option(options: dict[str, Any], named: str) -> None:
+    spec = AdapterSpec(shortname="cli", implementation="command", options=MappingProxyType(options))
+    with pytest.raises(errors.ConfigError) as raised:
+        build_adapter(spec)
+    assert '"cli"' in raised.value.message
+    assert f"`{named}`" in raised.value.message
+
+
+def test_the_environment_of_this_test_is_unix() -> None:
+    # start_new_session and killpg are POSIX; the adapter is not meant for Windows.
+    assert os.name == "posix"

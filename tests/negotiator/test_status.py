@@ -1,0 +1,178 @@
+"""The status table: every error in the taxonomy has a row, and the rows carry the right details."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from negotiator_service import errors
+from negotiator_service.model import Capability, CapabilityState, Decision, Requirement, TypedSet, Verdict
+from negotiator_service.status import DOMAIN, STATUS_TABLE, to_rich_error, unexpected_error
+
+
+def all_subclasses(cls: type[errors.NegotiatorError]) -> list[type[errors.NegotiatorError]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(all_subclasses(sub))
+    return found
+
+
+def sample(cls: type[errors.NegotiatorError]) -> errors.NegotiatorError:
+    """One instance of each error class."""
+    samples: dict[type[errors.NegotiatorError], errors.NegotiatorError] = {
+        errors.InvalidRequest: errors.InvalidRequest([("prompt", "must not be empty")]),
+        errors.AdapterNotFound: errors.AdapterNotFound("ghost"),
+        errors.AdapterKindMismatch: errors.AdapterKindMismatch("h", "agent-harness", "adapter"),
+        errors.UnsupportedCapability: errors.UnsupportedCapability(
+            Decision(
+                "a", "sha256:1", (Verdict(Requirement(Capability.PERSONA, "options.persona"), UNSUPPORTED),)
+            )
+        ),
+        errors.AdapterAlreadyExists: errors.AdapterAlreadyExists("a"),
+        errors.AdapterNotRemovable: errors.AdapterNotRemovable("a"),
+        errors.ConfigError: errors.ConfigError("bad config"),
+        errors.AdapterRegistrationFailed: errors.AdapterRegistrationFailed("unix:/x", "no declaration", "a"),
+        errors.OutputSchemaViolation: errors.OutputSchemaViolation("a", [("/name", "42 is not a string")]),
+        errors.AdapterRateLimited: errors.AdapterRateLimited("a", "slow down", retry_after=1.5),
+    }
+    if cls in samples:
+        return samples[cls]
+    if issubclass(cls, errors.AdapterFailure):
+        return cls("a", "it broke")
+    raise AssertionError(f"add a sample for {cls.__name__}")
+
+
+UNSUPPORTED = CapabilityState.UNSUPPORTED
+UNKNOWN = CapabilityState.UNKNOWN
+
+EXPECTED_CODES = {
+    errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.AdapterNotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AdapterKindMismatch: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.UnsupportedCapability: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.AdapterAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.AdapterNotRemovable: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.AdapterRegistrationFailed: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.OutputSchemaViolation: grpc.StatusCode.INTERNAL,
+    errors.AdapterFailure: grpc.StatusCode.INTERNAL,
+    errors.AdapterUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.AdapterTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.AdapterRateLimited: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.AdapterRefused: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.AdapterMisconfigured: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.AdapterInternal: grpc.StatusCode.INTERNAL,
+}
+
+
+def test_every_error_class_has_its_own_row() -> None:
+    subclasses = all_subclasses(errors.NegotiatorError)
+    assert len(subclasses) >= 15
+    missing = [cls.__name__ for cls in subclasses if cls not in STATUS_TABLE]
+    assert missing == []
+
+
+@pytest.mark.parametrize("cls", all_subclasses(errors.NegotiatorError), ids=lambda c: c.__name__)
+def test_each_error_maps_to_its_code_with_error_info(cls: type[errors.NegotiatorError]) -> None:
+    error = sample(cls)
+    rich = to_rich_error(error)
+    assert rich.code is EXPECTED_CODES[cls]
+    assert rich.code is not grpc.StatusCode.UNKNOWN
+    assert rich.reason == cls.reason
+    assert rich.domain == DOMAIN
+    assert rich.message == error.message
+
+
+@pytest.mark.parametrize("cls", [c for c in all_subclasses(errors.AdapterFailure)], ids=lambda c: c.__name__)
+def test_adapter_failures_name_adapter_and_cause(cls: type[errors.AdapterFailure]) -> None:
+    rich = to_rich_error(sample(cls))
+    assert rich.metadata["adapter"] == "a"
+    assert rich.metadata["cause"] in ("it broke", "slow down")
+
+
+def test_rate_limited_carries_retry_info_only_when_known() -> None:
+    with_hint = to_rich_error(errors.AdapterRateLimited("a", "slow", retry_after=1.5))
+    assert with_hint.retry_after_seconds == 1.5
+    assert with_hint.metadata["retryAfterSeconds"] == "1.5"
+    status = rpc_status_of(with_hint.to_status())
+    retry = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+    assert len(retry) == 1
+    without = to_rich_error(errors.AdapterRateLimited("a", "slow"))
+    assert without.retry_after_seconds is None
+    assert "retryAfterSeconds" not in without.metadata
+
+
+def rpc_status_of(status: grpc.Status) -> status_pb2.Status:
+    trailer = dict(status.trailing_metadata)[rpc_status.GRPC_DETAILS_METADATA_KEY]  # type: ignore[attr-defined]
+    return status_pb2.Status.FromString(trailer)
+
+
+def test_unsupported_capability_lists_every_gap_once() -> None:
+    decision = Decision(
+        "fw",
+        "sha256:abc",
+        (
+            Verdict(Requirement(Capability.MODEL_OVERRIDE, "options.model"), CapabilityState.SUPPORTED),
+            Verdict(Requirement(Capability.PERSONA, "options.persona"), UNSUPPORTED),
+            Verdict(
+                Requirement(Capability.SETTINGS, "options.settings.seed", TypedSet.ACCEPTED_SETTINGS, "seed"),
+                UNSUPPORTED,
+            ),
+            Verdict(Requirement(Capability.EFFORT, "options.effort"), UNKNOWN),
+            Verdict(
+                Requirement(Capability.PROFILE_OVERRIDE, "options.profile"), UNKNOWN, allowed_unknown=True
+            ),
+        ),
+    )
+    rich = to_rich_error(errors.UnsupportedCapability(decision))
+    assert rich.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert rich.reason == "UNSUPPORTED_CAPABILITY"
+    assert dict(rich.metadata) == {
+        "adapter": "fw",
+        "declarationVersion": "sha256:abc",
+        "gaps": "persona,accepted_settings:seed,effort",
+        "allowedUnknown": "profile_override",
+    }
+    violations = [(v.type, v.subject) for v in rich.precondition_violations]
+    assert violations == [
+        ("UNSUPPORTED_CAPABILITY", "persona"),
+        ("UNSUPPORTED_CAPABILITY", "accepted_settings:seed"),
+        ("UNKNOWN_CAPABILITY", "effort"),
+    ]
+    seed = rich.precondition_violations[1].description
+    assert seed.startswith("options.settings.seed needs accepted_settings:seed")
+    assert "unsupported" in seed
+    assert "unknown" in rich.precondition_violations[2].description
+
+
+def test_invalid_request_has_one_field_violation_per_problem() -> None:
+    rich = to_rich_error(
+        errors.InvalidRequest([("prompt", "must not be empty"), ("output_schema", "not JSON")])
+    )
+    assert list(rich.field_violations) == [("prompt", "must not be empty"), ("output_schema", "not JSON")]
+    assert rich.metadata["fields"] == "prompt,output_schema"
+
+
+def test_output_schema_violation_lists_violations() -> None:
+    rich = to_rich_error(
+        errors.OutputSchemaViolation("a", [("", "output is not valid JSON"), ("/name", "42 is not a string")])
+    )
+    assert rich.code is grpc.StatusCode.INTERNAL
+    assert rich.reason == "OUTPUT_SCHEMA_VIOLATION"
+    assert rich.metadata == {"adapter": "a", "violations": "2"}
+    assert [(v.type, v.subject, v.description) for v in rich.precondition_violations] == [
+        ("OUTPUT_SCHEMA", "/", "output is not valid JSON"),
+        ("OUTPUT_SCHEMA", "/name", "42 is not a string"),
+    ]
+
+
+def test_unexpected_exceptions_are_internal_never_unknown() -> None:
+    rich = unexpected_error(KeyError("boom"), "Invoke")
+    assert rich.code is grpc.StatusCode.INTERNAL
+    assert rich.reason == "INTERNAL"
+    assert rich.domain == DOMAIN
+    assert rich.metadata == {"operation": "Invoke", "exception": "KeyError"}
+    assert "boom" in rich.message
