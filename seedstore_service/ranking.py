@@ -1,0 +1,226 @@
+"""Deterministic seed ranking, exactly as SkillSpec's `capability search` scores (§4).
+
+Pure: seeds and a query in, ranked candidates with reasons out. The index calls
+`score_seed` and `finish_search` on the seeds it narrowed down; `search` is the
+plain linear reference over a whole scope, and both must agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from seedstore_service.model import Seed, VerificationStatus
+from seedstore_service.seedfile import canonical, text_matches, validate_identifier
+
+__all__ = [
+    "ASK_REASON",
+    "ASK_WITHIN_POINTS",
+    "SELECTION_POLICY",
+    "RankedCandidate",
+    "SearchQuery",
+    "SearchResult",
+    "finish_search",
+    "score_seed",
+    "search",
+    "seed_gates",
+    "seed_risks",
+    "validate_query",
+]
+
+SELECTION_POLICY = "highest_score_after_constraints"
+ASK_REASON = "top_candidates_within_10_points"
+ASK_WITHIN_POINTS = 10
+
+DIRECT_MATCH_POINTS = 40
+TEXT_MATCH_POINTS = 15
+VERIFIED_POINTS = 25
+UNVERIFIED_POINTS = -20
+PREFERRED_FOR_POINTS = 10
+AVOID_FOR_POINTS = -30
+PREFERRED_SEED_POINTS = 100
+LOCAL_ONLY_POINTS = 20
+RISK_POINTS = -10
+
+RISK_EXTERNAL_SERVICE = "external_service"
+RISK_MAY_COST_MONEY = "may_cost_money"
+GATE_PROVIDER_COST = "provider_cost_approval"
+GATE_EXTERNAL_SERVICE = "external_service_approval"
+GATE_SECRET_USE = "secret_use_approval"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    capability: str
+    domain: str | None = None
+    local_only: bool = False
+    preferred_seed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankedCandidate:
+    id: str
+    domain: str
+    path: str
+    score: int
+    reasons: tuple[str, ...]
+    risks: tuple[str, ...]
+    required_gates: tuple[str, ...]
+    # Set only by broadening: the related term and domain whose search found this seed.
+    matched_capability: str = ""
+    matched_domain: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    capability: str  # the caller's raw text, echoed
+    domain: str | None
+    selected: str | None
+    ask_policy: str | None  # the reason, when the caller must choose
+    candidates: tuple[RankedCandidate, ...]
+
+
+def validate_query(query: SearchQuery) -> None:
+    """SkillSpec step 1: capability, domain and preferred seed follow the identifier rule.
+
+    Raises:
+        InvalidIdentifier: labelled "capability", "domain" or "preferred seed".
+    """
+    validate_identifier(query.capability, "capability")
+    if query.domain is not None:
+        validate_identifier(query.domain, "domain")
+    if query.preferred_seed is not None:
+        validate_identifier(query.preferred_seed, "preferred seed")
+
+
+def seed_risks(seed: Seed) -> tuple[str, ...]:
+    """The risk labels SkillSpec prints, in its order."""
+    risks = []
+    if seed.risk.external_service:
+        risks.append(RISK_EXTERNAL_SERVICE)
+    if seed.risk.may_cost_money:
+        risks.append(RISK_MAY_COST_MONEY)
+    return tuple(risks)
+
+
+def seed_gates(seed: Seed) -> tuple[str, ...]:
+    """Approvals a caller needs before using the seed; computed whatever the search flags."""
+    gates = []
+    if seed.risk.may_cost_money:
+        gates.append(GATE_PROVIDER_COST)
+    if seed.risk.external_service:
+        gates.append(GATE_EXTERNAL_SERVICE)
+    if seed.auth_env:
+        gates.append(GATE_SECRET_USE)
+    return tuple(gates)
+
+
+def score_seed(seed: Seed, path: str, query: SearchQuery) -> RankedCandidate | None:
+    """Score one seed for the query, or None when SkillSpec would exclude it.
+
+    Excluded: verification failed; no provides, alias or evidence match; external
+    under local-only. Components are added, and their reasons appended, in SkillSpec's order.
+    """
+    status = seed.verification_status
+    if status is VerificationStatus.FAILED:
+        return None
+    requested = canonical(query.capability)
+    score = 0
+    reasons: list[str] = []
+
+    if any(canonical(provided) == requested for provided in seed.provides):
+        score += DIRECT_MATCH_POINTS
+        reasons.append(f"direct provides match: {query.capability}")
+    elif _text_match(seed, query.capability):
+        score += TEXT_MATCH_POINTS
+        reasons.append("alias or evidence text match")
+    else:
+        return None
+
+    if status is VerificationStatus.VERIFIED:
+        score += VERIFIED_POINTS
+        reasons.append("verified evidence")
+    else:
+        score += UNVERIFIED_POINTS
+        reasons.append("missing verification")
+
+    if any(canonical(preferred) == requested for preferred in seed.rank.preferred_for):
+        score += PREFERRED_FOR_POINTS
+        reasons.append(f"preferred_for {query.capability}")
+    if any(canonical(avoided) == requested for avoided in seed.rank.avoid_for):
+        score += AVOID_FOR_POINTS
+        reasons.append(f"avoid_for {query.capability}")
+
+    priority = seed.rank.default_priority
+    if priority is not None:
+        bonus = priority // 10
+        score += bonus
+        reasons.append(f"rank.default_priority {priority} -> +{bonus}")
+
+    if query.preferred_seed is not None and query.preferred_seed == seed.id:
+        score += PREFERRED_SEED_POINTS
+        reasons.append("explicit preferred seed")
+
+    if query.local_only:
+        if seed.risk.external_service:
+            return None
+        score += LOCAL_ONLY_POINTS
+        reasons.append("local-only constraint satisfied")
+    elif seed.risk.external_service or seed.risk.may_cost_money:
+        score += RISK_POINTS
+        reasons.append("external or paid risk requires gate")
+
+    return RankedCandidate(
+        id=seed.id,
+        domain=seed.domain,
+        path=path,
+        score=score,
+        reasons=tuple(reasons),
+        risks=seed_risks(seed),
+        required_gates=seed_gates(seed),
+    )
+
+
+def _text_match(seed: Seed, capability: str) -> bool:
+    # Substring containment either way, so short or empty aliases match widely (SkillSpec quirk).
+    if any(text_matches(alias, capability) for alias in seed.aliases):
+        return True
+    for entry in seed.evidence:
+        for text in (entry.command, entry.detail):
+            if text is not None and text_matches(text, capability):
+                return True
+    return False
+
+
+def _rank_key(candidate: RankedCandidate) -> tuple[int, str, str, str]:
+    # Code-point order of str equals the byte order of its UTF-8, which is what SkillSpec sorts by.
+    # The path is our addition: `x.yml` and `x.yaml` in one domain would otherwise keep the order
+    # in which the files happened to be read.
+    return (-candidate.score, candidate.id, candidate.domain, candidate.path)
+
+
+def finish_search(candidates: Iterable[RankedCandidate], query: SearchQuery) -> SearchResult:
+    """Order candidates (score desc, id, domain, then path) and apply the selection and ask policy."""
+    ordered = tuple(sorted(candidates, key=_rank_key))
+    ask_policy: str | None = None
+    selected: str | None = None
+    if len(ordered) >= 2 and ordered[0].score - ordered[1].score <= ASK_WITHIN_POINTS:
+        ask_policy = ASK_REASON
+    elif ordered:
+        selected = ordered[0].id
+    return SearchResult(
+        capability=query.capability,
+        domain=query.domain,
+        selected=selected,
+        ask_policy=ask_policy,
+        candidates=ordered,
+    )
+
+
+def search(seeds: Iterable[tuple[Seed, str]], query: SearchQuery) -> SearchResult:
+    """The linear reference: score every (seed, path) of the scope, then finish.
+
+    The query is not validated here; the shell calls `validate_query` first.
+    """
+    scored = (score_seed(seed, path, query) for seed, path in seeds)
+    return finish_search((candidate for candidate in scored if candidate is not None), query)

@@ -1,0 +1,725 @@
+"""Seed files: strict YAML in, serde_yaml-identical YAML out, JSON objects, identifiers.
+
+Pure: text in, values out. Reading follows serde_yaml 0.9.34 as SkillSpec uses it
+(`#[serde(deny_unknown_fields)]` at every level), so a file either tool writes is
+read by the other; every refusal names the field path and the line.
+
+Scalar rules copied from serde_yaml 0.9.34 (`de.rs`):
+* a string field takes any scalar's text: `id: 123` is the string "123";
+* an optional field is None for a plain empty scalar, `~`, `null`, `Null`, `NULL`;
+* a bool is a plain `true`/`True`/`TRUE`/`false`/`False`/`FALSE`, nothing else;
+* an integer is a plain decimal, `0x`/`0o`/`0b` with an optional `+`; quoted digits are refused;
+* a list, map or struct may be written as a plain empty scalar (`provides:`), meaning empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import yaml
+
+from seedstore_service.errors import InvalidIdentifier, SeedMalformed
+from seedstore_service.model import (
+    Evidence,
+    Outcome,
+    Promotion,
+    Rank,
+    Risk,
+    Seed,
+    Verification,
+    VerificationStatus,
+)
+
+__all__ = [
+    "canonical",
+    "dump_seed",
+    "parse_seed",
+    "revision_of",
+    "seed_to_json",
+    "text_matches",
+    "validate_identifier",
+]
+
+MAX_PRIORITY = 100
+_U8_MAX = 255
+_U64_MAX = 2**64 - 1
+
+# ---------------------------------------------------------------------------
+# Identifiers and canonical text (SkillSpec §4, §6)
+# ---------------------------------------------------------------------------
+
+_IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def validate_identifier(value: str, field: str) -> str:
+    """Apply SkillSpec's only path-traversal guard; return the value unchanged.
+
+    Raises:
+        InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, or uses a char outside `[a-z0-9_.-]`.
+    """
+    if not value or value.startswith(".") or any(char not in _IDENTIFIER_CHARS for char in value):
+        raise InvalidIdentifier(value, field)
+    return value
+
+
+def canonical(text: str) -> str:
+    """SkillSpec's canonical form: `"Voice  Message!"` → `voice_message`, `"--"` → `""`.
+
+    ASCII-lowercase; every char that is not ASCII alphanumeric becomes `_`; empty parts are dropped.
+    """
+    mapped = "".join(char.lower() if char.isascii() and char.isalnum() else "_" for char in text)
+    return "_".join(part for part in mapped.split("_") if part)
+
+
+def text_matches(text: str, capability: str) -> bool:
+    """SkillSpec's alias/evidence test: plain substring containment, either way, on canonical forms."""
+    text_form = canonical(text)
+    capability_form = canonical(capability)
+    return capability_form in text_form or text_form in capability_form
+
+
+def revision_of(data: bytes) -> str:
+    """A seed file's revision: the first 16 hex digits of the SHA-256 of its bytes."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+
+_NULL_WORDS = frozenset({"~", "null", "Null", "NULL"})
+_BOOL_WORDS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+_RADIX_DIGITS = {16: re.compile(r"[0-9a-fA-F]+"), 8: re.compile(r"[0-7]+"), 2: re.compile(r"[01]+")}
+_DECIMAL_DIGITS = re.compile(r"[0-9]+")
+_RUST_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    """One serde struct: which keys it accepts and which of them must be present."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.required + self.optional
+
+
+_SEED_FIELDS = _Fields(
+    required=("id", "domain", "kind"),
+    optional=(
+        "command",
+        "adapter",
+        "script",
+        "provides",
+        "aliases",
+        "rank",
+        "evidence",
+        "auth",
+        "risk",
+        "promotion",
+        "verification",
+    ),
+)
+_RANK_FIELDS = _Fields((), ("default_priority", "preferred_for", "avoid_for", "tie_breakers"))
+_EVIDENCE_FIELDS = _Fields(("source",), ("command", "detail"))
+_AUTH_FIELDS = _Fields((), ("env",))
+_RISK_FIELDS = _Fields((), ("external_service", "may_cost_money"))
+_PROMOTION_FIELDS = _Fields(("suggested_skill_id",), ())
+_VERIFICATION_FIELDS = _Fields(("status", "verified_at_unix"), ("outcomes",))
+_OUTCOME_FIELDS = _Fields(("check", "ok", "message"), ())
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _line(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _is_plain(node: yaml.Node) -> bool:
+    # PyYAML gives plain scalars no style; quoted and block scalars carry their indicator.
+    return isinstance(node, yaml.ScalarNode) and not node.style
+
+
+def _is_plain_empty(node: yaml.Node) -> bool:
+    return _is_plain(node) and node.value == ""
+
+
+def _is_plain_null(node: yaml.Node) -> bool:
+    return _is_plain(node) and (node.value == "" or node.value in _NULL_WORDS)
+
+
+def _describe(node: yaml.Node) -> str:
+    if isinstance(node, yaml.SequenceNode):
+        return "a sequence"
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if _is_plain_null(node):
+        return "null"
+    if isinstance(node, yaml.ScalarNode) and node.style in ("'", '"'):
+        return f'the quoted string "{node.value}"'
+    return f'the scalar "{node.value}"'
+
+
+class _SeedReader:
+    """Walks composed YAML nodes against the seed schema; every failure is a SeedMalformed."""
+
+    def __init__(self, file_path: str) -> None:
+        self.file_path = file_path
+
+    def fail(self, detail: str, line: int) -> NoReturn:
+        raise SeedMalformed(self.file_path, line, f"{detail} (line {line})")
+
+    def expected(self, what: str, node: yaml.Node, path: str) -> NoReturn:
+        self.fail(f"expected {what} at {path or 'the top level'}, found {_describe(node)}", _line(node))
+
+    # -- structure ---------------------------------------------------------
+
+    def fields(self, node: yaml.Node, path: str, table: _Fields) -> dict[str, yaml.Node]:
+        """The struct's entries by name, after refusing unknown, duplicate and missing keys."""
+        if _is_plain_empty(node):
+            entries: dict[str, yaml.Node] = {}
+        elif isinstance(node, yaml.MappingNode):
+            entries = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    self.fail(f"expected a field name at {path or 'the top level'}", _line(key_node))
+                name = str(key_node.value)
+                if name not in table.names:
+                    self.fail(f'unknown field "{name}" at {_join(path, name)}', _line(key_node))
+                if name in entries:
+                    self.fail(f'duplicate field "{name}" at {_join(path, name)}', _line(key_node))
+                entries[name] = value_node
+        else:
+            self.expected("a mapping", node, path)
+        for name in table.required:
+            if name not in entries:
+                self.fail(f'missing field "{name}" at {_join(path, name)}', _line(node))
+        return entries
+
+    def items(self, node: yaml.Node, path: str) -> list[tuple[str, yaml.Node]]:
+        if _is_plain_empty(node):
+            return []
+        if not isinstance(node, yaml.SequenceNode):
+            self.expected("a sequence", node, path)
+        return [(f"{path}[{index}]", item) for index, item in enumerate(node.value)]
+
+    # -- scalars -----------------------------------------------------------
+
+    def string(self, node: yaml.Node, path: str) -> str:
+        if not isinstance(node, yaml.ScalarNode):
+            self.expected("a string", node, path)
+        return str(node.value)
+
+    def optional_string(self, node: yaml.Node | None, path: str) -> str | None:
+        if node is None or _is_plain_null(node):
+            return None
+        return self.string(node, path)
+
+    def string_items(self, node: yaml.Node | None, path: str) -> list[tuple[str, yaml.Node, str]]:
+        """(path, node, text) for each item of a list of strings, for checks that name the item."""
+        if node is None:
+            return []
+        return [(item_path, item, self.string(item, item_path)) for item_path, item in self.items(node, path)]
+
+    def strings(self, node: yaml.Node | None, path: str) -> tuple[str, ...]:
+        return tuple(value for _, _, value in self.string_items(node, path))
+
+    def boolean(self, node: yaml.Node | None, path: str) -> bool:
+        if node is None:
+            return False
+        if not _is_plain(node) or node.value not in _BOOL_WORDS:
+            self.expected("a boolean (true or false)", node, path)
+        return _BOOL_WORDS[node.value]
+
+    def unsigned(self, node: yaml.Node, path: str, maximum: int, what: str) -> int:
+        number = _parse_unsigned(node.value, maximum) if _is_plain(node) else None
+        if number is None:
+            self.expected(what, node, path)
+        return number
+
+    def string_map(self, node: yaml.Node | None, path: str) -> dict[str, str]:
+        if node is None or _is_plain_empty(node):
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            self.expected("a mapping of strings", node, path)
+        result: dict[str, str] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.fail(f"expected a string key at {path}", _line(key_node))
+            key = str(key_node.value)
+            key_path = _join(path, key)
+            if key in result:
+                self.fail(f'duplicate key "{key}" at {key_path}', _line(key_node))
+            self.identifier(key, "tie key", key_path, _line(key_node))
+            result[key] = self.string(value_node, key_path)
+        return result
+
+    def identifier(self, value: str, label: str, path: str, line: int) -> str:
+        try:
+            return validate_identifier(value, label)
+        except InvalidIdentifier as error:
+            self.fail(f"{error.message} at {path}", line)
+
+    # -- the seed ----------------------------------------------------------
+
+    def seed(self, node: yaml.Node) -> Seed:
+        entries = self.fields(node, "", _SEED_FIELDS)
+        seed_id = self.string(entries["id"], "id")
+        self.identifier(seed_id, "capability id", "id", _line(entries["id"]))
+        domain = self.string(entries["domain"], "domain")
+        self.identifier(domain, "domain", "domain", _line(entries["domain"]))
+        provides = self.string_items(entries.get("provides"), "provides")
+        for item_path, item, value in provides:
+            self.identifier(value, "provides", item_path, _line(item))
+        aliases = self.string_items(entries.get("aliases"), "aliases")
+        for item_path, item, value in aliases:
+            if not canonical(value):
+                self.fail(f"{empty_alias_message(value)} at {item_path}", _line(item))
+        return Seed(
+            id=seed_id,
+            domain=domain,
+            kind=self.string(entries["kind"], "kind"),
+            command=self.optional_string(entries.get("command"), "command"),
+            adapter=self.optional_string(entries.get("adapter"), "adapter"),
+            script=self.optional_string(entries.get("script"), "script"),
+            provides=tuple(value for _, _, value in provides),
+            aliases=tuple(value for _, _, value in aliases),
+            rank=self.rank(entries.get("rank")),
+            evidence=self.evidence(entries.get("evidence")),
+            auth_env=self.auth(entries.get("auth")),
+            risk=self.risk(entries.get("risk")),
+            promotion=self.promotion(entries.get("promotion")),
+            verification=self.verification(entries.get("verification")),
+        )
+
+    def rank(self, node: yaml.Node | None) -> Rank:
+        if node is None:
+            return Rank()
+        entries = self.fields(node, "rank", _RANK_FIELDS)
+        priority: int | None = None
+        priority_node = entries.get("default_priority")
+        if priority_node is not None and not _is_plain_null(priority_node):
+            path = "rank.default_priority"
+            priority = self.unsigned(priority_node, path, _U8_MAX, "an integer from 0 to 255")
+            if priority > MAX_PRIORITY:
+                self.fail(f"priority must be between 0 and 100 at {path}", _line(priority_node))
+        ties = self.string_map(entries.get("tie_breakers"), "rank.tie_breakers")
+        return Rank(
+            default_priority=priority,
+            preferred_for=self.strings(entries.get("preferred_for"), "rank.preferred_for"),
+            avoid_for=self.strings(entries.get("avoid_for"), "rank.avoid_for"),
+            tie_breakers=MappingProxyType(dict(sorted(ties.items()))),
+        )
+
+    def evidence(self, node: yaml.Node | None) -> tuple[Evidence, ...]:
+        if node is None:
+            return ()
+        result = []
+        for path, item in self.items(node, "evidence"):
+            entries = self.fields(item, path, _EVIDENCE_FIELDS)
+            result.append(
+                Evidence(
+                    source=self.string(entries["source"], _join(path, "source")),
+                    command=self.optional_string(entries.get("command"), _join(path, "command")),
+                    detail=self.optional_string(entries.get("detail"), _join(path, "detail")),
+                )
+            )
+        return tuple(result)
+
+    def auth(self, node: yaml.Node | None) -> tuple[str, ...]:
+        if node is None:
+            return ()
+        entries = self.fields(node, "auth", _AUTH_FIELDS)
+        return self.strings(entries.get("env"), "auth.env")
+
+    def risk(self, node: yaml.Node | None) -> Risk:
+        if node is None:
+            return Risk()
+        entries = self.fields(node, "risk", _RISK_FIELDS)
+        return Risk(
+            external_service=self.boolean(entries.get("external_service"), "risk.external_service"),
+            may_cost_money=self.boolean(entries.get("may_cost_money"), "risk.may_cost_money"),
+        )
+
+    def promotion(self, node: yaml.Node | None) -> Promotion | None:
+        if node is None or _is_plain_null(node):
+            return None
+        entries = self.fields(node, "promotion", _PROMOTION_FIELDS)
+        path = "promotion.suggested_skill_id"
+        return Promotion(suggested_skill_id=self.string(entries["suggested_skill_id"], path))
+
+    def verification(self, node: yaml.Node | None) -> Verification | None:
+        if node is None or _is_plain_null(node):
+            return None
+        entries = self.fields(node, "verification", _VERIFICATION_FIELDS)
+        status_node = entries["status"]
+        status_text = self.string(status_node, "verification.status")
+        try:
+            status = VerificationStatus(status_text)
+        except ValueError:
+            self.fail(
+                f'unknown verification status "{status_text}" at verification.status, '
+                "expected verified, failed or unverified",
+                _line(status_node),
+            )
+        verified_at = self.unsigned(
+            entries["verified_at_unix"], "verification.verified_at_unix", _U64_MAX, "a non-negative integer"
+        )
+        outcomes = []
+        outcomes_node = entries.get("outcomes")
+        if outcomes_node is not None:
+            for path, item in self.items(outcomes_node, "verification.outcomes"):
+                fields = self.fields(item, path, _OUTCOME_FIELDS)
+                outcomes.append(
+                    Outcome(
+                        check=self.string(fields["check"], _join(path, "check")),
+                        ok=self.boolean(fields["ok"], _join(path, "ok")),
+                        message=self.string(fields["message"], _join(path, "message")),
+                    )
+                )
+        return Verification(status=status, verified_at_unix=verified_at, outcomes=tuple(outcomes))
+
+
+def empty_alias_message(alias: str) -> str:
+    """Why an alias with no letters or digits is refused (SkillSpec lets it match every search)."""
+    return f'alias "{alias}" has no letters or digits, so it would match every capability'
+
+
+# libyaml is the parser serde_yaml itself wraps, and it is several times faster; the
+# pure-Python port composes the same nodes when the extension is missing.
+_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = (
+    yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+)
+
+
+def compose_single_document(text: str) -> yaml.Node | None:
+    """Compose one YAML document into nodes (with lines). Raises `yaml.YAMLError` as PyYAML does."""
+    return yaml.compose(text, Loader=_LOADER)
+
+
+def yaml_error_line_and_detail(error: yaml.YAMLError) -> tuple[int, str]:
+    """A PyYAML error as (1-based line, short text), for messages that name the line themselves."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    line = int(mark.line) + 1 if mark is not None else 0
+    if isinstance(error, yaml.MarkedYAMLError):
+        parts = [part for part in (error.context, error.problem) if part]
+        detail = ", ".join(str(part) for part in parts) or "invalid YAML"
+    else:
+        detail = str(error).splitlines()[0] if str(error) else "invalid YAML"
+    return line, detail
+
+
+def parse_seed(text: str, path: str) -> Seed:
+    """Parse one seed file strictly, as SkillSpec's serde_yaml would, plus load validation.
+
+    Load validation (SkillSpec `validate_seed`): id, domain and each provides follow the
+    identifier rule; default_priority is at most 100. Added here: an alias whose canonical
+    form is empty is refused, because SkillSpec would let it match every search.
+
+    Raises:
+        SeedMalformed: with the file path, the 1-based line, and a detail naming field and line.
+    """
+    reader = _SeedReader(path)
+    try:
+        root = compose_single_document(text)
+    except yaml.YAMLError as error:
+        line, detail = yaml_error_line_and_detail(error)
+        if isinstance(error, yaml.composer.ComposerError) and "single document" in detail:
+            detail = "expected a single YAML document, found more than one"
+        reader.fail(detail, line)
+    if root is None:
+        # An empty file is an empty mapping to serde, so the first complaint is the missing id.
+        reader.fail('missing field "id" at id', 1)
+    return reader.seed(root)
+
+
+# ---------------------------------------------------------------------------
+# serde_yaml's view of plain scalars, used to decide when a string needs quotes
+# ---------------------------------------------------------------------------
+
+
+def _digits_but_not_number(value: str) -> bool:
+    digits = value[1:] if value[:1] in ("+", "-") else value
+    return len(digits) > 1 and digits.startswith("0") and digits[1:].isascii() and digits[1:].isdigit()
+
+
+def _radix_value(digits: str, radix: int) -> int | None:
+    pattern = _DECIMAL_DIGITS if radix == 10 else _RADIX_DIGITS[radix]
+    return int(digits, radix) if pattern.fullmatch(digits) else None
+
+
+def _parse_unsigned(value: str, maximum: int) -> int | None:
+    """serde_yaml's `parse_unsigned_int`, bounded by the target type's maximum."""
+    unsigned = value[1:] if value.startswith("+") else value
+    for prefix, radix in (("0x", 16), ("0o", 8), ("0b", 2)):
+        if unsigned.startswith(prefix):
+            number = _radix_value(unsigned[2:], radix)
+            return number if number is not None and number <= maximum else None
+    if _digits_but_not_number(value):
+        return None
+    number = _radix_value(unsigned, 10)
+    return number if number is not None and number <= maximum else None
+
+
+def _parse_negative(value: str, minimum: int) -> int | None:
+    if not value.startswith("-"):
+        return None
+    for prefix, radix in (("-0x", 16), ("-0o", 8), ("-0b", 2)):
+        if value.startswith(prefix):
+            number = _radix_value(value[3:], radix)
+            return -number if number is not None and -number >= minimum else None
+    if _digits_but_not_number(value):
+        return None
+    number = _radix_value(value[1:], 10)
+    return -number if number is not None and -number >= minimum else None
+
+
+def _parse_float(value: str) -> bool:
+    unsigned = value[1:] if value.startswith("+") else value
+    if unsigned.startswith(("+", "-")) and value.startswith("+"):
+        return False
+    if unsigned in (".inf", ".Inf", ".INF") or value in ("-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN"):
+        return True
+    return bool(_RUST_FLOAT.fullmatch(unsigned)) and math.isfinite(float(unsigned))
+
+
+def _reads_as_non_string(value: str) -> bool:
+    """True when serde_yaml would read this plain text as null, bool or a number."""
+    if value == "" or value in _NULL_WORDS or value in _BOOL_WORDS:
+        return True
+    if _parse_unsigned(value, 2**128 - 1) is not None or _parse_negative(value, -(2**127)) is not None:
+        return True
+    # serde_yaml quotes `0123` too: a YAML 1.1 reader would take it as octal.
+    return _digits_but_not_number(value) or _parse_float(value)
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+_LITERAL = "|"
+_SINGLE_QUOTED = "'"
+_DOUBLE_QUOTED = '"'
+_UNICODE_BREAKS = ("\x85", "\u2028", "\u2029")
+
+
+def _serde_style(value: str) -> str | None:
+    """serde_yaml 0.9's requested style; libyaml (here PyYAML's port of it) falls back when not allowed."""
+    if any(char in value for char in _UNICODE_BREAKS):
+        # YAML 1.1 readers (libyaml, PyYAML) fold these inside plain, single-quoted and block
+        # scalars, so only the escaped double-quoted form reads back as written.
+        return _DOUBLE_QUOTED
+    if "\n" in value:
+        return _LITERAL
+    if _reads_as_non_string(value):
+        return _SINGLE_QUOTED
+    return None
+
+
+def _string_event(value: str) -> yaml.ScalarEvent:
+    # implicit=(True, True) as serde emits no tags; PyYAML's YAML 1.1 resolver must not add quotes.
+    return yaml.ScalarEvent(
+        anchor=None, tag=None, implicit=(True, True), value=value, style=_serde_style(value)
+    )
+
+
+def _plain_event(value: str) -> yaml.ScalarEvent:
+    return yaml.ScalarEvent(anchor=None, tag=None, implicit=(True, True), value=value, style=None)
+
+
+class _EventWriter:
+    def __init__(self) -> None:
+        self.events: list[yaml.Event] = []
+
+    def start_mapping(self) -> None:
+        self.events.append(yaml.MappingStartEvent(anchor=None, tag=None, implicit=True, flow_style=False))
+
+    def end_mapping(self) -> None:
+        self.events.append(yaml.MappingEndEvent())
+
+    def key(self, name: str) -> None:
+        self.events.append(_string_event(name))
+
+    def string(self, name: str, value: str) -> None:
+        self.key(name)
+        self.events.append(_string_event(value))
+
+    def plain(self, name: str, value: str) -> None:
+        self.key(name)
+        self.events.append(_plain_event(value))
+
+    def strings(self, name: str, values: Sequence[str]) -> None:
+        self.key(name)
+        self.events.append(yaml.SequenceStartEvent(anchor=None, tag=None, implicit=True, flow_style=False))
+        self.events.extend(_string_event(value) for value in values)
+        self.events.append(yaml.SequenceEndEvent())
+
+    def start_sequence(self, name: str) -> None:
+        self.key(name)
+        self.events.append(yaml.SequenceStartEvent(anchor=None, tag=None, implicit=True, flow_style=False))
+
+    def end_sequence(self) -> None:
+        self.events.append(yaml.SequenceEndEvent())
+
+
+def dump_seed(seed: Seed) -> str:
+    """The seed as serde_yaml 0.9 writes SkillSpec's struct: same key order, omissions, quoting and indent."""
+    out = _EventWriter()
+    out.start_mapping()
+    out.string("id", seed.id)
+    out.string("domain", seed.domain)
+    out.string("kind", seed.kind)
+    for name, optional in (("command", seed.command), ("adapter", seed.adapter), ("script", seed.script)):
+        if optional is not None:
+            out.string(name, optional)
+    if seed.provides:
+        out.strings("provides", seed.provides)
+    if seed.aliases:
+        out.strings("aliases", seed.aliases)
+    if not seed.rank.is_empty():
+        out.key("rank")
+        out.start_mapping()
+        if seed.rank.default_priority is not None:
+            out.plain("default_priority", str(seed.rank.default_priority))
+        if seed.rank.preferred_for:
+            out.strings("preferred_for", seed.rank.preferred_for)
+        if seed.rank.avoid_for:
+            out.strings("avoid_for", seed.rank.avoid_for)
+        if seed.rank.tie_breakers:
+            out.key("tie_breakers")
+            out.start_mapping()
+            for tie_key, tie_value in sorted(seed.rank.tie_breakers.items()):
+                out.string(tie_key, tie_value)
+            out.end_mapping()
+        out.end_mapping()
+    if seed.evidence:
+        out.start_sequence("evidence")
+        for entry in seed.evidence:
+            out.start_mapping()
+            out.string("source", entry.source)
+            if entry.command is not None:
+                out.string("command", entry.command)
+            if entry.detail is not None:
+                out.string("detail", entry.detail)
+            out.end_mapping()
+        out.end_sequence()
+    if seed.auth_env:
+        out.key("auth")
+        out.start_mapping()
+        out.strings("env", seed.auth_env)
+        out.end_mapping()
+    if seed.risk.external_service or seed.risk.may_cost_money:
+        out.key("risk")
+        out.start_mapping()
+        if seed.risk.external_service:
+            out.plain("external_service", "true")
+        if seed.risk.may_cost_money:
+            out.plain("may_cost_money", "true")
+        out.end_mapping()
+    if seed.promotion is not None:
+        out.key("promotion")
+        out.start_mapping()
+        out.string("suggested_skill_id", seed.promotion.suggested_skill_id)
+        out.end_mapping()
+    if seed.verification is not None:
+        out.key("verification")
+        out.start_mapping()
+        out.string("status", seed.verification.status.value)
+        out.plain("verified_at_unix", str(seed.verification.verified_at_unix))
+        if seed.verification.outcomes:
+            out.start_sequence("outcomes")
+            for outcome in seed.verification.outcomes:
+                out.start_mapping()
+                out.string("check", outcome.check)
+                out.plain("ok", "true" if outcome.ok else "false")
+                out.string("message", outcome.message)
+                out.end_mapping()
+            out.end_sequence()
+        out.end_mapping()
+    out.end_mapping()
+    events: list[yaml.Event] = [
+        yaml.StreamStartEvent(),
+        yaml.DocumentStartEvent(explicit=False),
+        *out.events,
+        yaml.DocumentEndEvent(explicit=False),
+        yaml.StreamEndEvent(),
+    ]
+    # serde_yaml sets libyaml's width to -1 (never fold) and unicode on.
+    text = yaml.emit(events, Dumper=yaml.SafeDumper, indent=2, width=sys.maxsize, allow_unicode=True)
+    return str(text)
+
+
+# ---------------------------------------------------------------------------
+# JSON
+# ---------------------------------------------------------------------------
+
+
+def _tie_breakers_json(ties: Mapping[str, str]) -> dict[str, str]:
+    return dict(sorted(ties.items()))
+
+
+def seed_to_json(seed: Seed) -> dict[str, Any]:
+    """The seed object SkillSpec prints (add, update, prefer, inspect): serde order, empty fields absent."""
+    result: dict[str, Any] = {"id": seed.id, "domain": seed.domain, "kind": seed.kind}
+    for name, optional in (("command", seed.command), ("adapter", seed.adapter), ("script", seed.script)):
+        if optional is not None:
+            result[name] = optional
+    if seed.provides:
+        result["provides"] = list(seed.provides)
+    if seed.aliases:
+        result["aliases"] = list(seed.aliases)
+    if not seed.rank.is_empty():
+        rank: dict[str, Any] = {}
+        if seed.rank.default_priority is not None:
+            rank["default_priority"] = seed.rank.default_priority
+        if seed.rank.preferred_for:
+            rank["preferred_for"] = list(seed.rank.preferred_for)
+        if seed.rank.avoid_for:
+            rank["avoid_for"] = list(seed.rank.avoid_for)
+        if seed.rank.tie_breakers:
+            rank["tie_breakers"] = _tie_breakers_json(seed.rank.tie_breakers)
+        result["rank"] = rank
+    if seed.evidence:
+        evidence = []
+        for entry in seed.evidence:
+            item: dict[str, Any] = {"source": entry.source}
+            if entry.command is not None:
+                item["command"] = entry.command
+            if entry.detail is not None:
+                item["detail"] = entry.detail
+            evidence.append(item)
+        result["evidence"] = evidence
+    if seed.auth_env:
+        result["auth"] = {"env": list(seed.auth_env)}
+    if seed.risk.external_service or seed.risk.may_cost_money:
+        risk: dict[str, Any] = {}
+        if seed.risk.external_service:
+            risk["external_service"] = True
+        if seed.risk.may_cost_money:
+            risk["may_cost_money"] = True
+        result["risk"] = risk
+    if seed.promotion is not None:
+        result["promotion"] = {"suggested_skill_id": seed.promotion.suggested_skill_id}
+    if seed.verification is not None:
+        verification: dict[str, Any] = {
+            "status": seed.verification.status.value,
+            "verified_at_unix": seed.verification.verified_at_unix,
+        }
+        if seed.verification.outcomes:
+            verification["outcomes"] = [
+                {"check": outcome.check, "ok": outcome.ok, "message": outcome.message}
+                for outcome in seed.verification.outcomes
+            ]
+        result["verification"] = verification
+    return result
