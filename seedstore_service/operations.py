@@ -1,0 +1,414 @@
+"""The seedstore operations both front ends share: the local CLI and the gRPC service.
+
+`SeedOperations` wraps a `SeedStore` (disk) and, in the service, a `SeedIndex`
+(memory). Without an index every read loads the scope from disk, as SkillSpec
+does; with one, reads come from memory and every write is followed by an
+index refresh, so the next read sees it and watchers hear about it. Results are
+core values that `render.py` turns into the CLI's JSON and `convert.py` into protos.
+
+Everything but `verify` is blocking (files, the store lock): the service runs
+those methods in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from seedstore_service import errors
+from seedstore_service.broadening import (
+    Broadening,
+    EquivalenceTable,
+    broaden,
+    builtin_table,
+    merge_tables,
+    parse_user_table,
+)
+from seedstore_service.index import ChangeEvent, SeedIndex
+from seedstore_service.model import ListedSeed, Outcome, Problem, VerificationStatus
+from seedstore_service.patch import AddSpec, UpdatePatch
+from seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
+from seedstore_service.render import listed_seed
+from seedstore_service.runner import (
+    DEFAULT_PATH,
+    CheckFinished,
+    CheckStarted,
+    RunnerSettings,
+    SeedChecked,
+    check_seeds,
+)
+from seedstore_service.seedfile import validate_identifier
+from seedstore_service.store import LoadedScope, SeedStore, StoredSeed, locate_in_scope, os_error_text
+from seedstore_service.verification import build_verification
+
+EQUIVALENTS_FILE_NAME = "equivalents.yml"
+DEFAULT_CHECK_TIMEOUT_SECONDS = 10.0
+MAX_CHECK_TIMEOUT_SECONDS = 600.0
+DEFAULT_VERIFY_CONCURRENCY = 4
+MAX_VERIFY_CONCURRENCY = 32
+
+
+# --- results ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeedView:
+    """A seed as written (add, update, prefer) or read (inspect)."""
+
+    seed_store: str
+    stored: StoredSeed
+    problems: tuple[Problem, ...] = ()
+
+
+@dataclass(frozen=True)
+class SeedListing:
+    seed_store: str
+    domain: str | None
+    entries: tuple[ListedSeed, ...]
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    seed_store: str
+    result: SearchResult
+    broadening: Broadening | None  # set when broadening was asked for
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class SeedRemoved:
+    seed_store: str
+    id: str
+    path: str
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class SeedVerified:
+    """A seed's verdict, after it was written to its file."""
+
+    id: str
+    domain: str
+    path: str
+    status: VerificationStatus
+    outcomes: tuple[Outcome, ...]
+    revision: str
+
+
+VerifyProgress = CheckStarted | CheckFinished | SeedVerified
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    ids: tuple[str, ...]
+    domain: str | None = None
+    all_in_domain: bool = False
+    check_timeout: float = DEFAULT_CHECK_TIMEOUT_SECONDS
+    concurrency: int = DEFAULT_VERIFY_CONCURRENCY
+
+
+def now_unix() -> int:
+    return max(0, int(time.time()))
+
+
+# --- the equivalence table ---------------------------------------------------
+
+
+def default_equivalents_file(env: Mapping[str, str]) -> Path | None:
+    """`$SKILLSPEC_HOME/equivalents.yml`, else `$HOME/.skillspec/equivalents.yml`.
+
+    Beside `capabilities/`, not inside it: SkillSpec would try to load any YAML
+    file under its store as a seed.
+    """
+    skillspec_home = env.get("SKILLSPEC_HOME")
+    if skillspec_home is not None:
+        return Path(skillspec_home) / EQUIVALENTS_FILE_NAME
+    home = env.get("HOME")
+    if home is not None:
+        return Path(home) / ".skillspec" / EQUIVALENTS_FILE_NAME
+    return None
+
+
+def load_equivalents(path: Path | None, *, required: bool) -> EquivalenceTable:
+    """The built-in table merged with the user's file; a missing default file is no error.
+
+    Raises:
+        InvalidArgument: the file cannot be parsed (file, field and line named).
+        StoreUnavailable: a required file (given explicitly) cannot be read.
+    """
+    if path is None:
+        return builtin_table()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        if not required:
+            return builtin_table()
+        raise errors.StoreUnavailable(f"failed to read {path}: {os_error_text(err)}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        detail = os_error_text(err) if isinstance(err, OSError) else "stream did not contain valid UTF-8"
+        raise errors.StoreUnavailable(f"failed to read {path}: {detail}") from err
+    return merge_tables(builtin_table(), parse_user_table(text, str(path)))
+
+
+# --- operations ----------------------------------------------------------------
+
+
+class SeedOperations:
+    """Every seedstore operation over one store, with an optional in-memory index."""
+
+    def __init__(
+        self,
+        store: SeedStore,
+        index: SeedIndex | None = None,
+        *,
+        equivalents: EquivalenceTable | None = None,
+        on_changes: Callable[[Sequence[ChangeEvent]], None] | None = None,
+        clock: Callable[[], int] = now_unix,
+        runner_path: str = DEFAULT_PATH,
+    ) -> None:
+        self.store = store
+        self.index = index
+        self.equivalents = equivalents if equivalents is not None else builtin_table()
+        self._on_changes = on_changes
+        self._clock = clock
+        self._runner_path = runner_path
+        # A refresh and the publication of its events happen as one step, so
+        # watchers receive the changes of successive refreshes in order.
+        self._refresh_lock = threading.Lock()
+
+    @property
+    def seed_store(self) -> str:
+        return str(self.store.root)
+
+    # -- the index -------------------------------------------------------
+
+    def refresh_index(self) -> list[ChangeEvent]:
+        """Bring the index up to date and hand the changes to the listener; no-op without an index."""
+        if self.index is None:
+            return []
+        with self._refresh_lock:
+            events = self.index.refresh()
+            if events and self._on_changes is not None:
+                self._on_changes(events)
+        return events
+
+    def _scope(self, domain: str | None) -> LoadedScope:
+        if self.index is not None:
+            return self.index.scope(domain)
+        return self.store.load(domain)
+
+    def _locate(self, seed_id: str, domain: str | None) -> tuple[StoredSeed, tuple[Problem, ...]]:
+        validate_identifier(seed_id, "capability id")
+        scope = self._scope(domain)
+        try:
+            return locate_in_scope(scope, seed_id), scope.problems
+        except errors.SeedNotFound:
+            if self.index is None:
+                raise
+        # Another program may have added it since the last background refresh.
+        self.refresh_index()
+        scope = self._scope(domain)
+        return locate_in_scope(scope, seed_id), scope.problems
+
+    # -- writes ----------------------------------------------------------
+
+    def add(self, spec: AddSpec) -> SeedView:
+        stored = self.store.add(spec)
+        self.refresh_index()
+        return SeedView(self.seed_store, stored)
+
+    def update(
+        self, seed_id: str, domain: str | None, patch: UpdatePatch, *, expected_revision: str | None = None
+    ) -> SeedView:
+        stored, problems = self.store.update(
+            seed_id, domain, patch, expected_revision=expected_revision, now_unix=self._clock()
+        )
+        self.refresh_index()
+        return SeedView(self.seed_store, stored, problems)
+
+    def prefer(self, seed_id: str, domain: str | None, for_capability: str, priority: int | None) -> SeedView:
+        stored, problems = self.store.prefer(seed_id, domain, for_capability, priority)
+        self.refresh_index()
+        return SeedView(self.seed_store, stored, problems)
+
+    def remove(self, seed_id: str, domain: str | None) -> SeedRemoved:
+        path, problems = self.store.remove(seed_id, domain)
+        self.refresh_index()
+        return SeedRemoved(self.seed_store, seed_id, path, problems)
+
+    # -- reads -----------------------------------------------------------
+
+    def list_seeds(self, domain: str | None) -> SeedListing:
+        scope = self._scope(domain)
+        entries = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
+        return SeedListing(self.seed_store, domain, entries, scope.problems)
+
+    def inspect(self, seed_id: str, domain: str | None) -> SeedView:
+        stored, problems = self._locate(seed_id, domain)
+        return SeedView(self.seed_store, stored, problems)
+
+    def search(self, query: SearchQuery, *, broaden_empty: bool = False) -> SearchOutcome:
+        result, problems = self._search_once(query)
+        if not broaden_empty:
+            return SearchOutcome(self.seed_store, result, None, problems)
+        seen = {(problem.path, problem.line, problem.reason) for problem in problems}
+        extra: list[Problem] = []
+
+        def run_related(related: SearchQuery) -> SearchResult:
+            related_result, related_problems = self._search_once(related)
+            for problem in related_problems:
+                key = (problem.path, problem.line, problem.reason)
+                if key not in seen:
+                    seen.add(key)
+                    extra.append(problem)
+            return related_result
+
+        merged, broadening = broaden(result, query, self.equivalents, run_related)
+        all_problems = tuple(sorted((*problems, *extra), key=lambda problem: problem.path))
+        return SearchOutcome(self.seed_store, merged, broadening, all_problems)
+
+    def _search_once(self, query: SearchQuery) -> tuple[SearchResult, tuple[Problem, ...]]:
+        if self.index is not None:
+            return self.index.search(query)
+        validate_query(query)
+        scope = self.store.load(query.domain)
+        return search(((stored.seed, stored.path) for stored in scope.seeds), query), scope.problems
+
+    def scan(self) -> str:
+        """No scan providers are configured (as in SkillSpec): only the store is reported."""
+        return self.seed_store
+
+    # -- verify ----------------------------------------------------------
+
+    def verify_targets(self, request: VerifyRequest) -> tuple[StoredSeed, ...]:
+        """The seeds a verify request names, each once, or the error for the first that cannot be found."""
+        _validate_verify_limits(request)
+        if request.all_in_domain:
+            if request.domain is None:
+                raise errors.InvalidArgument("verifying every seed of a domain needs a domain", "domain")
+            if request.ids:
+                raise errors.InvalidArgument(
+                    "pass seed ids or ask for every seed of a domain, not both", "ids"
+                )
+            scope = self._scope(request.domain)
+            return tuple(sorted(scope.seeds, key=lambda stored: (stored.seed.domain, stored.seed.id)))
+        if not request.ids:
+            raise errors.InvalidArgument("at least one seed id is required", "ids")
+        for seed_id in request.ids:
+            validate_identifier(seed_id, "capability id")
+        targets: dict[str, StoredSeed] = {}
+        for seed_id in request.ids:
+            stored, _problems = self._locate(seed_id, request.domain)
+            targets.setdefault(stored.path, stored)
+        return tuple(targets.values())
+
+    async def verify(self, request: VerifyRequest) -> AsyncGenerator[VerifyProgress, None]:
+        """Check the requested seeds, `concurrency` at a time, yielding every event.
+
+        After each seed's last check its verdict is written to its file (only its
+        verification block; edits made meanwhile are kept), then its SeedVerified is
+        yielded. Closing this generator early cancels the running checks.
+        """
+        targets = await asyncio.to_thread(self.verify_targets, request)
+        settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path)
+        items = [(stored.seed, stored.path) for stored in targets]
+        async with contextlib.aclosing(check_seeds(items, settings, request.concurrency)) as events:
+            async for event in events:
+                if isinstance(event, SeedChecked):
+                    yield await self._record_verdict(event)
+                else:
+                    yield event
+
+    async def _record_verdict(self, checked: SeedChecked) -> SeedVerified:
+        verification = build_verification(checked.outcomes, self._clock())
+        stored = await asyncio.to_thread(
+            self.store.write_verification, checked.path, checked.seed_id, verification
+        )
+        await asyncio.to_thread(self.refresh_index)
+        return SeedVerified(
+            id=stored.seed.id,
+            domain=stored.seed.domain,
+            path=stored.path,
+            status=verification.status,
+            outcomes=verification.outcomes,
+            revision=stored.revision,
+        )
+
+
+def _validate_verify_limits(request: VerifyRequest) -> None:
+    if not 0 < request.check_timeout <= MAX_CHECK_TIMEOUT_SECONDS:
+        raise errors.InvalidArgument(
+            f"check timeout must be more than 0 and at most {MAX_CHECK_TIMEOUT_SECONDS:g} seconds",
+            "check_timeout",
+        )
+    if not 1 <= request.concurrency <= MAX_VERIFY_CONCURRENCY:
+        raise errors.InvalidArgument(
+            f"verify concurrency must be between 1 and {MAX_VERIFY_CONCURRENCY}", "concurrency"
+        )
+
+
+# --- change fan-out (service only) ------------------------------------------------
+
+
+class ChangeFeed:
+    """Fans index change events out to every watcher.
+
+    `publish` may be called from any thread (index refreshes run in worker
+    threads); delivery happens on the event loop that created the feed. A
+    watcher that falls `backlog` events behind is dropped: its stream ends and
+    it should list and watch again.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, backlog: int = 10_000) -> None:
+        self._loop = loop
+        self._backlog = backlog
+        self._queues: set[asyncio.Queue[ChangeEvent | None]] = set()
+        self._closed = False
+
+    def publish(self, events: Sequence[ChangeEvent]) -> None:
+        if self._closed:
+            return
+        batch = tuple(events)
+        # RuntimeError: the loop has closed, so nobody is watching any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._deliver, batch)
+
+    def _deliver(self, events: tuple[ChangeEvent, ...]) -> None:
+        for queue in list(self._queues):
+            if queue.qsize() + len(events) > self._backlog:
+                self._queues.discard(queue)
+                queue.put_nowait(None)
+                continue
+            for event in events:
+                queue.put_nowait(event)
+
+    def close(self) -> None:
+        """End every watcher's stream (shutdown); later publishes are dropped."""
+        self._closed = True
+        for queue in self._queues:
+            queue.put_nowait(None)
+        self._queues.clear()
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[AsyncIterator[ChangeEvent]]:
+        """`async with feed.subscribe() as changes: async for event in changes: ...`"""
+        queue: asyncio.Queue[ChangeEvent | None] = asyncio.Queue()
+        if self._closed:
+            queue.put_nowait(None)
+        else:
+            self._queues.add(queue)
+
+        async def changes() -> AsyncIterator[ChangeEvent]:
+            while (event := await queue.get()) is not None:
+                yield event
+
+        try:
+            yield changes()
+        finally:
+            self._queues.discard(queue)

@@ -1,0 +1,236 @@
+"""Running the seedstore service: settings, the in-memory index, watchers, shutdown.
+
+The index is refreshed by a background task every `refresh_interval` seconds
+(this is how edits made by other programs, SkillSpec included, reach searches
+and watchers) and after every write made through the service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+
+from seedstore_service.index import SeedIndex
+from seedstore_service.operations import (
+    DEFAULT_CHECK_TIMEOUT_SECONDS,
+    DEFAULT_VERIFY_CONCURRENCY,
+    MAX_CHECK_TIMEOUT_SECONDS,
+    MAX_VERIFY_CONCURRENCY,
+    ChangeFeed,
+    SeedOperations,
+    default_equivalents_file,
+    load_equivalents,
+)
+from seedstore_service.runner import DEFAULT_PATH
+from seedstore_service.servicer import SeedStoreServicer
+from seedstore_service.store import SeedStore, resolve_store_root
+from sidecar_runtime.server import RunningServer, ServerOptions, serve_until_signalled, start_server
+
+SERVICE_NAME = seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
+DEFAULT_REFRESH_INTERVAL_SECONDS = 1.0
+DEFAULT_GRACE_SECONDS = 10.0
+
+_LOGGER = logging.getLogger(__name__)
+_Number = TypeVar("_Number", int, float)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the service needs to start; built without touching the filesystem."""
+
+    listen: tuple[str, ...]
+    store_root: Path
+    # None: built-in table only. When not `equivalents_required`, a missing file is fine.
+    equivalents_file: Path | None
+    equivalents_required: bool = False
+    check_timeout: float = DEFAULT_CHECK_TIMEOUT_SECONDS
+    verify_concurrency: int = DEFAULT_VERIFY_CONCURRENCY
+    refresh_interval: float = DEFAULT_REFRESH_INTERVAL_SECONDS
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    # PATH for the PATH lookup and the only PATH evidence commands see.
+    check_path: str = DEFAULT_PATH
+
+    def __post_init__(self) -> None:
+        if not 0 < self.check_timeout <= MAX_CHECK_TIMEOUT_SECONDS:
+            raise ValueError(f"check timeout must be in (0, {MAX_CHECK_TIMEOUT_SECONDS:g}] seconds")
+        if not 1 <= self.verify_concurrency <= MAX_VERIFY_CONCURRENCY:
+            raise ValueError(f"verify concurrency must be between 1 and {MAX_VERIFY_CONCURRENCY}")
+        if not self.refresh_interval > 0:
+            raise ValueError("refresh interval must be positive")
+        if self.grace_seconds < 0:
+            raise ValueError("grace seconds must not be negative")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Settings from the environment.
+
+        `SEEDSTORE_LISTEN` (comma-separated addresses), the store from
+        `SKILLSPEC_HOME`/`HOME`, `SEEDSTORE_EQUIVALENTS` (else the default file
+        beside the store), `SEEDSTORE_CHECK_TIMEOUT`, `SEEDSTORE_VERIFY_CONCURRENCY`,
+        `SEEDSTORE_REFRESH_INTERVAL`, `SEEDSTORE_GRACE_SECONDS`, and
+        `SEEDSTORE_CHECK_PATH` (else this process's PATH).
+        """
+        listen = tuple(part.strip() for part in env.get("SEEDSTORE_LISTEN", "").split(",") if part.strip())
+        explicit_equivalents = env.get("SEEDSTORE_EQUIVALENTS")
+        return cls(
+            listen=listen,
+            store_root=resolve_store_root(env),
+            equivalents_file=Path(explicit_equivalents)
+            if explicit_equivalents
+            else default_equivalents_file(env),
+            equivalents_required=bool(explicit_equivalents),
+            check_timeout=_number(env, "SEEDSTORE_CHECK_TIMEOUT", float, DEFAULT_CHECK_TIMEOUT_SECONDS),
+            verify_concurrency=_number(env, "SEEDSTORE_VERIFY_CONCURRENCY", int, DEFAULT_VERIFY_CONCURRENCY),
+            refresh_interval=_number(
+                env, "SEEDSTORE_REFRESH_INTERVAL", float, DEFAULT_REFRESH_INTERVAL_SECONDS
+            ),
+            grace_seconds=_number(env, "SEEDSTORE_GRACE_SECONDS", float, DEFAULT_GRACE_SECONDS),
+            check_path=env.get("SEEDSTORE_CHECK_PATH") or env.get("PATH") or DEFAULT_PATH,
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+        """The environment's settings, overridden by the flags `add_serve_arguments` defines."""
+        settings = cls.from_env(env)
+        overrides: dict[str, object] = {}
+        if args.listen:
+            overrides["listen"] = tuple(args.listen)
+        if args.equivalents is not None:
+            overrides["equivalents_file"] = Path(args.equivalents)
+            overrides["equivalents_required"] = True
+        for name in ("check_timeout", "verify_concurrency", "refresh_interval", "grace_seconds"):
+            value = getattr(args, name)
+            if value is not None:
+                overrides[name] = value
+        return replace(settings, **overrides)  # type: ignore[arg-type]
+
+
+def _number(env: Mapping[str, str], name: str, kind: type[_Number], default: _Number) -> _Number:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {text!r}") from None
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="unix:PATH or HOST:PORT; repeat for several listeners (default: $SEEDSTORE_LISTEN)",
+    )
+    parser.add_argument("--equivalents", metavar="FILE", help="extra capability equivalents for --broaden")
+    parser.add_argument(
+        "--check-timeout", type=float, metavar="SECONDS", help="per-check timeout (default 10)"
+    )
+    parser.add_argument(
+        "--verify-concurrency", type=int, metavar="N", help="seeds verified at once (default 4)"
+    )
+    parser.add_argument(
+        "--refresh-interval",
+        type=float,
+        metavar="SECONDS",
+        help="how often the store is rescanned (default 1)",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="time in-flight calls get on shutdown (default 10)",
+    )
+
+
+@dataclass
+class SeedStoreServer(RunningServer):
+    """A running seedstore: the grpc server plus the index refresher and the watch feed."""
+
+    operations: SeedOperations | None = None
+    feed: ChangeFeed | None = None
+    refresher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    async def stop(self) -> None:
+        """Health NOT_SERVING first, then end watch streams (they never end by themselves) and drain."""
+        if not self._stopped:
+            await self.health.enter_graceful_shutdown()
+            if self.feed is not None:
+                self.feed.close()
+            if self.refresher is not None:
+                self.refresher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.refresher
+        await RunningServer.stop(self)
+
+
+async def create_server(settings: Settings) -> SeedStoreServer:
+    """Build the index, bind every listener and start serving (health SERVING)."""
+    if not settings.listen:
+        raise ValueError("no listen address: pass --listen ADDR or set SEEDSTORE_LISTEN")
+    equivalents = await asyncio.to_thread(
+        load_equivalents, settings.equivalents_file, required=settings.equivalents_required
+    )
+    store = SeedStore(settings.store_root.absolute())
+    index = SeedIndex(store)
+    feed = ChangeFeed(asyncio.get_running_loop())
+    operations = SeedOperations(
+        store, index, equivalents=equivalents, on_changes=feed.publish, runner_path=settings.check_path
+    )
+    await asyncio.to_thread(operations.refresh_index)
+    servicer = SeedStoreServicer(
+        operations,
+        feed,
+        check_timeout=settings.check_timeout,
+        verify_concurrency=settings.verify_concurrency,
+    )
+
+    def register(server: grpc.aio.Server) -> None:
+        seedstore_pb2_grpc.add_SeedStoreServiceServicer_to_server(servicer, server)
+
+    running = await start_server(
+        register, (SERVICE_NAME,), ServerOptions(listen=settings.listen, grace_seconds=settings.grace_seconds)
+    )
+    refresher = asyncio.create_task(_refresh_forever(operations, settings.refresh_interval))
+    # Every field of the runtime's RunningServer, whatever it grows, plus ours.
+    inherited = {spec.name: getattr(running, spec.name) for spec in fields(RunningServer) if spec.init}
+    return SeedStoreServer(**inherited, operations=operations, feed=feed, refresher=refresher)
+
+
+async def _refresh_forever(operations: SeedOperations, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(operations.refresh_index)
+        except Exception:
+            # A failed rescan (a vanished store, an I/O error) must not end
+            # watching for good; the next tick tries again.
+            _LOGGER.exception("refreshing the seed index failed")
+
+
+async def serve(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT, then stop gracefully."""
+    running = await create_server(settings)
+    await serve_until_signalled(running, "seedstore")
+
+
+def settings_from_environment(argv: Sequence[str] | None = None) -> Settings:
+    """For `python -m seedstore_service.server [--listen ...]`."""
+    parser = argparse.ArgumentParser(prog="seedstore-server")
+    add_serve_arguments(parser)
+    return Settings.from_args(parser.parse_args(argv), os.environ)
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(settings_from_environment()))

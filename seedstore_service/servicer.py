@@ -1,0 +1,121 @@
+"""SeedStoreService over grpc.aio: protos in, `SeedOperations` calls, protos out.
+
+Blocking operations (files, the store lock) run in worker threads so one slow
+disk never stalls other calls. Errors leave through `status.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
+
+from seedstore_service import convert
+from seedstore_service.operations import ChangeFeed, SeedOperations
+from seedstore_service.status import stream_errors, unary_errors
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+# Core field labels that name a differently spelled field of a particular request.
+_VERIFY_FIELDS = {"capability id": "ids"}
+_UPDATE_FIELDS = {"tie key": "add_ties", "tie": "add_ties", "alias": "add_aliases"}
+
+
+class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
+    def __init__(
+        self,
+        operations: SeedOperations,
+        feed: ChangeFeed,
+        *,
+        check_timeout: float,
+        verify_concurrency: int,
+    ) -> None:
+        self._operations = operations
+        self._feed = feed
+        self._check_timeout = check_timeout
+        self._verify_concurrency = verify_concurrency
+
+    @unary_errors()
+    async def GetStore(self, request: pb.GetStoreRequest, context: _Context) -> pb.GetStoreResponse:
+        return pb.GetStoreResponse(seed_store=self._operations.seed_store)
+
+    @unary_errors()
+    async def AddSeed(self, request: pb.AddSeedRequest, context: _Context) -> pb.AddSeedResponse:
+        spec = convert.add_spec_from_request(request)
+        return convert.add_response(await asyncio.to_thread(self._operations.add, spec))
+
+    @unary_errors(_UPDATE_FIELDS)
+    async def UpdateSeed(self, request: pb.UpdateSeedRequest, context: _Context) -> pb.UpdateSeedResponse:
+        patch = convert.update_patch_from_request(request)
+        view = await asyncio.to_thread(
+            self._operations.update,
+            request.id,
+            request.domain if request.HasField("domain") else None,
+            patch,
+            expected_revision=request.expected_revision if request.HasField("expected_revision") else None,
+        )
+        return convert.update_response(view)
+
+    @unary_errors()
+    async def ListSeeds(self, request: pb.ListSeedsRequest, context: _Context) -> pb.ListSeedsResponse:
+        domain = request.domain if request.HasField("domain") else None
+        return convert.list_response(await asyncio.to_thread(self._operations.list_seeds, domain))
+
+    @unary_errors()
+    async def SearchSeeds(self, request: pb.SearchSeedsRequest, context: _Context) -> pb.SearchSeedsResponse:
+        query = convert.search_query_from_request(request)
+        outcome = await asyncio.to_thread(self._operations.search, query, broaden_empty=request.broaden)
+        return convert.search_response(outcome)
+
+    @unary_errors()
+    async def InspectSeed(self, request: pb.InspectSeedRequest, context: _Context) -> pb.InspectSeedResponse:
+        domain = request.domain if request.HasField("domain") else None
+        return convert.inspect_response(await asyncio.to_thread(self._operations.inspect, request.id, domain))
+
+    @stream_errors(_VERIFY_FIELDS)
+    async def VerifySeeds(
+        self, request: pb.VerifySeedsRequest, context: _Context
+    ) -> AsyncGenerator[pb.VerifySeedsResponse, None]:
+        verify = convert.verify_request_from_proto(request, self._check_timeout, self._verify_concurrency)
+        seed_store = self._operations.seed_store
+        async with contextlib.aclosing(self._operations.verify(verify)) as events:
+            async for event in events:
+                yield convert.verify_event_to_proto(seed_store, event)
+
+    @unary_errors()
+    async def PreferSeed(self, request: pb.PreferSeedRequest, context: _Context) -> pb.PreferSeedResponse:
+        view = await asyncio.to_thread(
+            self._operations.prefer,
+            request.id,
+            request.domain if request.HasField("domain") else None,
+            request.for_capability,
+            request.priority if request.HasField("priority") else None,
+        )
+        return convert.prefer_response(view)
+
+    @unary_errors()
+    async def RemoveSeed(self, request: pb.RemoveSeedRequest, context: _Context) -> pb.RemoveSeedResponse:
+        domain = request.domain if request.HasField("domain") else None
+        return convert.remove_response(await asyncio.to_thread(self._operations.remove, request.id, domain))
+
+    @unary_errors()
+    async def ScanSeeds(self, request: pb.ScanSeedsRequest, context: _Context) -> pb.ScanSeedsResponse:
+        return convert.scan_response(self._operations.scan())
+
+    @stream_errors()
+    async def WatchSeeds(
+        self, request: pb.WatchSeedsRequest, context: _Context
+    ) -> AsyncGenerator[pb.WatchSeedsResponse, None]:
+        domain = convert.watch_domain_from_request(request)
+        async with self._feed.subscribe() as changes:
+            # Headers go out once the watcher is subscribed: a client that waits
+            # for them knows every later change will reach it.
+            await context.send_initial_metadata(())
+            async for change in changes:
+                if domain is None or change.domain == domain:
+                    yield convert.change_to_proto(change)

@@ -1,0 +1,514 @@
+"""The disk shell: the only module that reads and writes seed files.
+
+Layout and loading follow SkillSpec (`skillspec-behaviour.md` §1, §4 step 2, §6),
+with the durability SkillSpec lacks (§7):
+
+* Every write goes to a temporary file in the target directory, is fsynced and
+  renamed over the target, and the directory is fsynced. A reader (ours or the
+  SkillSpec CLI) sees the old file or the new one, never a torn one. The
+  temporary name `.<file name>.tmp-<random>` ends in neither `.yml` nor `.yaml`,
+  so no loader ever picks it up.
+* Every read-modify-write holds an inter-process lock on `<root>/.seedstore.lock`,
+  so the CLI, the service and the tests can share one store without lost updates.
+  Readers take no lock: a rename is atomic.
+* A file that cannot be read or parsed never stops a load: it becomes a
+  `Problem`, and it is never overwritten.
+* Every id and domain argument is checked with the identifier rule before a
+  path is built from it; that rule is what keeps paths inside the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import filelock
+
+from seedstore_service import errors
+from seedstore_service.model import Problem, Seed, Verification
+from seedstore_service.patch import (
+    AddSpec,
+    UpdatePatch,
+    apply_patch,
+    apply_prefer,
+    build_seed,
+    validate_patch,
+    validate_prefer,
+)
+from seedstore_service.seedfile import dump_seed, parse_seed, revision_of, validate_identifier
+
+SEED_SUFFIXES = (".yml", ".yaml")
+LOCK_FILE_NAME = ".seedstore.lock"
+_TEMP_MARKER = ".tmp-"
+# flock contention is polled; the default 50 ms makes a busy store crawl.
+_LOCK_POLL_SECONDS = 0.002
+_DEFAULT_LOCK_TIMEOUT_SECONDS = 30.0
+_DOMAIN_KEY_LINE = re.compile(r"""^["']?domain["']?\s*:""")
+
+
+def resolve_store_root(env: Mapping[str, str]) -> Path:
+    """`$SKILLSPEC_HOME/capabilities`, else `$HOME/.skillspec/capabilities`, as given (not absolutized)."""
+    skillspec_home = env.get("SKILLSPEC_HOME")
+    if skillspec_home is not None:
+        # An empty value yields the relative path "capabilities", as in SkillSpec.
+        return Path(skillspec_home) / "capabilities"
+    home = env.get("HOME")
+    if home is not None:
+        return Path(home) / ".skillspec" / "capabilities"
+    raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
+
+
+@dataclass(frozen=True)
+class StoredSeed:
+    seed: Seed
+    path: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class LoadedScope:
+    seeds: tuple[StoredSeed, ...]
+    problems: tuple[Problem, ...]
+
+
+# ---------------------------------------------------------------------------
+# Reading: shared by SeedStore.load and SeedIndex.refresh so both see the same
+# files and report the same problems.
+
+
+@dataclass(frozen=True)
+class SeedFileRef:
+    """A candidate seed file found by the walk."""
+
+    path: str
+    # The first directory under the store root (the domain directory); None for
+    # files lying directly in the root.
+    domain_dir: str | None
+
+
+@dataclass(frozen=True)
+class ParsedFile:
+    """What one read of a seed file gave: exactly one of `stored` / `problem` is set."""
+
+    path: str
+    stored: StoredSeed | None
+    problem: Problem | None
+    # Hash of the bytes read ("" when they could not be read).
+    revision: str
+    # True when the file could not be read at all (as opposed to read but not parsed).
+    unreadable: bool
+    # os.fstat of the descriptor the bytes were read from; None when unreadable.
+    stat_result: os.stat_result | None
+    # 1-based line of the `domain:` key, for the "stored under domain" problem.
+    domain_line: int
+
+
+def os_error_text(err: OSError) -> str:
+    """An OSError as Rust's io::Error prints it, e.g. `No such file or directory (os error 2)`."""
+    if err.errno is not None and err.strerror:
+        return f"{err.strerror} (os error {err.errno})"
+    return str(err)
+
+
+def is_seed_file_name(name: str) -> bool:
+    return name.endswith(SEED_SUFFIXES)
+
+
+def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], list[Problem]]:
+    """Seed files of the whole store, or of `<root>/<domain>` only, sorted by path.
+
+    Recursive, following symlinks like SkillSpec, but with a loop guard: a
+    directory that is its own ancestor is skipped. The guard starts from the
+    root even for a domain walk, so a domain walk finds exactly the files a
+    whole-store walk finds under that domain. A missing directory is an empty
+    scope; an unreadable directory is a problem.
+    """
+    start = root if domain is None else root / domain
+    files: list[SeedFileRef] = []
+    problems: list[Problem] = []
+    try:
+        start_stat = start.stat()
+    except FileNotFoundError:
+        return files, problems
+    except OSError as err:
+        problems.append(Problem(str(start), 0, f"failed to read {start}: {os_error_text(err)}"))
+        return files, problems
+    ancestors: frozenset[tuple[int, int]] = frozenset({(start_stat.st_dev, start_stat.st_ino)})
+    if domain is not None:
+        with contextlib.suppress(OSError):
+            root_stat = root.stat()
+            ancestors |= {(root_stat.st_dev, root_stat.st_ino)}
+    # (directory, the domain directory of the files in it, identities of it and its ancestors)
+    pending: list[tuple[Path, str | None, frozenset[tuple[int, int]]]] = [(start, domain, ancestors)]
+    while pending:
+        directory, domain_dir, chain = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                listing = sorted(entries, key=lambda entry: entry.name)
+        except OSError as err:
+            problems.append(Problem(str(directory), 0, f"failed to read {directory}: {os_error_text(err)}"))
+            continue
+        for entry in listing:
+            path = directory / entry.name
+            try:
+                is_dir = entry.is_dir()  # follows symlinks
+            except OSError:
+                is_dir = False
+            if is_dir:
+                try:
+                    entry_stat = entry.stat()
+                except OSError as err:
+                    problems.append(Problem(str(path), 0, f"failed to read {path}: {os_error_text(err)}"))
+                    continue
+                identity = (entry_stat.st_dev, entry_stat.st_ino)
+                if identity in chain:
+                    continue  # a symlink loop; SkillSpec would recurse forever
+                child_domain_dir = entry.name if domain_dir is None else domain_dir
+                pending.append((path, child_domain_dir, chain | {identity}))
+            elif is_seed_file_name(entry.name):
+                files.append(SeedFileRef(str(path), domain_dir))
+    files.sort(key=lambda ref: ref.path)
+    problems.sort(key=lambda problem: problem.path)
+    return files, problems
+
+
+def _domain_key_line(text: str) -> int:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if _DOMAIN_KEY_LINE.match(line):
+            return number
+    return 0
+
+
+def read_seed_file(path: str, domain_dir: str | None = None) -> ParsedFile:
+    """Read and parse one seed file; never raises for a bad file.
+
+    `domain_dir` only decides whether the line of the `domain:` key is worth
+    finding (it is when the declared domain differs from it).
+    """
+    try:
+        with open(path, "rb") as handle:
+            stat_result = os.fstat(handle.fileno())
+            data = handle.read()
+    except OSError as err:
+        reason = f"failed to read {path}: {os_error_text(err)}"
+        return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
+    revision = revision_of(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        reason = f"failed to read {path}: stream did not contain valid UTF-8"
+        return ParsedFile(path, None, Problem(path, 0, reason), revision, False, stat_result, 0)
+    try:
+        seed = parse_seed(text, path)
+    except errors.SeedMalformed as err:
+        return ParsedFile(path, None, Problem(path, err.line, err.message), revision, False, stat_result, 0)
+    except errors.SeedStoreError as err:
+        # validate_seed failures: SkillSpec prints them without the path; the Problem carries it.
+        return ParsedFile(path, None, Problem(path, 0, err.message), revision, False, stat_result, 0)
+    domain_line = _domain_key_line(text) if domain_dir is not None and seed.domain != domain_dir else 0
+    return ParsedFile(path, StoredSeed(seed, path, revision), None, revision, False, stat_result, domain_line)
+
+
+def domain_mismatch_problem(stored: StoredSeed, domain: str, line: int) -> Problem:
+    reason = (
+        f'seed {stored.path} is stored under domain "{domain}" but declares domain "{stored.seed.domain}"'
+    )
+    return Problem(stored.path, line, reason)
+
+
+def malformed_error(problem: Problem) -> errors.SeedMalformed:
+    """The error for an operation that targets a file we cannot use; its message is the problem's."""
+    prefix = f"failed to parse YAML from {problem.path}: "
+    detail = problem.reason.removeprefix(prefix)
+    error = errors.SeedMalformed(problem.path, problem.line, detail)
+    # Keep SkillSpec's exact message for read errors and domain mismatches too.
+    error.message = problem.reason
+    error.args = (problem.reason,)
+    return error
+
+
+def scope_from_files(
+    parsed_files: Iterable[ParsedFile], domain: str | None, walk_problems: Iterable[Problem] = ()
+) -> LoadedScope:
+    """The LoadedScope of already parsed files, with the --domain rule applied when `domain` is set."""
+    seeds: list[StoredSeed] = []
+    problems: list[Problem] = list(walk_problems)
+    for parsed in parsed_files:
+        if parsed.problem is not None:
+            problems.append(parsed.problem)
+        elif parsed.stored is not None:
+            if domain is not None and parsed.stored.seed.domain != domain:
+                problems.append(domain_mismatch_problem(parsed.stored, domain, parsed.domain_line))
+            else:
+                seeds.append(parsed.stored)
+    seeds.sort(key=lambda stored: stored.path)
+    problems.sort(key=lambda problem: problem.path)
+    return LoadedScope(tuple(seeds), tuple(problems))
+
+
+def locate_in_scope(scope: LoadedScope, seed_id: str) -> StoredSeed:
+    """The single seed with that id in a loaded scope, or the SkillSpec error for why not."""
+    matches = [stored for stored in scope.seeds if stored.seed.id == seed_id]
+    if len(matches) > 1:
+        raise errors.AmbiguousSeed(seed_id, [stored.path for stored in matches])
+    if matches:
+        return matches[0]
+    for problem in scope.problems:
+        if _file_stem(problem.path) == seed_id:
+            # The broken file may well be this seed: never guess, never overwrite it.
+            raise malformed_error(problem)
+    raise errors.SeedNotFound(seed_id)
+
+
+def _file_stem(path: str) -> str:
+    name = os.path.basename(path)
+    for suffix in SEED_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+# ---------------------------------------------------------------------------
+# Writing
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that readers see the old or the new file, never a torn one.
+
+    Raises StoreUnavailable("failed to write <path>: ...") on any I/O error,
+    after removing the temporary file.
+    """
+    directory = path.parent
+    temp_path: Path | None = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            # Keep the mode of the file being replaced, as an in-place write would.
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = None
+        while True:
+            candidate = directory / f".{path.name}{_TEMP_MARKER}{secrets.token_hex(6)}"
+            try:
+                # 0o666 before the umask: the permissions a plain write would give.
+                fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            except FileExistsError:
+                continue
+            temp_path = candidate
+            break
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp_path, path)
+        temp_path = None
+        _fsync_directory(directory)
+    except OSError as err:
+        raise errors.StoreUnavailable(f"failed to write {path}: {os_error_text(err)}") from err
+    finally:
+        if temp_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temp_path)
+
+
+# ---------------------------------------------------------------------------
+
+
+class SeedStore:
+    """A SkillSpec capability seed store rooted at `root` (`.../capabilities`)."""
+
+    def __init__(self, root: Path, *, lock_timeout: float = _DEFAULT_LOCK_TIMEOUT_SECONDS) -> None:
+        self.root = root
+        self._lock_path = root / LOCK_FILE_NAME
+        self._lock = filelock.FileLock(str(self._lock_path), timeout=lock_timeout)
+
+    def __repr__(self) -> str:
+        return f"SeedStore({str(self.root)!r})"
+
+    # -- reading ---------------------------------------------------------
+
+    def load(self, domain: str | None) -> LoadedScope:
+        """Every seed in scope plus a Problem per file that could not be used; never raises for a file."""
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        refs, walk_problems = walk_seed_files(self.root, domain)
+        parsed = [read_seed_file(ref.path, ref.domain_dir) for ref in refs]
+        return scope_from_files(parsed, domain, walk_problems)
+
+    def locate(self, seed_id: str, domain: str | None) -> tuple[StoredSeed, tuple[Problem, ...]]:
+        validate_identifier(seed_id, "capability id")
+        scope = self.load(domain)
+        return locate_in_scope(scope, seed_id), scope.problems
+
+    # -- writing ---------------------------------------------------------
+
+    def add(self, spec: AddSpec) -> StoredSeed:
+        """Write `<root>/<domain>/<id>.yml`; it may replace a valid seed there, never a broken file."""
+        seed = build_seed(spec)
+        validate_identifier(seed.id, "capability id")
+        validate_identifier(seed.domain, "domain")
+        path = self.root / seed.domain / f"{seed.id}.yml"
+        data = dump_seed(seed).encode("utf-8")
+        with self._locked():
+            self._refuse_unusable_file(path)
+            write_atomically(path, data)
+        return StoredSeed(seed, str(path), revision_of(data))
+
+    def update(
+        self,
+        seed_id: str,
+        domain: str | None,
+        patch: UpdatePatch,
+        *,
+        expected_revision: str | None,
+        now_unix: int,
+    ) -> tuple[StoredSeed, tuple[Problem, ...]]:
+        self._validate_target(seed_id, domain)
+        validate_patch(patch)
+        self._require_root(seed_id)
+        with self._locked():
+            current, problems = self.locate(seed_id, domain)
+            self._check_revision(current, expected_revision)
+            updated = self._rewrite(current, apply_patch(current.seed, patch, now_unix))
+        return updated, problems
+
+    def prefer(
+        self,
+        seed_id: str,
+        domain: str | None,
+        for_capability: str,
+        priority: int | None,
+        *,
+        expected_revision: str | None = None,
+    ) -> tuple[StoredSeed, tuple[Problem, ...]]:
+        self._validate_target(seed_id, domain)
+        validate_prefer(for_capability, priority)
+        self._require_root(seed_id)
+        with self._locked():
+            current, problems = self.locate(seed_id, domain)
+            self._check_revision(current, expected_revision)
+            updated = self._rewrite(current, apply_prefer(current.seed, for_capability, priority))
+        return updated, problems
+
+    def remove(self, seed_id: str, domain: str | None) -> tuple[str, tuple[Problem, ...]]:
+        """Delete the seed's file; the (possibly empty) domain directory stays, as in SkillSpec."""
+        self._validate_target(seed_id, domain)
+        self._require_root(seed_id)
+        with self._locked():
+            current, problems = self.locate(seed_id, domain)
+            path = Path(current.path)
+            try:
+                path.unlink()
+                _fsync_directory(path.parent)
+            except OSError as err:
+                raise errors.StoreUnavailable(f"failed to remove {path}: {os_error_text(err)}") from err
+        return current.path, problems
+
+    def write_verification(self, path: str, seed_id: str, verification: Verification) -> StoredSeed:
+        """Replace only the verification block of the seed at `path`.
+
+        The checks ran without the lock, so the file is read again under it:
+        edits made meanwhile are kept. A file that vanished or now holds
+        another seed is SeedNotFound; one that no longer parses is SeedMalformed.
+        """
+        validate_identifier(seed_id, "capability id")
+        target = self._path_in_store(path)
+        self._require_root(seed_id)
+        with self._locked():
+            parsed = read_seed_file(str(target))
+            if parsed.stored is None:
+                assert parsed.problem is not None
+                if parsed.unreadable and not target.exists():
+                    raise errors.SeedNotFound(seed_id)
+                raise malformed_error(parsed.problem)
+            if parsed.stored.seed.id != seed_id:
+                raise errors.SeedNotFound(seed_id)
+            return self._rewrite(
+                parsed.stored, dataclasses.replace(parsed.stored.seed, verification=verification)
+            )
+
+    # -- helpers ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise errors.StoreUnavailable(f"failed to write {self.root}: {os_error_text(err)}") from err
+        try:
+            self._lock.acquire(poll_interval=_LOCK_POLL_SECONDS)
+        except filelock.Timeout as err:
+            raise errors.StoreUnavailable(f"timed out waiting for the store lock {self._lock_path}") from err
+        except OSError as err:
+            raise errors.StoreUnavailable(f"failed to lock {self._lock_path}: {os_error_text(err)}") from err
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @staticmethod
+    def _validate_target(seed_id: str, domain: str | None) -> None:
+        validate_identifier(seed_id, "capability id")
+        if domain is not None:
+            validate_identifier(domain, "domain")
+
+    def _require_root(self, seed_id: str) -> None:
+        # Editing a seed of a store that does not exist must not create the store.
+        if not self.root.is_dir():
+            raise errors.SeedNotFound(seed_id)
+
+    @staticmethod
+    def _check_revision(current: StoredSeed, expected_revision: str | None) -> None:
+        if expected_revision is not None and expected_revision != current.revision:
+            raise errors.RevisionMismatch(current.seed.id, expected_revision, current.revision)
+
+    @staticmethod
+    def _rewrite(current: StoredSeed, seed: Seed) -> StoredSeed:
+        """Write `seed` back to the file it was found in (its name may differ from the id)."""
+        data = dump_seed(seed).encode("utf-8")
+        write_atomically(Path(current.path), data)
+        return StoredSeed(seed, current.path, revision_of(data))
+
+    @staticmethod
+    def _refuse_unusable_file(path: Path) -> None:
+        if not os.path.lexists(path):
+            return
+        parsed = read_seed_file(str(path))
+        if parsed.problem is None:
+            return
+        if parsed.unreadable:
+            raise errors.StoreUnavailable(parsed.problem.reason)
+        raise malformed_error(parsed.problem)
+
+    def _path_in_store(self, path: str) -> Path:
+        """`path` if it names a seed file inside this store; checked lexically, like the identifier rule."""
+        target = Path(path)
+        if (
+            not is_seed_file_name(target.name)
+            or ".." in target.parts
+            or not target.is_relative_to(self.root)
+            or target == self.root
+        ):
+            raise errors.InvalidArgument(f"{path} is not a seed file in the store {self.root}", "path")
+        return target
