@@ -140,6 +140,8 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
     except OSError as err:
         problems.append(Problem(str(start), 0, f"failed to read {start}: {os_error_text(err)}"))
         return files, problems
+    if domain is not None and not stat.S_ISDIR(start_stat.st_mode):
+        return files, problems  # a stray file named like the domain: a whole-store walk ignores it too
     ancestors: frozenset[tuple[int, int]] = frozenset({(start_stat.st_dev, start_stat.st_ino)})
     if domain is not None:
         with contextlib.suppress(OSError):

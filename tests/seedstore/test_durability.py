@@ -22,7 +22,8 @@ from seedstore_service.store import SeedStore
 WRITER = Path(__file__).with_name("writer_process.py")
 # Loaded by path: it is also run as a script, and this test directory may or may not be a package.
 _WRITER_SPEC = importlib.util.spec_from_file_location("seedstore_writer_process", WRITER)
-assert _WRITER_SPEC is not None and _WRITER_SPEC.loader is not None
+assert _WRITER_SPEC is not None
+assert _WRITER_SPEC.loader is not None
 writer_process = importlib.util.module_from_spec(_WRITER_SPEC)
 _WRITER_SPEC.loader.exec_module(writer_process)
 WORKERS = 4

@@ -1,4 +1,4 @@
-"""The in-memory index: same answers as the linear reference, and change events for edits by other programs."""
+"""The in-memory index: the linear reference's answers, and change events for edits by other programs."""
 
 from __future__ import annotations
 
@@ -12,16 +12,33 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seedstore_service import errors, index, ranking
+from seedstore_service import errors, ranking
 from seedstore_service.index import ChangeEvent, SeedIndex
-from seedstore_service.model import Evidence, Outcome, Problem, Rank, Risk, Seed, Verification, VerificationStatus
+from seedstore_service.model import (
+    Evidence,
+    Outcome,
+    Problem,
+    Rank,
+    Risk,
+    Seed,
+    Verification,
+    VerificationStatus,
+)
 from seedstore_service.patch import UpdatePatch
 from seedstore_service.seedfile import dump_seed, revision_of
-from seedstore_service.store import LoadedScope, ParsedFile, SeedStore
+from seedstore_service.store import LoadedScope, ParsedFile, SeedStore, read_seed_file
 
 # Small vocabularies, so random seeds collide on the interesting cases: canonical equality
 # (text-to-speech / text_to_speech), short texts inside long terms (speech, cli) and the reverse.
-CAPABILITIES = ["text_to_speech", "text-to-speech", "speech", "voice_message", "cli", "tts", "audio_generation"]
+CAPABILITIES = [
+    "text_to_speech",
+    "text-to-speech",
+    "speech",
+    "voice_message",
+    "cli",
+    "tts",
+    "audio_generation",
+]
 ALIASES = ["speech", "text to speech", "cli", "Voice Message!", "TTS", "audio", "say it", "x"]
 EVIDENCE_TEXTS = [None, "", "--", "voice-cli --help", "say --version", "speech synthesis", "tts-cli", "help"]
 QUERIES = [*CAPABILITIES, "help", "voice", "s", "text", "say_it", "-", "_", "unheard_of", "voice-cli"]
@@ -54,7 +71,9 @@ def seeds(draw: st.DrawFn) -> Seed:
         evidence=tuple(
             Evidence("cli_help", command, detail)
             for command, detail in draw(
-                st.lists(st.tuples(st.sampled_from(EVIDENCE_TEXTS), st.sampled_from(EVIDENCE_TEXTS)), max_size=2)
+                st.lists(
+                    st.tuples(st.sampled_from(EVIDENCE_TEXTS), st.sampled_from(EVIDENCE_TEXTS)), max_size=2
+                )
             )
         ),
         auth_env=tuple(draw(st.lists(st.just("TOKEN"), max_size=1))),
@@ -85,32 +104,50 @@ queries = st.builds(
 )
 
 
-def reference(seed_store: SeedStore, query: ranking.SearchQuery) -> tuple[ranking.SearchResult, tuple[Problem, ...]]:
+def reference(
+    seed_store: SeedStore, query: ranking.SearchQuery
+) -> tuple[ranking.SearchResult, tuple[Problem, ...]]:
     scope = seed_store.load(query.domain)
     return ranking.search(((stored.seed, stored.path) for stored in scope.seeds), query), scope.problems
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(files=stores(), query_list=st.lists(queries, min_size=1, max_size=6))
-def test_index_search_equals_the_linear_reference(
-    files: list[tuple[str, str]], query_list: list[ranking.SearchQuery]
+def assert_index_agrees(
+    seed_store: SeedStore, seed_index: SeedIndex, query_list: list[ranking.SearchQuery]
 ) -> None:
+    loaded: dict[str | None, LoadedScope] = {}
+    for query in [*query_list, ranking.SearchQuery("speech")]:
+        if query.domain not in loaded:
+            loaded[query.domain] = seed_store.load(query.domain)
+            assert seed_index.scope(query.domain) == loaded[query.domain]
+        scope = loaded[query.domain]
+        expected = ranking.search(((stored.seed, stored.path) for stored in scope.seeds), query)
+        assert seed_index.search(query) == (expected, scope.problems)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(before=stores(), after=stores(), query_list=st.lists(queries, min_size=1, max_size=6))
+def test_index_search_equals_the_linear_reference(
+    before: list[tuple[str, str]], after: list[tuple[str, str]], query_list: list[ranking.SearchQuery]
+) -> None:
+    """On a random store, and again after another program rewrote it into another random store."""
     with tempfile.TemporaryDirectory() as temp:
         root = Path(temp) / "capabilities"
-        for relative, content in files:
-            (root / relative).parent.mkdir(parents=True, exist_ok=True)
-            (root / relative).write_text(content)
+        for relative, content in before:
+            write(root / relative, content)
         seed_store = SeedStore(root)
         seed_index = SeedIndex(seed_store)
         seed_index.refresh()
-        loaded: dict[str | None, LoadedScope] = {}
-        for query in [*query_list, ranking.SearchQuery("speech")]:
-            if query.domain not in loaded:
-                loaded[query.domain] = seed_store.load(query.domain)
-                assert seed_index.scope(query.domain) == loaded[query.domain]
-            scope = loaded[query.domain]
-            expected = ranking.search(((stored.seed, stored.path) for stored in scope.seeds), query)
-            assert seed_index.search(query) == (expected, scope.problems)
+        assert_index_agrees(seed_store, seed_index, query_list)
+
+        # Incremental: only changed files are re-read, and stale search structures must be dropped.
+        kept = dict(after)
+        for relative, _content in before:
+            if relative not in kept:
+                (root / relative).unlink()
+        for relative, content in after:
+            write(root / relative, content)
+        seed_index.refresh()
+        assert_index_agrees(seed_store, seed_index, query_list)
 
 
 def test_index_search_finds_every_kind_of_match(tmp_path: Path) -> None:
@@ -120,12 +157,18 @@ def test_index_search_finds_every_kind_of_match(tmp_path: Path) -> None:
         "direct": Seed("direct", "voice", "cli", provides=("text_to_speech",)),
         "short-alias": Seed("short-alias", "voice", "cli", aliases=("speech",)),
         "long-alias": Seed("long-alias", "voice", "cli", aliases=("fast text to speech engine",)),
-        "evidence": Seed("evidence", "voice", "cli", evidence=(Evidence("cli_help", "tts --text-to-speech"),)),
+        "evidence": Seed(
+            "evidence", "voice", "cli", evidence=(Evidence("cli_help", "tts --text-to-speech"),)
+        ),
         "detail": Seed("detail", "voice", "cli", evidence=(Evidence("doc", None, "Text To Speech"),)),
         "empty-evidence": Seed("empty-evidence", "voice", "cli", evidence=(Evidence("cli_help", "--"),)),
         "unrelated": Seed("unrelated", "voice", "cli", provides=("speech_to_text",), aliases=("transcribe",)),
         "failed": Seed(
-            "failed", "voice", "cli", provides=("text_to_speech",), verification=Verification(VerificationStatus.FAILED, 1)
+            "failed",
+            "voice",
+            "cli",
+            provides=("text_to_speech",),
+            verification=Verification(VerificationStatus.FAILED, 1),
         ),
     }
     for seed in examples.values():
@@ -148,11 +191,36 @@ def test_index_search_finds_every_kind_of_match(tmp_path: Path) -> None:
     assert result == reference(SeedStore(root), ranking.SearchQuery("text-to-speech"))[0]
 
 
+def test_search_structures_follow_refreshes(root: Path) -> None:
+    first = root / "voice" / "synth.yml"
+    write(first, dump_seed(make_seed(id="synth", provides=(), aliases=("speech synthesis",))))
+    seed_index = SeedIndex(SeedStore(root))
+    seed_index.refresh()
+    query = ranking.SearchQuery("speech")
+    assert [candidate.id for candidate in seed_index.search(query)[0].candidates] == ["synth"]
+
+    second = root / "voice" / "asr.yml"
+    write(second, dump_seed(make_seed(id="asr", provides=(), aliases=("speech recognition",))))
+    seed_index.refresh()
+    assert sorted(candidate.id for candidate in seed_index.search(query)[0].candidates) == ["asr", "synth"]
+
+    first.unlink()
+    seed_index.refresh()
+    assert [candidate.id for candidate in seed_index.search(query)[0].candidates] == ["asr"]
+
+    write(second, dump_seed(make_seed(id="asr", provides=(), aliases=("transcribe",))))
+    seed_index.refresh()
+    assert seed_index.search(query)[0].candidates == ()
+    assert [
+        candidate.id for candidate in seed_index.search(ranking.SearchQuery("transcribe"))[0].candidates
+    ] == ["asr"]
+
+
 def test_index_search_validates_the_query(tmp_path: Path) -> None:
     seed_index = SeedIndex(SeedStore(tmp_path / "capabilities"))
-    with pytest.raises(errors.InvalidIdentifier, match="in capability$"):
+    with pytest.raises(errors.InvalidIdentifier, match=r"in capability$"):
         seed_index.search(ranking.SearchQuery("Text To Speech"))
-    with pytest.raises(errors.InvalidIdentifier, match="in domain$"):
+    with pytest.raises(errors.InvalidIdentifier, match=r"in domain$"):
         seed_index.search(ranking.SearchQuery("speech", domain="../x"))
 
 
@@ -226,7 +294,9 @@ def test_refresh_sees_writes_made_through_the_store(root: Path) -> None:
     write(put, dump_seed(make_seed()))
     seed_index.refresh()
 
-    stored, _ = seed_store.update("say", None, UpdatePatch(add_aliases=("tts",)), expected_revision=None, now_unix=1)
+    stored, _ = seed_store.update(
+        "say", None, UpdatePatch(add_aliases=("tts",)), expected_revision=None, now_unix=1
+    )
     (event,) = seed_index.refresh()
 
     assert (event.kind, event.revision, event.seed) == ("updated", stored.revision, stored.seed)
@@ -242,7 +312,10 @@ def test_refresh_reports_a_file_that_now_holds_another_seed_as_removed_and_added
 
     write(path, dump_seed(make_seed(id="espeak")))
 
-    assert [(event.kind, event.id) for event in seed_index.refresh()] == [("removed", "say"), ("added", "espeak")]
+    assert [(event.kind, event.id) for event in seed_index.refresh()] == [
+        ("removed", "say"),
+        ("added", "espeak"),
+    ]
 
 
 def test_removed_malformed_file_is_named_by_its_file(root: Path) -> None:
@@ -262,13 +335,12 @@ def test_refresh_rereads_only_changed_files(root: Path, monkeypatch: pytest.Monk
         write(path, dump_seed(make_seed(id=f"seed{number}", aliases=(f"speech synthesis {number}",))))
         age(path)
     reads: list[str] = []
-    real_read = index.read_seed_file
 
     def counting_read(path: str, domain_dir: str | None = None) -> ParsedFile:
         reads.append(path)
-        return real_read(path, domain_dir)
+        return read_seed_file(path, domain_dir)
 
-    monkeypatch.setattr(index, "read_seed_file", counting_read)
+    monkeypatch.setattr("seedstore_service.index.read_seed_file", counting_read)
     seed_index = SeedIndex(SeedStore(root))
     seed_index.refresh()
     assert len(reads) == 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,9 @@ FULL_SPEC = AddSpec(
 
 
 def simple_seed(seed_id: str, domain: str = "voice", *provides: str) -> Seed:
-    return Seed(id=seed_id, domain=domain, kind="cli", command=seed_id, provides=provides or ("text_to_speech",))
+    return Seed(
+        id=seed_id, domain=domain, kind="cli", command=seed_id, provides=provides or ("text_to_speech",)
+    )
 
 
 def put(root: Path, relative: str, content: str | bytes) -> Path:
@@ -207,7 +210,9 @@ def test_load_with_domain_reports_a_seed_declaring_another_domain(seed_store: Se
 def test_load_ignores_temp_files_and_the_lock_file(seed_store: SeedStore, root: Path) -> None:
     put_seed(root, simple_seed("say"))
     put(root, "voice/.say.yml.tmp-0123456789ab", "id: say\ndomain: voi")  # a writer killed mid-write
-    seed_store.update("say", None, UpdatePatch(add_provides=("voice_message",)), expected_revision=None, now_unix=1)
+    seed_store.update(
+        "say", None, UpdatePatch(add_provides=("voice_message",)), expected_revision=None, now_unix=1
+    )
 
     scope = seed_store.load(None)
 
@@ -268,7 +273,9 @@ def test_locate_same_id_in_two_domains_is_ambiguous_without_domain(seed_store: S
     assert problems == ()
 
 
-def test_locate_yml_and_yaml_of_one_id_is_ambiguous_even_with_domain(seed_store: SeedStore, root: Path) -> None:
+def test_locate_yml_and_yaml_of_one_id_is_ambiguous_even_with_domain(
+    seed_store: SeedStore, root: Path
+) -> None:
     put_seed(root, simple_seed("say"))
     put_seed(root, simple_seed("say"), "say.yaml")
 
@@ -278,7 +285,7 @@ def test_locate_yml_and_yaml_of_one_id_is_ambiguous_even_with_domain(seed_store:
 
 def test_locate_unknown_id(seed_store: SeedStore, root: Path) -> None:
     put_seed(root, simple_seed("say"))
-    with pytest.raises(errors.SeedNotFound, match='^unknown capability seed "espeak"$'):
+    with pytest.raises(errors.SeedNotFound, match=r'^unknown capability seed "espeak"$'):
         seed_store.locate("espeak", None)
 
 
@@ -316,17 +323,25 @@ def test_update_keeps_unspecified_fields(seed_store: SeedStore, root: Path) -> N
 def test_update_writes_back_to_the_file_it_found(seed_store: SeedStore, root: Path) -> None:
     path = put_seed(root, simple_seed("say"), "legacy-name.yaml")
 
-    updated, _ = seed_store.update("say", None, UpdatePatch(kind="adapter"), expected_revision=None, now_unix=1)
+    updated, _ = seed_store.update(
+        "say", None, UpdatePatch(kind="adapter"), expected_revision=None, now_unix=1
+    )
 
     assert updated.path == str(path)
     assert parse_seed(path.read_text(), str(path)).kind == "adapter"
     assert sorted(os.listdir(root / "voice")) == ["legacy-name.yaml"]
 
 
-def test_update_with_a_stale_revision_is_refused_and_writes_nothing(seed_store: SeedStore, root: Path) -> None:
+def test_update_with_a_stale_revision_is_refused_and_writes_nothing(
+    seed_store: SeedStore, root: Path
+) -> None:
     first = seed_store.add(FULL_SPEC)
     second, _ = seed_store.update(
-        "remote-voice-cli", None, UpdatePatch(add_aliases=("tts",)), expected_revision=first.revision, now_unix=1
+        "remote-voice-cli",
+        None,
+        UpdatePatch(add_aliases=("tts",)),
+        expected_revision=first.revision,
+        now_unix=1,
     )
     before = tree(root)
 
@@ -360,7 +375,9 @@ def test_update_keeps_the_file_mode(seed_store: SeedStore, root: Path) -> None:
     stored = seed_store.add(FULL_SPEC)
     os.chmod(stored.path, 0o600)
 
-    seed_store.update("remote-voice-cli", None, UpdatePatch(kind="script"), expected_revision=None, now_unix=1)
+    seed_store.update(
+        "remote-voice-cli", None, UpdatePatch(kind="script"), expected_revision=None, now_unix=1
+    )
 
     assert stat.S_IMODE(os.stat(stored.path).st_mode) == 0o600
 
@@ -380,7 +397,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
     def refuse_rename(source: str | Path, target: str | Path) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store.os, "replace", refuse_rename)
+    monkeypatch.setattr(os, "replace", refuse_rename)
     with pytest.raises(errors.StoreUnavailable) as caught:
         seed_store.update("remote-voice-cli", None, UpdatePatch(kind="x"), expected_revision=None, now_unix=1)
 
@@ -391,7 +408,9 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
 # --- malformed files are never targeted ---------------------------------------------------------
 
 
-def test_malformed_file_blocks_edits_of_its_id_but_not_of_other_seeds(seed_store: SeedStore, root: Path) -> None:
+def test_malformed_file_blocks_edits_of_its_id_but_not_of_other_seeds(
+    seed_store: SeedStore, root: Path
+) -> None:
     put_seed(root, simple_seed("say"))
     broken = put(root, "voice/broken.yml", BROKEN)
     snapshot = broken.read_bytes()
@@ -428,7 +447,9 @@ def test_unknown_id_next_to_a_malformed_file_is_not_found(seed_store: SeedStore,
 def test_prefer_appends_preferred_for_and_sets_priority(seed_store: SeedStore) -> None:
     original = seed_store.add(FULL_SPEC)
 
-    updated, _ = seed_store.prefer("remote-voice-cli", None, "narration", 90, expected_revision=original.revision)
+    updated, _ = seed_store.prefer(
+        "remote-voice-cli", None, "narration", 90, expected_revision=original.revision
+    )
 
     assert updated.seed.rank.preferred_for == ("realistic_voice", "narration")
     assert updated.seed.rank.default_priority == 90
@@ -453,7 +474,9 @@ def test_remove_deletes_the_file_and_keeps_the_domain_directory(seed_store: Seed
 def test_write_verification_keeps_edits_made_while_checks_ran(seed_store: SeedStore) -> None:
     stored = seed_store.add(FULL_SPEC)
     # Someone edits the seed between the verifier's read and its write.
-    seed_store.update("remote-voice-cli", None, UpdatePatch(add_aliases=("tts",)), expected_revision=None, now_unix=1)
+    seed_store.update(
+        "remote-voice-cli", None, UpdatePatch(add_aliases=("tts",)), expected_revision=None, now_unix=1
+    )
     verdict = Verification(
         VerificationStatus.VERIFIED, 1_700_000_123, (Outcome("path_lookup:voice-cli", True, "found"),)
     )
@@ -495,7 +518,7 @@ def test_identifier_traversal_is_rejected_before_touching_disk(
     seed_store: SeedStore, root: Path, tmp_path: Path, bad: str
 ) -> None:
     before = sorted(str(path) for path in tmp_path.rglob("*"))
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: seed_store.load(bad),
         lambda: seed_store.locate(bad, None),
         lambda: seed_store.locate("say", bad),
@@ -507,9 +530,9 @@ def test_identifier_traversal_is_rejected_before_touching_disk(
         lambda: seed_store.remove("say", bad),
         lambda: seed_store.add(AddSpec(id=bad, domain="voice", kind="cli", provides=("speech",))),
         lambda: seed_store.add(AddSpec(id="say", domain=bad, kind="cli", provides=("speech",))),
-        lambda: seed_store.write_verification(str(root / "voice" / "say.yml"), bad, Verification(
-            VerificationStatus.FAILED, 1
-        )),
+        lambda: seed_store.write_verification(
+            str(root / "voice" / "say.yml"), bad, Verification(VerificationStatus.FAILED, 1)
+        ),
     ]
     for call in calls:
         with pytest.raises(errors.InvalidIdentifier):
