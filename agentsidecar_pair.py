@@ -27,9 +27,15 @@ def _wait_ready(name: str, process: subprocess.Popen[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentsidecar-pair", description=__doc__)
     parser.add_argument("--run-dir", default="run", help="directory for the Unix sockets (default ./run)")
-    parser.add_argument("--seedstore-tcp", default="127.0.0.1:50061", help="seedstore TCP listener ('' for none)")
-    parser.add_argument("--negotiator-tcp", default="127.0.0.1:50062", help="negotiator TCP listener ('' for none)")
-    parser.add_argument("--negotiator-config", default=None, help="negotiator YAML config (default: embedded)")
+    parser.add_argument(
+        "--seedstore-tcp", default="127.0.0.1:50061", help="seedstore TCP listener ('' for none)"
+    )
+    parser.add_argument(
+        "--negotiator-tcp", default="127.0.0.1:50062", help="negotiator TCP listener ('' for none)"
+    )
+    parser.add_argument(
+        "--negotiator-config", default=None, help="negotiator YAML config (default: embedded)"
+    )
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir).resolve()

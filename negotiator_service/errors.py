@@ -1,22 +1,22 @@
 """The negotiator's error taxonomy. No grpc here: `status.py` maps it once.
 
-    NegotiatorError
-    ├── InvalidRequest              malformed request; names each bad field
-    ├── AdapterNotFound             no adapter with that shortname
-    ├── AdapterKindMismatch         `adapter` names a harness or `agent` a framework
-    ├── UnsupportedCapability       the declaration cannot honour the call (every gap)
-    ├── AdapterAlreadyExists        register with a shortname already taken
-    ├── AdapterNotRemovable         deregister of a config-defined adapter
-    ├── ConfigError                 bad config file, or config widening a declaration
-    ├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
-    ├── OutputSchemaViolation       the adapter's output broke the schema
-    └── AdapterFailure              the adapter failed while running
-        ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
-        ├── AdapterTimeout          the caller's time ran out
-        ├── AdapterRateLimited      the provider throttled us
-        ├── AdapterRefused          the adapter itself refused at its edge
-        ├── AdapterMisconfigured    the adapter's own setup is wrong (credentials, binary)
-        └── AdapterInternal         anything else; the cause is named
+NegotiatorError
+├── InvalidRequest              malformed request; names each bad field
+├── AdapterNotFound             no adapter with that shortname
+├── AdapterKindMismatch         `adapter` names a harness or `agent` a framework
+├── UnsupportedCapability       the declaration cannot honour the call (every gap)
+├── AdapterAlreadyExists        register with a shortname already taken
+├── AdapterNotRemovable         deregister of a config-defined adapter
+├── ConfigError                 bad config file, or config widening a declaration
+├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
+├── OutputSchemaViolation       the adapter's output broke the schema
+└── AdapterFailure              the adapter failed while running
+    ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
+    ├── AdapterTimeout          the caller's time ran out
+    ├── AdapterRateLimited      the provider throttled us
+    ├── AdapterRefused          the adapter itself refused at its edge
+    ├── AdapterMisconfigured    the adapter's own setup is wrong (credentials, binary)
+    └── AdapterInternal         anything else; the cause is named
 """
 
 from __future__ import annotations
@@ -58,9 +58,7 @@ class AdapterKindMismatch(NegotiatorError):
 
     def __init__(self, shortname: str, kind: str, selected_by: str) -> None:
         expected = "agent-framework" if selected_by == "adapter" else "agent-harness"
-        super().__init__(
-            f'"{shortname}" is an {kind}; `{selected_by}` selects {expected} adapters only'
-        )
+        super().__init__(f'"{shortname}" is an {kind}; `{selected_by}` selects {expected} adapters only')
         self.shortname = shortname
         self.kind = kind
         self.selected_by = selected_by
