@@ -37,6 +37,7 @@ from negotiator_service.model import (
     JsonValue,
 )
 from negotiator_service.registry import AdapterRegistry
+from sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("negotiator_service.broker")
 
@@ -61,6 +62,7 @@ class Broker:
         """
         decision, schema = self._decide(request, operation=request.kind.value)
         if not decision.accepted:
+            record_refusals(gap.requirement.capability.value for gap in decision.gaps)
             raise UnsupportedCapability(decision)
 
         entry = self.registry.get(decision.adapter)

@@ -1,6 +1,6 @@
 """`negotiator`: run the negotiator, or talk to one.
 
-    negotiator serve [--config FILE] --listen ADDR [--listen ADDR]... [--grace SECONDS]
+    negotiator serve [--config FILE] --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
     negotiator [--server ADDR] deregister SHORTNAME
@@ -9,7 +9,9 @@
     negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [options]
 
 ADDR is `unix:PATH`, `unix:///PATH` or `HOST:PORT`; `--server` defaults to
-$NEGOTIATOR_SERVER. `serve` without `--config` uses the embedded demo config.
+$NEGOTIATOR_SERVER. `serve` without `--config` uses the embedded demo config;
+its auth, limit and observability flags are shared with the seedstore
+(`negotiator serve --help`; sidecar_runtime.serve_args).
 PROMPT `-` reads the prompt from stdin; `--schema` takes JSON text (starting
 with `{`, or `true`/`false`), a file path, or `-` for stdin.
 
@@ -78,6 +80,7 @@ from google.protobuf import json_format, struct_pb2
 from clients.errors import SidecarError
 from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, refusal_gaps
 from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -130,8 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the negotiator until SIGTERM/SIGINT")
     serve.add_argument("--config", type=Path, help="YAML config (default: the embedded demo config)")
-    serve.add_argument("--listen", action="append", required=True, metavar="ADDR", help="repeatable")
-    serve.add_argument("--grace", type=float, default=10.0, metavar="SECONDS", help="drain time on shutdown")
+    add_serve_arguments(serve, listen_help=" (required)")
 
     adapters = commands.add_parser("adapters", help="list adapters, get one, or watch changes")
     adapters.add_argument("shortname", nargs="?", metavar="SHORTNAME")
@@ -432,20 +434,26 @@ def run_serve(args: argparse.Namespace) -> int:
     from negotiator_service.errors import ConfigError
     from negotiator_service.server import Settings, serve
 
-    for address in args.listen:
-        try:
-            parse_address(address)
-        except ValueError as exc:
-            raise UsageError(f"--listen: {exc}") from exc
+    if not args.listen:
+        raise UsageError("the following arguments are required: --listen")
+    try:
+        options = server_options_from_args(args)
+    except ServeArgumentError as exc:
+        raise UsageError(str(exc)) from exc
     # Decision records are JSON lines (the audit trail); keep them unprefixed.
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
-    settings = Settings(listen=tuple(args.listen), config_path=args.config, grace_seconds=args.grace)
+    settings = Settings(
+        listen=options.listen,
+        config_path=args.config,
+        grace_seconds=options.grace_seconds,
+        server_options=options,
+    )
     try:
         asyncio.run(serve(settings))
     except ConfigError as exc:
         print(f"error: config: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK

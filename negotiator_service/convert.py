@@ -23,7 +23,7 @@ from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
 from google.protobuf import struct_pb2
 
-from negotiator_service.errors import InvalidRequest
+from negotiator_service.errors import InvalidRequest, NotImplementedYet
 from negotiator_service.model import (
     AdapterKind,
     AdapterReply,
@@ -127,6 +127,10 @@ def _target(
 
 
 def call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
+    if message.conversation_id or message.no_wait or message.new_conversation:
+        # Refused until conversations are built: a conversation id that were
+        # silently ignored would promise transactions nobody keeps.
+        raise NotImplementedYet("options.conversation_id (conversations)")
     problems: list[tuple[str, str]] = []
     allow_unknown: set[Capability] = set()
     for index, value in enumerate(message.allow_unknown):

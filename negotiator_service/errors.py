@@ -106,6 +106,16 @@ class AdapterRegistrationFailed(NegotiatorError):
         self.shortname = shortname
 
 
+class NotImplementedYet(NegotiatorError):
+    """A field or RPC of the contract this version does not implement: refused, never ignored."""
+
+    reason = "NOT_IMPLEMENTED"
+
+    def __init__(self, feature: str) -> None:
+        super().__init__(f"{feature} is not implemented by this negotiator version")
+        self.feature = feature
+
+
 class OutputSchemaViolation(NegotiatorError):
     reason = "OUTPUT_SCHEMA_VIOLATION"
 

@@ -82,9 +82,7 @@ class Declaration:
 
     shortname: str
     kind: AdapterKind
-    capabilities: Mapping[Capability, CapabilityState] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
+    capabilities: Mapping[Capability, CapabilityState] = field(default_factory=lambda: MappingProxyType({}))
     mcp_transports: frozenset[str] = frozenset()
     accepted_settings: frozenset[str] = frozenset()
     string_formats: frozenset[str] = frozenset()
@@ -228,6 +226,50 @@ class StreamEvent:
     text: str = ""
 
 
+class ToolRisk(enum.Enum):
+    READ_ONLY = "read_only"  # called without asking
+    MUTATING = "mutating"  # needs the caller's approval per call
+    SENSITIVE = "sensitive"  # needs the caller's approval per call
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool that lives in the caller, scoped to one call."""
+
+    name: str
+    arguments_schema: Mapping[str, JsonValue]
+    description: str = ""
+    return_schema: Mapping[str, JsonValue] | None = None
+    metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    risk: ToolRisk = ToolRisk.MUTATING
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What a tool call gave back to the model: a result, or why there is none."""
+
+    result: JsonValue = None
+    error: str | None = None  # the tool failed, or the caller denied the call
+    denied: bool = False
+
+
+class ToolBox(Protocol):
+    """The tools of one call. Adapters call tools only through this.
+
+    The implementation (the ToolSession handler) asks the caller for
+    approval when the risk requires it, validates arguments and results
+    against the tool's schemas, and carries the call over the caller's
+    stream. There is no shared registry: each call has its own ToolBox.
+    """
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """The tools visible to the model (after the call's tool filter)."""
+        ...
+
+    async def call(self, name: str, arguments: JsonValue) -> ToolOutcome: ...
+
+
 @dataclass(frozen=True, slots=True)
 class AdapterCall:
     """What an adapter receives, only after the decision accepted the call."""
@@ -237,6 +279,10 @@ class AdapterCall:
     output_schema: Mapping[str, JsonValue] | None = None  # parsed; Produce only
     time_budget: float | None = None  # seconds the caller has left; None = no deadline
     delegation_depth: int = 0
+    tools: ToolBox | None = None  # set only when the call brought tools
+    # The conversation's committed adapter state (adapter-specific JSON);
+    # None outside a conversation or on its first call.
+    conversation_state: JsonValue = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +291,8 @@ class AdapterReply:
 
     text: str
     events: tuple[StreamEvent, ...] = ()
+    # The adapter state to commit if, and only if, the whole call succeeds.
+    conversation_state: JsonValue = None
 
 
 class Adapter(Protocol):

@@ -17,7 +17,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -30,9 +30,13 @@ from negotiator_service.errors import ConfigError
 from negotiator_service.model import Adapter, AdapterSpec
 from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 from negotiator_service.servicer import DEFAULT_DEADLINE_MARGIN_SECONDS, SERVICE_NAME, NegotiatorServicer
-from sidecar_runtime.server import RunningServer, ServerOptions, start_server
+from sidecar_runtime.server import RunningServer, ServerOptions, announce_metrics, start_server
 
 DEFAULT_GRACE_SECONDS = 10.0
+# What a bearer token guards when one is configured (`--token-file`/`--token-env`).
+MUTATING_METHODS = frozenset(
+    f"/{SERVICE_NAME}/{method}" for method in ("RegisterAdapter", "DeregisterAdapter")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,9 @@ class Settings:
     config_path: Path | None = None  # None: the embedded default config
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     deadline_margin: float = DEFAULT_DEADLINE_MARGIN_SECONDS
+    # Auth, limits and observability (sidecar_runtime.serve_args); `listen`
+    # and `grace_seconds` above take precedence over the same fields here.
+    server_options: ServerOptions | None = None
 
 
 @dataclass(slots=True)
@@ -108,11 +115,12 @@ async def create_server(
         negotiator_pb2_grpc.add_NegotiatorServiceServicer_to_server(servicer, server)
 
     try:
-        running = await start_server(
-            register,
-            (SERVICE_NAME,),
-            ServerOptions(listen=settings.listen, grace_seconds=settings.grace_seconds),
+        options = replace(
+            settings.server_options or ServerOptions(listen=()),
+            listen=settings.listen,
+            grace_seconds=settings.grace_seconds,
         )
+        running = await start_server(register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS)
     except BaseException:
         await registry.close()
         raise
@@ -137,6 +145,7 @@ async def serve(settings: Settings) -> None:
         file=sys.stderr,
         flush=True,
     )
+    announce_metrics(negotiator.running, "negotiator")
     try:
         await stop.wait()
         print(f"negotiator: stopping (grace {negotiator.grace_seconds:g}s)", file=sys.stderr, flush=True)

@@ -26,7 +26,13 @@ from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from negotiator_service import convert
 from negotiator_service.broker import Broker
 from negotiator_service.declarations import validate_shortname
-from negotiator_service.errors import AdapterAlreadyExists, ConfigError, InvalidRequest, NegotiatorError
+from negotiator_service.errors import (
+    AdapterAlreadyExists,
+    ConfigError,
+    InvalidRequest,
+    NegotiatorError,
+    NotImplementedYet,
+)
 from negotiator_service.model import Adapter
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
@@ -208,6 +214,26 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             return convert.invoke_response(reply, decision)
 
         return await self._guard(context, "Invoke", work())
+
+    # -- not built yet: refused loudly, never accepted and ignored ---------
+
+    async def ToolSession(
+        self, request_iterator: AsyncIterator[negotiator_pb2.ToolSessionRequest], context: Context
+    ) -> AsyncIterator[negotiator_pb2.ToolSessionResponse]:
+        await abort_with(context, to_rich_error(NotImplementedYet("ToolSession")))
+        yield negotiator_pb2.ToolSessionResponse()  # pragma: no cover - abort never returns
+
+    async def WatchAudit(
+        self, request: negotiator_pb2.WatchAuditRequest, context: Context
+    ) -> AsyncIterator[negotiator_pb2.WatchAuditResponse]:
+        await abort_with(context, to_rich_error(NotImplementedYet("WatchAudit")))
+        yield negotiator_pb2.WatchAuditResponse()  # pragma: no cover - abort never returns
+
+    async def Bootstrap(
+        self, request: negotiator_pb2.BootstrapRequest, context: Context
+    ) -> negotiator_pb2.BootstrapResponse:
+        await abort_with(context, to_rich_error(NotImplementedYet("Bootstrap")))
+        raise AssertionError("abort_with never returns")
 
     # -- plumbing --------------------------------------------------------
 

@@ -177,6 +177,10 @@ def _rate_limited(error: errors.AdapterRateLimited) -> RichError:
     return _rich(error, grpc.StatusCode.RESOURCE_EXHAUSTED, metadata, retry_after_seconds=error.retry_after)
 
 
+def _not_implemented(error: errors.NotImplementedYet) -> RichError:
+    return _rich(error, grpc.StatusCode.UNIMPLEMENTED, {"feature": error.feature})
+
+
 def _generic(error: errors.NegotiatorError) -> RichError:
     return _rich(error, grpc.StatusCode.INTERNAL)
 
@@ -195,6 +199,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.ConfigError: _config,
         errors.AdapterRegistrationFailed: _registration_failed,
         errors.OutputSchemaViolation: _output_violation,
+        errors.NotImplementedYet: _not_implemented,
         errors.AdapterFailure: _adapter_failure(grpc.StatusCode.INTERNAL),
         errors.AdapterUnavailable: _adapter_failure(grpc.StatusCode.UNAVAILABLE),
         errors.AdapterTimeout: _adapter_failure(grpc.StatusCode.DEADLINE_EXCEEDED),

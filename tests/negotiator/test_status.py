@@ -37,6 +37,7 @@ def sample(cls: type[errors.NegotiatorError]) -> errors.NegotiatorError:
         errors.AdapterRegistrationFailed: errors.AdapterRegistrationFailed("unix:/x", "no declaration", "a"),
         errors.OutputSchemaViolation: errors.OutputSchemaViolation("a", [("/name", "42 is not a string")]),
         errors.AdapterRateLimited: errors.AdapterRateLimited("a", "slow down", retry_after=1.5),
+        errors.NotImplementedYet: errors.NotImplementedYet("WatchAudit"),
     }
     if cls in samples:
         return samples[cls]
@@ -58,6 +59,7 @@ EXPECTED_CODES = {
     errors.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.AdapterRegistrationFailed: grpc.StatusCode.FAILED_PRECONDITION,
     errors.OutputSchemaViolation: grpc.StatusCode.INTERNAL,
+    errors.NotImplementedYet: grpc.StatusCode.UNIMPLEMENTED,
     errors.AdapterFailure: grpc.StatusCode.INTERNAL,
     errors.AdapterUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.AdapterTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
