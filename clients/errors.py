@@ -1,16 +1,104 @@
-"""What a sidecar call raises when it fails: the decoded google.rpc.Status."""
+"""What a sidecar call raises when it fails: one exception tree, mapped once.
+
+Every error either sidecar sends is a `google.rpc.Status` with one ErrorInfo,
+so a failed call is mapped from its (status code, ErrorInfo.reason) pair to
+the most specific class below, and from its code alone when the reason is
+absent or unknown (transport errors such as "no server at this address"
+carry no ErrorInfo). Classes register themselves with their code and
+reasons when they are defined, so the mapping cannot drift from the tree:
+
+    SidecarError                          any failed call: .code .reason .metadata .original ...
+    ├── InvalidArgumentError              INVALID_ARGUMENT; .field_violations name request fields
+    ├── NotFoundError                     NOT_FOUND
+    │   ├── SeedNotFoundError             SEED_NOT_FOUND; .seed_id
+    │   └── AdapterNotFoundError          ADAPTER_NOT_FOUND; .adapter
+    ├── AlreadyExistsError                ALREADY_EXISTS (ADAPTER_ALREADY_EXISTS); .adapter
+    ├── FailedPreconditionError           FAILED_PRECONDITION: do not retry until something changes
+    │   ├── UnsupportedCapabilityError    UNSUPPORTED_CAPABILITY; .gaps .adapter .declaration_version
+    │   ├── AdapterKindMismatchError      ADAPTER_KIND_MISMATCH; .adapter .kind .selected_by
+    │   ├── AdapterNotRemovableError      ADAPTER_NOT_REMOVABLE; .adapter
+    │   ├── AdapterRegistrationFailedError  ADAPTER_REGISTRATION_FAILED; .target .cause
+    │   ├── AdapterRefusedError  *        ADAPTER_REFUSED
+    │   ├── AdapterMisconfiguredError  *  ADAPTER_MISCONFIGURED
+    │   ├── DeclarationChangedError       DECLARATION_CHANGED; .conversation_id .pinned_version ...
+    │   ├── ConversationAdapterMismatchError  CONVERSATION_ADAPTER_MISMATCH; .conversation_id .adapter
+    │   ├── DelegationDepthExceededError  DELEGATION_DEPTH_EXCEEDED; .attempted_depth .max_depth .limit
+    │   ├── SeedMalformedError            SEED_MALFORMED; .path .line .detail
+    │   └── AmbiguousSeedError            SEED_AMBIGUOUS; .seed_id .paths
+    ├── AbortedError                      ABORTED: retry the read-modify-write
+    │   ├── RevisionConflictError         REVISION_MISMATCH; .seed_id .expected .actual
+    │   └── ConversationBusyError         CONVERSATION_BUSY (no_wait): .conversation_id
+    ├── UnavailableError                  UNAVAILABLE: retry with backoff (SHUTTING_DOWN, transport)
+    │   ├── StoreUnavailableError         STORE_UNAVAILABLE
+    │   └── AdapterUnavailableError  *    ADAPTER_UNAVAILABLE
+    ├── DeadlineExceededError             DEADLINE_EXCEEDED (DEFAULT_TIMEOUT_EXCEEDED)
+    │   └── AdapterTimeoutError  *        ADAPTER_TIMEOUT
+    ├── ResourceExhaustedError            RESOURCE_EXHAUSTED (TOO_MANY_CALLS); .retry_after (seconds or None)
+    │   ├── AdapterRateLimitedError  *    ADAPTER_RATE_LIMITED
+    │   └── AuditWatcherDroppedError      AUDIT_WATCHER_DROPPED: watch again
+    ├── UnauthenticatedError              UNAUTHENTICATED (TOKEN_MISSING): send a bearer token
+    ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID)
+    ├── UnimplementedError                UNIMPLEMENTED (NOT_IMPLEMENTED): feature-detect on it
+    ├── DataLossError                     DATA_LOSS (CONVERSATION_STATE_CORRUPT): start afresh
+    └── InternalError                     INTERNAL (INTERNAL, CONVERSATION_STORE_FAILED, ...): report it
+        ├── OutputSchemaViolationError    OUTPUT_SCHEMA_VIOLATION; .violations .adapter
+        └── AdapterInternalError  *       ADAPTER_INTERNAL, ADAPTER_FAILED
+
+    * also an AdapterFailureError (.adapter .cause): the adapter failed while running.
+
+OutputSchemaViolationError sits under InternalError, not FailedPreconditionError,
+because the negotiator sends it as INTERNAL: the adapter broke its contract,
+not the caller. Codes with no class of their own (CANCELLED, UNKNOWN, ...)
+raise a plain SidecarError.
+
+Every error keeps `.original` (the grpc.RpcError, sync or aio) and `.decoded`
+(the unpacked status). `from_rpc_error(err)` is the one entry point.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
 
 import grpc
 
+from negotiator_service.model import SET_CAPABILITY
 from sidecar_runtime.richstatus import DecodedError, PreconditionViolation, decode_error
+
+UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
+# PreconditionFailure violation type of a refusal's gap -> the declaration's state.
+GAP_STATES: Mapping[str, str] = {"UNSUPPORTED_CAPABILITY": "unsupported", "UNKNOWN_CAPABILITY": "unknown"}
+
+_CLASS_OF_CODE: dict[grpc.StatusCode, type[SidecarError]] = {}
+_CLASS_OF_REASON: dict[tuple[grpc.StatusCode, str], type[SidecarError]] = {}
 
 
 class SidecarError(Exception):
-    """A failed call, details unpacked; `str()` is the server's message."""
+    """A failed call, details unpacked; `str()` is the server's message.
+
+    Subclasses set `grpc_code` (the status code they stand for) and
+    `reasons` (the ErrorInfo reasons they stand for, under that code); both
+    are registered when the class is defined.
+    """
+
+    grpc_code: ClassVar[grpc.StatusCode | None] = None
+    reasons: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        own = cls.__dict__
+        code = cls.grpc_code
+        if own.get("grpc_code") is not None and code is not None:
+            if code in _CLASS_OF_CODE:
+                raise TypeError(f"{cls.__name__}: {_CLASS_OF_CODE[code].__name__} already stands for {code}")
+            _CLASS_OF_CODE[code] = cls
+        for reason in own.get("reasons", ()):
+            if code is None:
+                raise TypeError(f"{cls.__name__} lists reasons but has no grpc_code")
+            if (code, reason) in _CLASS_OF_REASON:
+                raise TypeError(f"{cls.__name__}: {reason} under {code} is already mapped")
+            _CLASS_OF_REASON[(code, reason)] = cls
 
     def __init__(self, decoded: DecodedError, original: grpc.RpcError | None = None) -> None:
         super().__init__(decoded.message)
@@ -19,7 +107,8 @@ class SidecarError(Exception):
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> SidecarError:
-        return cls(decode_error(error), error)
+        """The most specific error for `error`, whichever class this is called on."""
+        return from_rpc_error(error)
 
     @property
     def code(self) -> grpc.StatusCode:
@@ -31,6 +120,7 @@ class SidecarError(Exception):
 
     @property
     def reason(self) -> str:
+        """ErrorInfo.reason; empty for transport errors, which carry no ErrorInfo."""
         return self.decoded.reason
 
     @property
@@ -43,6 +133,7 @@ class SidecarError(Exception):
 
     @property
     def field_violations(self) -> tuple[tuple[str, str], ...]:
+        """BadRequest (request field, description) pairs."""
         return self.decoded.field_violations
 
     @property
@@ -50,4 +141,514 @@ class SidecarError(Exception):
         return self.decoded.precondition_violations
 
     def __repr__(self) -> str:
-        return f"SidecarError(code={self.code.name}, reason={self.reason!r}, message={self.message!r})"
+        return (
+            f"{type(self).__name__}(code={self.code.name}, reason={self.reason!r}, message={self.message!r})"
+        )
+
+
+def class_for(code: grpc.StatusCode, reason: str) -> type[SidecarError]:
+    """The class a status with this code and ErrorInfo reason is raised as."""
+    return _CLASS_OF_REASON.get((code, reason)) or _CLASS_OF_CODE.get(code, SidecarError)
+
+
+def from_decoded(decoded: DecodedError, original: grpc.RpcError | None = None) -> SidecarError:
+    return class_for(decoded.code, decoded.reason)(decoded, original)
+
+
+def from_rpc_error(error: grpc.RpcError) -> SidecarError:
+    """Map a failed call (sync `grpc.RpcError` or `grpc.aio.AioRpcError`) into the tree."""
+    return from_decoded(decode_error(error), error)
+
+
+_Response = TypeVar("_Response")
+
+
+def mapped_stream(call: grpc.CallIterator[_Response]) -> Generator[_Response, None, None]:
+    """The responses of a synchronous server stream, errors mapped (also mid-stream).
+
+    Closing the generator, or dropping it after leaving a loop early, cancels the call.
+    """
+    try:
+        yield from call
+    except grpc.RpcError as error:
+        raise from_rpc_error(error) from None
+    finally:
+        call.cancel()  # type: ignore[no-untyped-call]  # a no-op once the stream has ended
+
+
+def _whole_number(text: str) -> int:
+    """A metadata value that should be a count; 0 when it is absent or not one."""
+    return int(text) if text.isascii() and text.isdigit() else 0
+
+
+# --- by status code ---------------------------------------------------------------
+
+
+class InvalidArgumentError(SidecarError):
+    """The request is malformed; `field_violations` name every bad field. Fix it, do not retry."""
+
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    reasons: ClassVar[tuple[str, ...]] = (
+        "INVALID_ARGUMENT",
+        "INVALID_IDENTIFIER",
+        "INVALID_REQUEST",
+        "CONFIG_INVALID",
+    )
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The request fields named, in order, without repeats."""
+        return tuple(dict.fromkeys(field for field, _ in self.field_violations))
+
+
+class NotFoundError(SidecarError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExistsError(SidecarError):
+    grpc_code = grpc.StatusCode.ALREADY_EXISTS
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_ALREADY_EXISTS",)
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+
+class FailedPreconditionError(SidecarError):
+    """The system is not in a state the call needs; retrying unchanged will fail again."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class AbortedError(SidecarError):
+    """A concurrency conflict: retry the whole read-modify-write, not just this call."""
+
+    grpc_code = grpc.StatusCode.ABORTED
+
+
+class UnavailableError(SidecarError):
+    """Retry with backoff (the channel's retry policy already did, for idempotent calls)."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    reasons: ClassVar[tuple[str, ...]] = ("SHUTTING_DOWN",)
+
+
+class DeadlineExceededError(SidecarError):
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reasons: ClassVar[tuple[str, ...]] = ("DEFAULT_TIMEOUT_EXCEEDED",)
+
+
+class ResourceExhaustedError(SidecarError):
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reasons: ClassVar[tuple[str, ...]] = ("TOO_MANY_CALLS",)
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds to wait before retrying (RetryInfo), when the server gave a hint."""
+        if self.decoded.retry_after_seconds is not None:
+            return self.decoded.retry_after_seconds
+        hint = self.metadata.get("retryAfterSeconds")
+        try:
+            return float(hint) if hint else None
+        except ValueError:
+            return None
+
+
+class UnauthenticatedError(SidecarError):
+    """The call needs a bearer token (`token=` / `token_file=` on the client)."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    reasons: ClassVar[tuple[str, ...]] = ("TOKEN_MISSING",)
+
+
+class PermissionDeniedError(SidecarError):
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    reasons: ClassVar[tuple[str, ...]] = ("TOKEN_INVALID",)
+
+
+class UnimplementedError(SidecarError):
+    """This server version lacks the RPC or field; `metadata["feature"]` names it when known."""
+
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    reasons: ClassVar[tuple[str, ...]] = ("NOT_IMPLEMENTED",)
+
+
+class InternalError(SidecarError):
+    """A bug in the server (or, for the subclasses, in an adapter): report it."""
+
+    grpc_code = grpc.StatusCode.INTERNAL
+    reasons: ClassVar[tuple[str, ...]] = (
+        "INTERNAL",
+        "NEGOTIATOR_ERROR",
+        "SEEDSTORE_ERROR",
+        "CONVERSATION_STORE_FAILED",
+    )
+
+
+class DataLossError(SidecarError):
+    """Stored state is unreadable (a conversation's: set `new_conversation` to start afresh)."""
+
+    grpc_code = grpc.StatusCode.DATA_LOSS
+    reasons: ClassVar[tuple[str, ...]] = ("CONVERSATION_STATE_CORRUPT",)
+
+
+# --- seedstore ------------------------------------------------------------------------
+
+
+class SeedNotFoundError(NotFoundError):
+    reasons: ClassVar[tuple[str, ...]] = ("SEED_NOT_FOUND",)
+
+    @property
+    def seed_id(self) -> str:
+        return self.metadata.get("seedId", "")
+
+
+class SeedMalformedError(FailedPreconditionError):
+    """The seed's file cannot be parsed; fix or delete it (the service never overwrites it)."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("SEED_MALFORMED",)
+
+    @property
+    def path(self) -> str:
+        return self.metadata.get("path", "")
+
+    @property
+    def line(self) -> int:
+        """1-based line of the problem; 0 when unknown."""
+        return _whole_number(self.metadata.get("line", ""))
+
+    @property
+    def detail(self) -> str:
+        return self.metadata.get("detail", "")
+
+
+class AmbiguousSeedError(FailedPreconditionError):
+    """Several files hold the id; pass a domain."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("SEED_AMBIGUOUS",)
+
+    @property
+    def seed_id(self) -> str:
+        return self.metadata.get("seedId", "")
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(v.subject for v in self.precondition_violations)
+
+
+class RevisionConflictError(AbortedError):
+    """`expected_revision` no longer matches: re-read the seed, re-apply the change, retry."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("REVISION_MISMATCH",)
+
+    @property
+    def seed_id(self) -> str:
+        return self.metadata.get("seedId", "")
+
+    @property
+    def expected(self) -> str:
+        return self.metadata.get("expected", "")
+
+    @property
+    def actual(self) -> str:
+        return self.metadata.get("actual", "")
+
+
+class StoreUnavailableError(UnavailableError):
+    reasons: ClassVar[tuple[str, ...]] = ("STORE_UNAVAILABLE",)
+
+
+# --- negotiator -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """One unmet requirement of a refused call."""
+
+    capability: str  # e.g. "settings"
+    set: str | None  # e.g. "accepted_settings", for typed-set members
+    member: str | None  # e.g. "seed", for typed-set members
+    request_field: str  # e.g. "options.settings.seed"
+    state: str  # "unsupported" | "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaViolation:
+    """One way an adapter's output broke the caller's JSON Schema."""
+
+    pointer: str  # JSON pointer into the output; "/" for the root
+    message: str
+
+
+_SET_CAPABILITY_NAMES: Mapping[str, str] = {s.value: c.value for s, c in SET_CAPABILITY.items()}
+
+
+def decode_gaps(violations: tuple[PreconditionViolation, ...]) -> tuple[Gap, ...]:
+    """A refusal's PreconditionFailure violations as gaps, in request order."""
+    gaps = []
+    for violation in violations:
+        state = GAP_STATES.get(violation.type)
+        if state is None:
+            continue
+        set_name, sep, member = violation.subject.partition(":")
+        if sep:
+            capability = _SET_CAPABILITY_NAMES.get(set_name, set_name)
+            typed_set: str | None = set_name
+            member_name: str | None = member
+        else:
+            capability, typed_set, member_name = violation.subject, None, None
+        request_field = violation.description.partition(" needs ")[0]
+        gaps.append(Gap(capability, typed_set, member_name, request_field, state))
+    return tuple(gaps)
+
+
+class AdapterFailureError(SidecarError):
+    """Mixed into the errors of an adapter that failed while running."""
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+    @property
+    def cause(self) -> str:
+        return self.metadata.get("cause", "")
+
+
+class AdapterNotFoundError(NotFoundError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_NOT_FOUND",)
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+
+class UnsupportedCapabilityError(FailedPreconditionError):
+    """Refused before dispatch: the adapter's declaration does not meet the call.
+
+    `gaps` lists every unmet requirement. Drop those fields, pick an adapter
+    that declares them (negotiate first), or, for "unknown" gaps only, allow
+    the capability per call (`allow_unknown`).
+    """
+
+    reasons: ClassVar[tuple[str, ...]] = (UNSUPPORTED_CAPABILITY,)
+
+    def __init__(self, decoded: DecodedError, original: grpc.RpcError | None = None) -> None:
+        super().__init__(decoded, original)
+        self.gaps: tuple[Gap, ...] = decode_gaps(decoded.precondition_violations)
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+    @property
+    def declaration_version(self) -> str:
+        return self.metadata.get("declarationVersion", "")
+
+    @property
+    def allowed_unknown(self) -> tuple[str, ...]:
+        """Subjects the caller allowed while UNKNOWN (they were not gaps)."""
+        listed = self.metadata.get("allowedUnknown", "")
+        return tuple(listed.split(",")) if listed else ()
+
+
+class AdapterKindMismatchError(FailedPreconditionError):
+    """`adapter` named a harness or `agent` named a framework: use the other selector."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_KIND_MISMATCH",)
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+    @property
+    def kind(self) -> str:
+        return self.metadata.get("kind", "")
+
+    @property
+    def selected_by(self) -> str:
+        return self.metadata.get("selectedBy", "")
+
+
+class AdapterNotRemovableError(FailedPreconditionError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_NOT_REMOVABLE",)
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+
+class AdapterRegistrationFailedError(FailedPreconditionError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_REGISTRATION_FAILED",)
+
+    @property
+    def target(self) -> str:
+        return self.metadata.get("target", "")
+
+    @property
+    def cause(self) -> str:
+        return self.metadata.get("cause", "")
+
+
+class AdapterRefusedError(FailedPreconditionError, AdapterFailureError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_REFUSED",)
+
+
+class AdapterMisconfiguredError(FailedPreconditionError, AdapterFailureError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_MISCONFIGURED",)
+
+
+class AdapterUnavailableError(UnavailableError, AdapterFailureError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_UNAVAILABLE",)
+
+
+class AdapterTimeoutError(DeadlineExceededError, AdapterFailureError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_TIMEOUT",)
+
+
+class AdapterRateLimitedError(ResourceExhaustedError, AdapterFailureError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_RATE_LIMITED",)
+
+
+class AdapterInternalError(InternalError, AdapterFailureError):
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_INTERNAL", "ADAPTER_FAILED")
+
+
+class DelegationDepthExceededError(FailedPreconditionError):
+    """The call arrived deeper in a delegation chain than its limit allows (0 is top level)."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("DELEGATION_DEPTH_EXCEEDED",)
+
+    @property
+    def attempted_depth(self) -> int:
+        return _whole_number(self.metadata.get("attemptedDepth", ""))
+
+    @property
+    def max_depth(self) -> int:
+        return _whole_number(self.metadata.get("maxDepth", ""))
+
+    @property
+    def limit(self) -> str:
+        """Where the limit comes from: "options.max_depth.depth" or "limits.max_depth"."""
+        return self.metadata.get("limit", "")
+
+
+class ConversationBusyError(AbortedError):
+    """Another call of the conversation is running and this one asked not to wait (`no_wait`)."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("CONVERSATION_BUSY",)
+
+    @property
+    def conversation_id(self) -> str:
+        return self.metadata.get("conversationId", "")
+
+
+class DeclarationChangedError(FailedPreconditionError):
+    """The adapter's declaration changed since the conversation pinned it: start the conversation afresh."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("DECLARATION_CHANGED",)
+
+    @property
+    def conversation_id(self) -> str:
+        return self.metadata.get("conversationId", "")
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+    @property
+    def pinned_version(self) -> str:
+        return self.metadata.get("pinnedVersion", "")
+
+    @property
+    def declaration_version(self) -> str:
+        """The declaration the adapter has now."""
+        return self.metadata.get("declarationVersion", "")
+
+
+class ConversationAdapterMismatchError(FailedPreconditionError):
+    """The conversation belongs to another adapter (`.adapter`) than the one this call named."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("CONVERSATION_ADAPTER_MISMATCH",)
+
+    @property
+    def conversation_id(self) -> str:
+        return self.metadata.get("conversationId", "")
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+    @property
+    def requested_adapter(self) -> str:
+        return self.metadata.get("requestedAdapter", "")
+
+
+class AuditWatcherDroppedError(ResourceExhaustedError):
+    """A WatchAudit stream fell too far behind and was cut: watch again."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("AUDIT_WATCHER_DROPPED",)
+
+
+class OutputSchemaViolationError(InternalError):
+    """The adapter's output is not JSON or breaks the schema: report it, or pick another adapter."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("OUTPUT_SCHEMA_VIOLATION",)
+
+    @property
+    def adapter(self) -> str:
+        return self.metadata.get("adapter", "")
+
+    @property
+    def violations(self) -> tuple[SchemaViolation, ...]:
+        return tuple(SchemaViolation(v.subject, v.description) for v in self.precondition_violations)
+
+
+__all__ = [
+    "GAP_STATES",
+    "UNSUPPORTED_CAPABILITY",
+    "AbortedError",
+    "AdapterFailureError",
+    "AdapterInternalError",
+    "AdapterKindMismatchError",
+    "AdapterMisconfiguredError",
+    "AdapterNotFoundError",
+    "AdapterNotRemovableError",
+    "AdapterRateLimitedError",
+    "AdapterRefusedError",
+    "AdapterRegistrationFailedError",
+    "AdapterTimeoutError",
+    "AdapterUnavailableError",
+    "AlreadyExistsError",
+    "AmbiguousSeedError",
+    "AuditWatcherDroppedError",
+    "ConversationAdapterMismatchError",
+    "ConversationBusyError",
+    "DataLossError",
+    "DeadlineExceededError",
+    "DeclarationChangedError",
+    "DelegationDepthExceededError",
+    "FailedPreconditionError",
+    "Gap",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OutputSchemaViolationError",
+    "PermissionDeniedError",
+    "PreconditionViolation",
+    "ResourceExhaustedError",
+    "RevisionConflictError",
+    "SchemaViolation",
+    "SeedMalformedError",
+    "SeedNotFoundError",
+    "SidecarError",
+    "StoreUnavailableError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "UnsupportedCapabilityError",
+    "class_for",
+    "decode_gaps",
+    "from_decoded",
+    "from_rpc_error",
+    "mapped_stream",
+]

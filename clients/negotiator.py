@@ -1,147 +1,561 @@
-"""A small typed, synchronous client for the negotiator service.
+"""A typed, synchronous client for the negotiator service (the asyncio twin is in `clients.aio`).
 
-Each method sends one request and returns the response proto (the watch
-yields responses). A failed call raises `SidecarError` with the decoded status,
-never a raw `grpc.RpcError`. For a refusal (FAILED_PRECONDITION, reason
-UNSUPPORTED_CAPABILITY) `refusal_gaps` turns the PreconditionFailure back
-into one `Gap` per unmet requirement.
+    with NegotiatorClient("unix:run/negotiator.sock") as negotiator:
+        decision = negotiator.negotiate(adapter="demo", prompt="hi", output_schema=schema)
+        reply = negotiator.produce(adapter="demo", prompt="hi", output_schema=schema,
+                                   options=call_options(settings={"temperature": 0.2}))
+
+One method per RPC. Each takes the request as keyword arguments (Python
+values: a schema may be a dict) or, positionally, as a request proto. Replies
+with a single field are unwrapped: `get_adapter` returns the `Adapter`,
+`negotiate` the `Decision`, `list_adapters` a list; Produce, Invoke and
+Bootstrap return their response protos. A failed call raises the
+`clients.errors` tree, never a raw `grpc.RpcError`; a refusal is an
+`UnsupportedCapabilityError` whose `.gaps` lists every unmet requirement.
+
+Streams: `watch()` yields adapter changes and `watch_audit()` audit records;
+leaving the loop (or closing the generator) cancels the call.
+`tool_session(call, tools=..., run_tool=..., approve=...)` drives the
+bidirectional ToolSession to its result, answering each tool call and
+approval request with the caller's functions.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from types import TracebackType
-from typing import TypeVar
+import json
+import os
+import queue
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import grpc
+from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from google.protobuf import json_format, struct_pb2
 
-from clients.errors import SidecarError
-from negotiator_service.model import SET_CAPABILITY, TypedSet
-from sidecar_runtime.addresses import parse_address
+from clients.channel import CLIENT_TIMEOUT, DEFAULT_TIMEOUT_SECONDS, SyncClient, Timeout, TlsConfig
+from clients.errors import (
+    GAP_STATES,
+    UNSUPPORTED_CAPABILITY,
+    Gap,
+    SidecarError,
+    UnsupportedCapabilityError,
+    decode_gaps,
+    from_decoded,
+    from_rpc_error,
+    mapped_stream,
+)
+from sidecar_runtime.richstatus import DecodedError
 
-DEFAULT_TIMEOUT_SECONDS = 30.0
 DELEGATION_DEPTH_KEY = "x-delegation-depth"
-UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
-# PreconditionFailure violation type -> the declaration's state for that gap.
-GAP_STATES = {"UNSUPPORTED_CAPABILITY": "unsupported", "UNKNOWN_CAPABILITY": "unknown"}
+PROVIDER_MANAGED = "provider-managed"
 
 _Response = TypeVar("_Response")
 
-
-class _Default(enum.Enum):
-    TIMEOUT = "the client's timeout"
-
-
-_DEFAULT = _Default.TIMEOUT
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """One unmet requirement of a refused call."""
-
-    capability: str  # e.g. "settings"
-    set: str | None  # e.g. "accepted_settings", for set members
-    member: str | None  # e.g. "seed", for set members
-    request_field: str  # e.g. "options.settings.seed"
-    state: str  # "unsupported" | "unknown"
+JsonSchema = str | bool | Mapping[str, Any]
+"""A JSON Schema: JSON text, or the parsed document (a dict, or true/false)."""
 
 
 def refusal_gaps(error: SidecarError) -> list[Gap]:
     """The gaps of an UNSUPPORTED_CAPABILITY refusal, in request order; [] for any other error."""
+    if isinstance(error, UnsupportedCapabilityError):
+        return list(error.gaps)
     if error.reason != UNSUPPORTED_CAPABILITY:
         return []
-    gaps = []
-    for violation in error.precondition_violations:
-        if violation.type not in GAP_STATES:
-            continue
-        typed_set, member, capability = None, None, violation.subject
-        set_name, sep, member_name = violation.subject.partition(":")
-        if sep:
-            typed_set, member = set_name, member_name
-            known = {s.value: s for s in TypedSet}
-            capability = SET_CAPABILITY[known[set_name]].value if set_name in known else set_name
-        request_field = violation.description.partition(" needs ")[0]
-        gaps.append(Gap(capability, typed_set, member, request_field, GAP_STATES[violation.type]))
-    return gaps
+    return list(decode_gaps(error.precondition_violations))
 
 
-class NegotiatorClient:
-    """`NegotiatorClient("unix:/run/negotiator.sock")` or `NegotiatorClient("127.0.0.1:50062")`.
+def _enum_value(enum_type: Any, prefix: str, name: str) -> int:
+    wire = name.strip().upper().replace("-", "_")
+    wire = wire if wire.startswith(prefix) else f"{prefix}{wire}"
+    if wire not in enum_type.keys() or wire.endswith("_UNSPECIFIED"):  # noqa: SIM118 - not a dict
+        choices = ", ".join(n.removeprefix(prefix).lower() for n in enum_type.keys()[1:])
+        raise ValueError(f"{name!r} is not one of: {choices}")
+    value: int = enum_type.Value(wire)
+    return value
 
-    `timeout` applies to every call unless a method is given its own;
-    None means no deadline.
+
+def capability(name: str | common_pb2.Capability.ValueType) -> common_pb2.Capability.ValueType:
+    """`"persona"`, `"CAPABILITY_PERSONA"` or the enum value itself."""
+    if not isinstance(name, str):
+        return name
+    return common_pb2.Capability.ValueType(_enum_value(common_pb2.Capability, "CAPABILITY_", name))
+
+
+def call_options(
+    *,
+    model: str | None = None,
+    effort: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    profile: str | None = None,
+    persona: str | None = None,
+    mcp_servers: Sequence[pb.McpServer] = (),
+    max_depth: int | Literal["provider-managed"] | None = None,
+    allow_tools: Sequence[str] = (),
+    deny_tools: Sequence[str] = (),
+    stream_events: bool = False,
+    allow_unknown: Iterable[str | common_pb2.Capability.ValueType] = (),
+    conversation_id: str = "",
+    no_wait: bool = False,
+    new_conversation: bool = False,
+) -> pb.CallOptions:
+    """CallOptions from Python values. Each value given is a requirement the adapter must declare.
+
+    `settings` is any JSON-like mapping; `max_depth` is a number or
+    "provider-managed"; `allow_unknown` names capabilities ("persona") the
+    caller accepts while a declaration says UNKNOWN. `conversation_id` makes
+    the call a turn of that conversation (needs stateful_history); `no_wait`
+    fails a turn at once (ConversationBusyError) instead of queueing behind a
+    running one; `new_conversation` starts it afresh.
+    """
+    options = pb.CallOptions(
+        model=model,
+        effort=effort,
+        profile=profile,
+        persona=persona,
+        mcp_servers=mcp_servers,
+        stream_events=stream_events,
+        allow_unknown=[capability(name) for name in allow_unknown],
+        conversation_id=conversation_id,
+        no_wait=no_wait,
+        new_conversation=new_conversation,
+    )
+    if settings is not None:
+        struct = struct_pb2.Struct()
+        json_format.ParseDict(dict(settings), struct)
+        options.settings.CopyFrom(struct)
+    if max_depth == PROVIDER_MANAGED:
+        options.max_depth.provider_managed = True
+    elif isinstance(max_depth, int):
+        options.max_depth.depth = max_depth
+    if allow_tools or deny_tools:
+        options.tool_filter.CopyFrom(pb.ToolFilter(allow=allow_tools, deny=deny_tools))
+    return options
+
+
+def gate(name: str | common_pb2.Gate.ValueType) -> common_pb2.Gate.ValueType:
+    """`"provider_cost_approval"`, `"GATE_PROVIDER_COST_APPROVAL"` or the enum value itself."""
+    if not isinstance(name, str):
+        return name
+    return common_pb2.Gate.ValueType(_enum_value(common_pb2.Gate, "GATE_", name))
+
+
+def tool_spec(
+    name: str,
+    *,
+    arguments_schema: JsonSchema,
+    description: str = "",
+    return_schema: JsonSchema | None = None,
+    risk: str | pb.ToolRisk.ValueType = "mutating",
+    metadata: Mapping[str, str] | None = None,
+) -> pb.ToolSpec:
+    """A caller tool for `tool_session`. `risk` is "read_only" (run without asking), "mutating" or
+    "sensitive" (each call is first sent to the caller's `approve`)."""
+    risk_value = (
+        pb.ToolRisk.ValueType(_enum_value(pb.ToolRisk, "TOOL_RISK_", risk)) if isinstance(risk, str) else risk
+    )
+    return pb.ToolSpec(
+        name=name,
+        description=description,
+        arguments_schema=_schema_text(arguments_schema),
+        return_schema=_schema_text(return_schema) if return_schema is not None else "",
+        metadata=dict(metadata or {}),
+        risk=risk_value,
+    )
+
+
+ToolRunner = Callable[[pb.ToolCall], Any]
+"""Runs a caller tool: returns the result as a JSON value, or raises to report the tool failed."""
+
+Approver = Callable[[pb.ApprovalRequest], Any]
+"""Decides on a mutating or sensitive tool call: True (allow), False (deny) or a ToolApproval
+(to edit the arguments or give a reason)."""
+
+
+def session_start(
+    call: pb.ProduceRequest | pb.InvokeRequest, tools: Sequence[pb.ToolSpec]
+) -> pb.ToolSessionRequest:
+    if isinstance(call, pb.ProduceRequest):
+        start = pb.ToolSessionStart(produce=call, tools=tools)
+    else:
+        start = pb.ToolSessionStart(invoke=call, tools=tools)
+    return pb.ToolSessionRequest(start=start)
+
+
+def tool_result(call: pb.ToolCall, outcome: object) -> pb.ToolSessionRequest:
+    """The answer to `call`: `outcome` is the tool's JSON result, or the exception it raised."""
+    if isinstance(outcome, BaseException):
+        message = str(outcome) or type(outcome).__name__
+        return pb.ToolSessionRequest(tool_result=pb.ToolResult(call_id=call.call_id, error=message))
+    try:
+        text = json.dumps(outcome)
+    except (TypeError, ValueError) as exc:
+        error = f"the tool's result is not JSON: {exc}"
+        return pb.ToolSessionRequest(tool_result=pb.ToolResult(call_id=call.call_id, error=error))
+    return pb.ToolSessionRequest(tool_result=pb.ToolResult(call_id=call.call_id, result_json=text))
+
+
+def approval_answer(request: pb.ApprovalRequest, decision: object) -> pb.ToolSessionRequest:
+    """The answer to `request` from an Approver's decision (None: no approver, so deny)."""
+    if isinstance(decision, pb.ToolApproval):
+        approval = pb.ToolApproval()
+        approval.CopyFrom(decision)
+        approval.call_id = approval.call_id or request.call_id
+    elif decision is True:
+        approval = pb.ToolApproval(call_id=request.call_id, decision=pb.APPROVAL_DECISION_ALLOW)
+    else:
+        reason = "this caller approves no tool calls" if decision is None else "denied by the caller"
+        approval = pb.ToolApproval(call_id=request.call_id, decision=pb.APPROVAL_DECISION_DENY, reason=reason)
+    return pb.ToolSessionRequest(approval=approval)
+
+
+def session_result(response: pb.ToolSessionResponse) -> pb.ProduceResponse | pb.InvokeResponse | None:
+    """The final result a response carries, if it is the last message."""
+    kind = response.WhichOneof("message")
+    if kind == "produce_result":
+        return response.produce_result
+    if kind == "invoke_result":
+        return response.invoke_result
+    return None
+
+
+def session_ended_early() -> SidecarError:
+    return from_decoded(
+        DecodedError(grpc.StatusCode.INTERNAL, "the ToolSession stream ended without a result")
+    )
+
+
+def bootstrap_request(
+    request: pb.BootstrapRequest | None,
+    *,
+    capability: str,
+    domain: str,
+    local_only: bool,
+    seed: str,
+    approved_gates: Iterable[str | common_pb2.Gate.ValueType],
+    run: bool,
+    prompt: str,
+) -> pb.BootstrapRequest:
+    gates = [gate(name) for name in approved_gates]
+    if request is not None:
+        if capability or domain or local_only or seed or gates or run or prompt:
+            raise TypeError("pass a request proto or keyword fields, not both")
+        return request
+    return pb.BootstrapRequest(
+        capability=capability,
+        domain=domain,
+        local_only=local_only,
+        seed=seed,
+        approved_gates=gates,
+        run=run,
+        prompt=prompt,
+    )
+
+
+def _schema_text(schema: JsonSchema) -> str:
+    return schema if isinstance(schema, str) else json.dumps(schema)
+
+
+def _target(adapter: str | None, agent: str | None) -> dict[str, str]:
+    if adapter is not None and agent is not None:
+        raise ValueError("pass adapter (an agent framework) or agent (an agent harness), not both")
+    if adapter is not None:
+        return {"adapter": adapter}
+    return {"agent": agent} if agent is not None else {}
+
+
+def produce_request(
+    *,
+    adapter: str | None = None,
+    agent: str | None = None,
+    prompt: str = "",
+    output_schema: JsonSchema = "",
+    options: pb.CallOptions | None = None,
+) -> pb.ProduceRequest:
+    return pb.ProduceRequest(
+        prompt=prompt, output_schema=_schema_text(output_schema), options=options, **_target(adapter, agent)
+    )
+
+
+def invoke_request(
+    *,
+    adapter: str | None = None,
+    agent: str | None = None,
+    prompt: str = "",
+    options: pb.CallOptions | None = None,
+) -> pb.InvokeRequest:
+    return pb.InvokeRequest(prompt=prompt, options=options, **_target(adapter, agent))
+
+
+def negotiate_request(
+    call: pb.ProduceRequest | pb.InvokeRequest | None,
+    *,
+    adapter: str | None,
+    agent: str | None,
+    prompt: str,
+    output_schema: JsonSchema | None,
+    options: pb.CallOptions | None,
+) -> pb.NegotiateRequest:
+    """Judge `call`, or the call the keywords describe (a Produce when `output_schema` is given)."""
+    if call is None:
+        if output_schema is not None:
+            call = produce_request(
+                adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+            )
+        else:
+            call = invoke_request(adapter=adapter, agent=agent, prompt=prompt, options=options)
+    else:
+        reject_fields(adapter, agent, prompt, output_schema, options)
+    if isinstance(call, pb.ProduceRequest):
+        return pb.NegotiateRequest(produce=call)
+    return pb.NegotiateRequest(invoke=call)
+
+
+def reject_fields(*given: object) -> None:
+    """For a method given a request proto: no keyword field may be set too."""
+    if any(value is not None and value != "" for value in given):
+        raise TypeError("pass a request proto or keyword fields, not both")
+
+
+def delegation_metadata(delegation_depth: int | None) -> tuple[tuple[str, str], ...]:
+    """Request metadata for a call made at this delegation depth (0 at the top)."""
+    return () if delegation_depth is None else ((DELEGATION_DEPTH_KEY, str(delegation_depth)),)
+
+
+class NegotiatorClient(SyncClient):
+    """`NegotiatorClient("unix:run/negotiator.sock")`, `NegotiatorClient("127.0.0.1:50062")`,
+    or `NegotiatorClient(channel=existing_channel)`.
+
+    `timeout` applies to every unary call unless a method is given its own
+    (None: no deadline); watching has no deadline by default. `token`,
+    `token_file`, `tls` and `retry` are passed to `clients.channel.open_channel`.
     """
 
-    def __init__(self, target: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self.target = parse_address(target).target
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.target)
-        self._stub = negotiator_pb2_grpc.NegotiatorServiceStub(self._channel)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> NegotiatorClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        channel: grpc.Channel | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        tls: TlsConfig | None = None,
+        retry: bool = True,
     ) -> None:
-        self.close()
+        super().__init__(
+            target, channel=channel, timeout=timeout, token=token, token_file=token_file, tls=tls, retry=retry
+        )
+        self._stub = negotiator_pb2_grpc.NegotiatorServiceStub(self.channel)
 
     # -- adapters --------------------------------------------------------
 
-    def list_adapters(self) -> list[pb.Adapter]:
-        return list(self._call(self._stub.ListAdapters, pb.ListAdaptersRequest()).adapters)
+    def list_adapters(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> list[pb.Adapter]:
+        """Every registered adapter, sorted by shortname."""
+        return list(self._call(self._stub.ListAdapters, pb.ListAdaptersRequest(), timeout).adapters)
 
-    def get_adapter(self, shortname: str) -> pb.Adapter:
-        return self._call(self._stub.GetAdapter, pb.GetAdapterRequest(shortname=shortname)).adapter
+    def get_adapter(self, shortname: str, *, timeout: Timeout = CLIENT_TIMEOUT) -> pb.Adapter:
+        request = pb.GetAdapterRequest(shortname=shortname)
+        return self._call(self._stub.GetAdapter, request, timeout).adapter
 
-    def watch_adapters(self) -> Iterator[pb.WatchAdaptersResponse]:
-        """Existing adapters, then changes, until the server ends the stream; no deadline."""
-        return self._stream(self._stub.WatchAdapters(pb.WatchAdaptersRequest()))
+    def watch(self, *, timeout: float | None = None) -> Generator[pb.WatchAdaptersResponse, None, None]:
+        """Every adapter as EXISTING, then each registration and removal, until the server ends it."""
+        return mapped_stream(self._stub.WatchAdapters(pb.WatchAdaptersRequest(), timeout=timeout))
 
-    def register_adapter(self, target: str, shortname: str = "") -> pb.Adapter:
+    def watch_adapters(
+        self, *, timeout: float | None = None
+    ) -> Generator[pb.WatchAdaptersResponse, None, None]:
+        """The WatchAdapters RPC; the same as `watch()`."""
+        return self.watch(timeout=timeout)
+
+    def register_adapter(
+        self, target: str, shortname: str = "", *, timeout: Timeout = CLIENT_TIMEOUT
+    ) -> pb.Adapter:
+        """Register the remote adapter serving at `target`; `shortname` is the name it must declare."""
         request = pb.RegisterAdapterRequest(target=target, shortname=shortname)
-        return self._call(self._stub.RegisterAdapter, request).adapter
+        return self._call(self._stub.RegisterAdapter, request, timeout).adapter
 
-    def deregister_adapter(self, shortname: str) -> pb.Adapter:
-        return self._call(
-            self._stub.DeregisterAdapter, pb.DeregisterAdapterRequest(shortname=shortname)
-        ).adapter
+    def deregister_adapter(self, shortname: str, *, timeout: Timeout = CLIENT_TIMEOUT) -> pb.Adapter:
+        request = pb.DeregisterAdapterRequest(shortname=shortname)
+        return self._call(self._stub.DeregisterAdapter, request, timeout).adapter
 
     # -- calls -----------------------------------------------------------
 
     def negotiate(
-        self, call: pb.ProduceRequest | pb.InvokeRequest, *, timeout: float | _Default | None = _DEFAULT
+        self,
+        call: pb.ProduceRequest | pb.InvokeRequest | None = None,
+        /,
+        *,
+        adapter: str | None = None,
+        agent: str | None = None,
+        prompt: str = "",
+        output_schema: JsonSchema | None = None,
+        options: pb.CallOptions | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
     ) -> pb.Decision:
-        if isinstance(call, pb.ProduceRequest):
-            request = pb.NegotiateRequest(produce=call)
-        else:
-            request = pb.NegotiateRequest(invoke=call)
+        """Dry run: the verdict on every requirement of the call, and its gaps. Runs no adapter.
+
+        Unmet requirements are not an error here: `accepted` is false and
+        `gaps` lists them.
+        """
+        request = negotiate_request(
+            call, adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+        )
         return self._call(self._stub.Negotiate, request, timeout).decision
 
     def produce(
         self,
-        request: pb.ProduceRequest,
+        request: pb.ProduceRequest | None = None,
+        /,
         *,
-        timeout: float | _Default | None = _DEFAULT,
+        adapter: str | None = None,
+        agent: str | None = None,
+        prompt: str = "",
+        output_schema: JsonSchema = "",
+        options: pb.CallOptions | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> pb.ProduceResponse:
-        return self._call(self._stub.Produce, request, timeout, delegation_depth)
+        """Structured output, validated against `output_schema`; `output_json` holds it."""
+        if request is None:
+            request = produce_request(
+                adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+            )
+        else:
+            reject_fields(adapter, agent, prompt, output_schema, options)
+        return self._call(self._stub.Produce, request, timeout, delegation_metadata(delegation_depth))
 
     def invoke(
         self,
-        request: pb.InvokeRequest,
+        request: pb.InvokeRequest | None = None,
+        /,
         *,
-        timeout: float | _Default | None = _DEFAULT,
+        adapter: str | None = None,
+        agent: str | None = None,
+        prompt: str = "",
+        options: pb.CallOptions | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> pb.InvokeResponse:
-        return self._call(self._stub.Invoke, request, timeout, delegation_depth)
+        """Plain text; `text` holds it."""
+        if request is None:
+            request = invoke_request(adapter=adapter, agent=agent, prompt=prompt, options=options)
+        else:
+            reject_fields(adapter, agent, prompt, options)
+        return self._call(self._stub.Invoke, request, timeout, delegation_metadata(delegation_depth))
+
+    # -- tools, audit, bootstrap ------------------------------------------
+
+    @overload
+    def tool_session(
+        self,
+        call: pb.ProduceRequest,
+        *,
+        tools: Sequence[pb.ToolSpec],
+        run_tool: ToolRunner,
+        approve: Approver | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        delegation_depth: int | None = None,
+    ) -> pb.ProduceResponse: ...
+
+    @overload
+    def tool_session(
+        self,
+        call: pb.InvokeRequest,
+        *,
+        tools: Sequence[pb.ToolSpec],
+        run_tool: ToolRunner,
+        approve: Approver | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        delegation_depth: int | None = None,
+    ) -> pb.InvokeResponse: ...
+
+    def tool_session(
+        self,
+        call: pb.ProduceRequest | pb.InvokeRequest,
+        *,
+        tools: Sequence[pb.ToolSpec],
+        run_tool: ToolRunner,
+        approve: Approver | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        delegation_depth: int | None = None,
+    ) -> pb.ProduceResponse | pb.InvokeResponse:
+        """A Produce or Invoke whose `tools` run here: the ToolSession RPC, driven to its result.
+
+        Each ToolCall the model makes is answered with `run_tool(call)` (its
+        JSON result, or the exception it raised as the tool's error). Each
+        ApprovalRequest (mutating and sensitive tools) is answered with
+        `approve(request)`; without `approve` every such call is denied.
+        Returns the Produce or Invoke response; a refusal raises before any
+        tool runs, as Produce does.
+        """
+        outgoing: queue.SimpleQueue[pb.ToolSessionRequest | None] = queue.SimpleQueue()
+        outgoing.put(session_start(call, tools))
+
+        def requests() -> Iterator[pb.ToolSessionRequest]:
+            # Open until the result: half-closing earlier would leave the model's next tool call unanswerable.
+            while (message := outgoing.get()) is not None:
+                yield message
+
+        responses = self._stub.ToolSession(
+            requests(), timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+        )
+        try:
+            for response in responses:
+                result = session_result(response)
+                if result is not None:
+                    return result
+                if response.HasField("tool_call"):
+                    try:
+                        outcome = run_tool(response.tool_call)
+                    except Exception as exc:  # the tool failed: the model is told, the session goes on
+                        outcome = exc
+                    outgoing.put(tool_result(response.tool_call, outcome))
+                elif response.HasField("approval_request"):
+                    decision = approve(response.approval_request) if approve is not None else None
+                    outgoing.put(approval_answer(response.approval_request, decision))
+            raise session_ended_early()
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            outgoing.put(None)
+            responses.cancel()  # type: ignore[no-untyped-call]  # a no-op once the stream has ended
+
+    def watch_audit(self, *, timeout: float | None = None) -> Generator[pb.AuditRecord, None, None]:
+        """Every decision the negotiator makes from now on, as it makes it."""
+        responses = mapped_stream(self._stub.WatchAudit(pb.WatchAuditRequest(), timeout=timeout))
+        try:
+            for response in responses:
+                yield response.record
+        finally:
+            responses.close()
+
+    def bootstrap(
+        self,
+        request: pb.BootstrapRequest | None = None,
+        /,
+        *,
+        capability: str = "",
+        domain: str = "",
+        local_only: bool = False,
+        seed: str = "",
+        approved_gates: Iterable[str | common_pb2.Gate.ValueType] = (),
+        run: bool = False,
+        prompt: str = "",
+        timeout: Timeout = CLIENT_TIMEOUT,
+    ) -> pb.BootstrapResponse:
+        """Seeds that may provide `capability` no adapter declares; with `run`, run the chosen one."""
+        message = bootstrap_request(
+            request,
+            capability=capability,
+            domain=domain,
+            local_only=local_only,
+            seed=seed,
+            approved_gates=approved_gates,
+            run=run,
+            prompt=prompt,
+        )
+        return self._call(self._stub.Bootstrap, message, timeout)
 
     # -- plumbing --------------------------------------------------------
 
@@ -149,24 +563,38 @@ class NegotiatorClient:
         self,
         method: Callable[..., _Response],
         request: object,
-        timeout: float | _Default | None = _DEFAULT,
-        delegation_depth: int | None = None,
+        timeout: Timeout,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> _Response:
-        metadata: Sequence[tuple[str, str]] = ()
-        if delegation_depth is not None:
-            metadata = ((DELEGATION_DEPTH_KEY, str(delegation_depth)),)
         try:
-            return method(
-                request, timeout=self.timeout if isinstance(timeout, _Default) else timeout, metadata=metadata
-            )
+            return method(request, timeout=self._timeout(timeout), metadata=metadata)
         except grpc.RpcError as error:
-            raise SidecarError.from_rpc_error(error) from None
+            raise from_rpc_error(error) from None
 
-    @staticmethod
-    def _stream(call: grpc.CallIterator[_Response]) -> Iterator[_Response]:
-        try:
-            yield from call
-        except grpc.RpcError as error:
-            raise SidecarError.from_rpc_error(error) from None
-        finally:
-            call.cancel()  # type: ignore[no-untyped-call]  # a no-op once the stream has ended
+
+__all__ = [
+    "DELEGATION_DEPTH_KEY",
+    "GAP_STATES",
+    "PROVIDER_MANAGED",
+    "UNSUPPORTED_CAPABILITY",
+    "Approver",
+    "Gap",
+    "JsonSchema",
+    "NegotiatorClient",
+    "ToolRunner",
+    "approval_answer",
+    "bootstrap_request",
+    "call_options",
+    "capability",
+    "delegation_metadata",
+    "gate",
+    "invoke_request",
+    "negotiate_request",
+    "produce_request",
+    "refusal_gaps",
+    "reject_fields",
+    "session_result",
+    "session_start",
+    "tool_result",
+    "tool_spec",
+]

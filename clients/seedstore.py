@@ -1,101 +1,360 @@
-"""A small typed, synchronous client for the seedstore service.
+"""A typed, synchronous client for the seedstore service (the asyncio twin is in `clients.aio`).
 
-Each method sends one request proto and returns the response proto (streams
-yield responses). A failed call raises `SidecarError` with the decoded
-status (code, ErrorInfo reason and metadata, field and precondition
-violations), never a raw `grpc.RpcError`.
+    with SeedStoreClient("unix:run/seedstore.sock") as seeds:
+        found = seeds.search_seeds(capability="voice_message", broaden=True)
+        for event in seeds.verify("say-hello"):
+            print(event)
+
+One method per RPC, named after it. Each takes the request's fields as
+keyword arguments (the proto's own field names, Python values) or,
+positionally, a request proto; it returns the response proto. Server streams
+are generators: `verify_seeds`/`watch_seeds` yield the responses,
+`verify(...)` yields just the typed event (CheckStarted, CheckFinished or
+SeedVerified) and `watch(...)` the changes. Leaving the loop early, or
+closing the generator, cancels the call (and with it the running checks).
+A failed call, also mid-stream, raises the `clients.errors` tree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from types import TracebackType
-from typing import TypeVar
+import os
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack
 
 import grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
+from google.protobuf import duration_pb2
 
-from clients.errors import SidecarError
-from sidecar_runtime.addresses import parse_address
+from clients.channel import CLIENT_TIMEOUT, DEFAULT_TIMEOUT_SECONDS, SyncClient, Timeout, TlsConfig
+from clients.errors import from_rpc_error, mapped_stream
 
-DEFAULT_TIMEOUT_SECONDS = 30.0
-
+_Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
+VerifyEvent: TypeAlias = pb.CheckStarted | pb.CheckFinished | pb.SeedVerified
+"""One verification event: a check began, a check ended, or a seed's verdict was written."""
 
-class SeedStoreClient:
-    """`SeedStoreClient("unix:/run/seedstore.sock")` or `SeedStoreClient("127.0.0.1:50051")`."""
 
-    def __init__(self, target: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self.target = parse_address(target).target
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.target)
-        self._stub = seedstore_pb2_grpc.SeedStoreServiceStub(self._channel)
+class AddSeedFields(TypedDict, total=False):
+    id: str
+    domain: str
+    kind: str
+    command: str | None
+    adapter: str | None
+    script: str | None
+    provides: Sequence[str]
+    aliases: Sequence[str]
+    preferred_for: Sequence[str]
+    avoid_for: Sequence[str]
+    ties: Sequence[str]  # "KEY=VALUE"
+    auth_env: Sequence[str]
+    priority: int | None  # 0-100
+    external_service: bool
+    may_cost_money: bool
+    evidence_commands: Sequence[str]
+    suggested_skill_id: str | None
 
-    def close(self) -> None:
-        self._channel.close()
 
-    def __enter__(self) -> SeedStoreClient:
-        return self
+class UpdateSeedFields(TypedDict, total=False):
+    id: str
+    domain: str | None
+    expected_revision: str | None  # the update fails with RevisionConflictError unless it matches
+    kind: str | None
+    command: str | None
+    clear_command: bool
+    adapter: str | None
+    clear_adapter: bool
+    script: str | None
+    clear_script: bool
+    add_provides: Sequence[str]
+    remove_provides: Sequence[str]
+    add_aliases: Sequence[str]
+    remove_aliases: Sequence[str]
+    priority: int | None
+    clear_priority: bool
+    add_preferred_for: Sequence[str]
+    remove_preferred_for: Sequence[str]
+    add_avoid_for: Sequence[str]
+    remove_avoid_for: Sequence[str]
+    add_ties: Sequence[str]
+    remove_ties: Sequence[str]
+    add_auth_env: Sequence[str]
+    remove_auth_env: Sequence[str]
+    external_service: bool | None
+    may_cost_money: bool | None
+    add_evidence_commands: Sequence[str]
+    remove_evidence_commands: Sequence[str]
+    suggested_skill_id: str | None
+    clear_suggested_skill_id: bool
+    mark: pb.VerificationMark.ValueType
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+
+class ListSeedsFields(TypedDict, total=False):
+    domain: str | None
+
+
+class SearchSeedsFields(TypedDict, total=False):
+    capability: str
+    domain: str | None
+    local_only: bool
+    preferred_seed: str | None
+    broaden: bool
+
+
+class SeedRefFields(TypedDict, total=False):
+    """Which seed: InspectSeed and RemoveSeed."""
+
+    id: str
+    domain: str | None
+
+
+class PreferSeedFields(TypedDict, total=False):
+    id: str
+    domain: str | None
+    for_capability: str
+    priority: int | None
+
+
+class VerifySeedsFields(TypedDict, total=False):
+    ids: Sequence[str]
+    domain: str | None
+    all_in_domain: bool
+    check_timeout: float | duration_pb2.Duration | None  # seconds
+    concurrency: int
+
+
+class WatchSeedsFields(TypedDict, total=False):
+    domain: str | None
+
+
+def build(message: Callable[..., _Request], request: _Request | None, fields: Mapping[str, Any]) -> _Request:
+    """`request` itself, or a new message from keyword `fields`; never both."""
+    if request is None:
+        return message(**fields)
+    if fields:
+        raise TypeError("pass a request proto or keyword fields, not both")
+    return request
+
+
+def seconds(value: float | duration_pb2.Duration | None) -> duration_pb2.Duration | None:
+    if value is None or isinstance(value, duration_pb2.Duration):
+        return value
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(round(value * 1e9))
+    return duration
+
+
+def verify_request(request: pb.VerifySeedsRequest | None, fields: VerifySeedsFields) -> pb.VerifySeedsRequest:
+    if request is not None:
+        return build(pb.VerifySeedsRequest, request, fields)
+    return pb.VerifySeedsRequest(
+        ids=fields.get("ids", ()),
+        domain=fields.get("domain"),
+        all_in_domain=fields.get("all_in_domain", False),
+        check_timeout=seconds(fields.get("check_timeout")),
+        concurrency=fields.get("concurrency", 0),
+    )
+
+
+def verify_event(response: pb.VerifySeedsResponse) -> VerifyEvent | None:
+    """The event a response carries; None for an event kind newer than this client."""
+    kind = response.WhichOneof("event")
+    if kind == "check_started":
+        return response.check_started
+    if kind == "check_finished":
+        return response.check_finished
+    if kind == "seed_verified":
+        return response.seed_verified
+    return None
+
+
+class SeedStoreClient(SyncClient):
+    """`SeedStoreClient("unix:run/seedstore.sock")`, `SeedStoreClient("127.0.0.1:50061")`,
+    or `SeedStoreClient(channel=existing_channel)`.
+
+    `timeout` applies to every unary call unless a method is given its own
+    (None: no deadline); streams have no deadline by default. `token`,
+    `token_file`, `tls` and `retry` are passed to `clients.channel.open_channel`.
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        channel: grpc.Channel | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        tls: TlsConfig | None = None,
+        retry: bool = True,
     ) -> None:
-        self.close()
+        super().__init__(
+            target, channel=channel, timeout=timeout, token=token, token_file=token_file, tls=tls, retry=retry
+        )
+        self._stub = seedstore_pb2_grpc.SeedStoreServiceStub(self.channel)
 
     # -- unary calls -----------------------------------------------------
 
-    def get_store(self) -> pb.GetStoreResponse:
-        return self._call(self._stub.GetStore, pb.GetStoreRequest())
+    def get_store(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> pb.GetStoreResponse:
+        return self._call(self._stub.GetStore, pb.GetStoreRequest(), timeout)
 
-    def add_seed(self, request: pb.AddSeedRequest) -> pb.AddSeedResponse:
-        return self._call(self._stub.AddSeed, request)
+    def add_seed(
+        self,
+        request: pb.AddSeedRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[AddSeedFields],
+    ) -> pb.AddSeedResponse:
+        """Create or overwrite a seed (never a malformed file)."""
+        return self._call(self._stub.AddSeed, build(pb.AddSeedRequest, request, fields), timeout)
 
-    def update_seed(self, request: pb.UpdateSeedRequest) -> pb.UpdateSeedResponse:
-        return self._call(self._stub.UpdateSeed, request)
+    def update_seed(
+        self,
+        request: pb.UpdateSeedRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[UpdateSeedFields],
+    ) -> pb.UpdateSeedResponse:
+        """Patch a seed; with `expected_revision`, only if nobody changed it since."""
+        return self._call(self._stub.UpdateSeed, build(pb.UpdateSeedRequest, request, fields), timeout)
 
-    def list_seeds(self, request: pb.ListSeedsRequest) -> pb.ListSeedsResponse:
-        return self._call(self._stub.ListSeeds, request)
+    def list_seeds(
+        self,
+        request: pb.ListSeedsRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[ListSeedsFields],
+    ) -> pb.ListSeedsResponse:
+        return self._call(self._stub.ListSeeds, build(pb.ListSeedsRequest, request, fields), timeout)
 
-    def search_seeds(self, request: pb.SearchSeedsRequest) -> pb.SearchSeedsResponse:
-        return self._call(self._stub.SearchSeeds, request)
+    def search_seeds(
+        self,
+        request: pb.SearchSeedsRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[SearchSeedsFields],
+    ) -> pb.SearchSeedsResponse:
+        """Rank seeds for a capability; `broaden=True` also tries equivalent terms when nothing matches."""
+        return self._call(self._stub.SearchSeeds, build(pb.SearchSeedsRequest, request, fields), timeout)
 
-    def inspect_seed(self, request: pb.InspectSeedRequest) -> pb.InspectSeedResponse:
-        return self._call(self._stub.InspectSeed, request)
+    def inspect_seed(
+        self,
+        request: pb.InspectSeedRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[SeedRefFields],
+    ) -> pb.InspectSeedResponse:
+        return self._call(self._stub.InspectSeed, build(pb.InspectSeedRequest, request, fields), timeout)
 
-    def prefer_seed(self, request: pb.PreferSeedRequest) -> pb.PreferSeedResponse:
-        return self._call(self._stub.PreferSeed, request)
+    def prefer_seed(
+        self,
+        request: pb.PreferSeedRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[PreferSeedFields],
+    ) -> pb.PreferSeedResponse:
+        return self._call(self._stub.PreferSeed, build(pb.PreferSeedRequest, request, fields), timeout)
 
-    def remove_seed(self, request: pb.RemoveSeedRequest) -> pb.RemoveSeedResponse:
-        return self._call(self._stub.RemoveSeed, request)
+    def remove_seed(
+        self,
+        request: pb.RemoveSeedRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[SeedRefFields],
+    ) -> pb.RemoveSeedResponse:
+        return self._call(self._stub.RemoveSeed, build(pb.RemoveSeedRequest, request, fields), timeout)
 
-    def scan_seeds(self) -> pb.ScanSeedsResponse:
-        return self._call(self._stub.ScanSeeds, pb.ScanSeedsRequest())
+    def scan_seeds(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> pb.ScanSeedsResponse:
+        return self._call(self._stub.ScanSeeds, pb.ScanSeedsRequest(), timeout)
 
     # -- streams ---------------------------------------------------------
 
-    def verify_seeds(self, request: pb.VerifySeedsRequest) -> Generator[pb.VerifySeedsResponse, None, None]:
-        """Events as the server sends them; stopping early cancels the call (and the checks)."""
-        return self._stream(self._stub.VerifySeeds(request))
+    def verify_seeds(
+        self,
+        request: pb.VerifySeedsRequest | None = None,
+        /,
+        *,
+        timeout: float | None = None,
+        **fields: Unpack[VerifySeedsFields],
+    ) -> Generator[pb.VerifySeedsResponse, None, None]:
+        """The VerifySeeds responses as the server sends them; stopping early cancels the checks."""
+        return mapped_stream(self._stub.VerifySeeds(verify_request(request, fields), timeout=timeout))
 
-    def watch_seeds(self, request: pb.WatchSeedsRequest) -> Generator[pb.WatchSeedsResponse, None, None]:
-        """Changes until the server ends the stream; stopping early cancels the call."""
-        return self._stream(self._stub.WatchSeeds(request))
+    def verify(
+        self,
+        *ids: str,
+        domain: str | None = None,
+        all_in_domain: bool = False,
+        check_timeout: float | None = None,
+        concurrency: int = 0,
+        timeout: float | None = None,
+    ) -> Generator[VerifyEvent, None, None]:
+        """Run the seeds' evidence, yielding each check as it starts and ends, then each verdict."""
+        responses = self.verify_seeds(
+            ids=ids,
+            domain=domain,
+            all_in_domain=all_in_domain,
+            check_timeout=check_timeout,
+            concurrency=concurrency,
+            timeout=timeout,
+        )
+        try:
+            for response in responses:
+                event = verify_event(response)
+                if event is not None:
+                    yield event
+        finally:
+            responses.close()
+
+    def watch_seeds(
+        self,
+        request: pb.WatchSeedsRequest | None = None,
+        /,
+        *,
+        timeout: float | None = None,
+        **fields: Unpack[WatchSeedsFields],
+    ) -> Generator[pb.WatchSeedsResponse, None, None]:
+        """Changes to the store (also edits by other programs) until the server ends the stream."""
+        return mapped_stream(
+            self._stub.WatchSeeds(build(pb.WatchSeedsRequest, request, fields), timeout=timeout)
+        )
+
+    def watch(
+        self, *, domain: str | None = None, timeout: float | None = None
+    ) -> Generator[pb.WatchSeedsResponse, None, None]:
+        """`watch_seeds` by keyword: every change, optionally of one domain only."""
+        return self.watch_seeds(domain=domain, timeout=timeout)
 
     # -- plumbing --------------------------------------------------------
 
-    def _call(self, method: Callable[..., _Response], request: object) -> _Response:
+    def _call(self, method: Callable[..., _Response], request: object, timeout: Timeout) -> _Response:
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self._timeout(timeout))
         except grpc.RpcError as error:
-            raise SidecarError.from_rpc_error(error) from None
+            raise from_rpc_error(error) from None
 
-    @staticmethod
-    def _stream(call: grpc.CallIterator[_Response]) -> Generator[_Response, None, None]:
-        try:
-            yield from call
-        except grpc.RpcError as error:
-            raise SidecarError.from_rpc_error(error) from None
-        finally:
-            call.cancel()  # type: ignore[no-untyped-call]  # a no-op once the stream has ended
+
+__all__ = [
+    "AddSeedFields",
+    "ListSeedsFields",
+    "PreferSeedFields",
+    "SearchSeedsFields",
+    "SeedRefFields",
+    "SeedStoreClient",
+    "UpdateSeedFields",
+    "VerifyEvent",
+    "VerifySeedsFields",
+    "WatchSeedsFields",
+    "build",
+    "seconds",
+    "verify_event",
+    "verify_request",
+]
