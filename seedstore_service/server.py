@@ -34,9 +34,16 @@ from seedstore_service.operations import (
 from seedstore_service.runner import DEFAULT_PATH
 from seedstore_service.servicer import SeedStoreServicer
 from seedstore_service.store import SeedStore, resolve_store_root
+from sidecar_runtime.serve_args import add_serve_arguments as add_runtime_serve_arguments
+from sidecar_runtime.serve_args import server_options_from_args
 from sidecar_runtime.server import RunningServer, ServerOptions, serve_until_signalled, start_server
 
 SERVICE_NAME = seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
+# What a bearer token guards when one is configured (`--token-file`/`--token-env`).
+MUTATING_METHODS = frozenset(
+    f"/{SERVICE_NAME}/{method}"
+    for method in ("AddSeed", "UpdateSeed", "PreferSeed", "RemoveSeed", "VerifySeeds")
+)
 DEFAULT_REFRESH_INTERVAL_SECONDS = 1.0
 DEFAULT_GRACE_SECONDS = 10.0
 
@@ -59,6 +66,9 @@ class Settings:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     # PATH for the PATH lookup and the only PATH evidence commands see.
     check_path: str = DEFAULT_PATH
+    # Auth, limits and observability (sidecar_runtime.serve_args); `listen`
+    # and `grace_seconds` above take precedence over the same fields here.
+    server_options: ServerOptions | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.check_timeout <= MAX_CHECK_TIMEOUT_SECONDS:
@@ -112,6 +122,7 @@ class Settings:
             value = getattr(args, name)
             if value is not None:
                 overrides[name] = value
+        overrides["server_options"] = server_options_from_args(args)
         return replace(settings, **overrides)  # type: ignore[arg-type]
 
 
@@ -126,13 +137,8 @@ def _number(env: Mapping[str, str], name: str, kind: type[_Number], default: _Nu
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--listen",
-        action="append",
-        default=[],
-        metavar="ADDR",
-        help="unix:PATH or HOST:PORT; repeat for several listeners (default: $SEEDSTORE_LISTEN)",
-    )
+    """The runtime's shared `serve` flags (auth, limits, observability), plus the seedstore's own."""
+    add_runtime_serve_arguments(parser, listen_help=" (default: $SEEDSTORE_LISTEN)")
     parser.add_argument("--equivalents", metavar="FILE", help="extra capability equivalents for --broaden")
     parser.add_argument(
         "--check-timeout", type=float, metavar="SECONDS", help="per-check timeout (default 10)"
@@ -145,12 +151,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="how often the store is rescanned (default 1)",
-    )
-    parser.add_argument(
-        "--grace-seconds",
-        type=float,
-        metavar="SECONDS",
-        help="time in-flight calls get on shutdown (default 10)",
     )
 
 
@@ -199,9 +199,12 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     def register(server: grpc.aio.Server) -> None:
         seedstore_pb2_grpc.add_SeedStoreServiceServicer_to_server(servicer, server)
 
-    running = await start_server(
-        register, (SERVICE_NAME,), ServerOptions(listen=settings.listen, grace_seconds=settings.grace_seconds)
+    options = replace(
+        settings.server_options or ServerOptions(listen=()),
+        listen=settings.listen,
+        grace_seconds=settings.grace_seconds,
     )
+    running = await start_server(register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS)
     refresher = asyncio.create_task(_refresh_forever(operations, settings.refresh_interval))
     # Every field of the runtime's RunningServer, whatever it grows, plus ours.
     inherited = {spec.name: getattr(running, spec.name) for spec in fields(RunningServer) if spec.init}

@@ -4,6 +4,11 @@ Shutdown order (SIGTERM or SIGINT): health flips every service to
 NOT_SERVING so probes and balancers stop sending, in-flight calls get
 `grace_seconds` to finish while new calls are refused, then Unix socket files
 are removed so a restarted sidecar binds a clean path.
+
+Interceptors, outermost first: OpenTelemetry (`otel`), observability (call
+log and metrics; it sees every refusal below it), bearer tokens on mutating
+methods, the concurrent call limit, the default timeout, then any the caller
+passes. Each is installed only when its option is set.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import _async as health_aio  # the public alias `health.aio` is invisible to mypy
@@ -22,6 +28,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar_runtime.addresses import Address, parse_address
+from sidecar_runtime.auth import (
+    BearerTokenInterceptor,
+    TlsFiles,
+    TokenSource,
+    check_token_transport,
+    listener_credentials,
+)
+from sidecar_runtime.limits import ConcurrencyLimitInterceptor, DefaultTimeoutInterceptor
+from sidecar_runtime.metrics import MetricsEndpoint, start_metrics_endpoint
+from sidecar_runtime.observability import CallLog, ObservabilityInterceptor, open_call_log, otel_interceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -73,9 +89,15 @@ class ServerOptions:
     # TCP port answers health only.
     health_listen: Sequence[str] = ()
     grace_seconds: float = 10.0
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    max_concurrent_rpcs: int | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # both directions
+    max_concurrent_calls: int | None = None  # None: unlimited
+    default_timeout: float | None = None  # seconds, for unary-response calls sent without a deadline
     unix_socket_mode: int = 0o660  # owner and group only: the socket is the access boundary
+    tokens: TokenSource | None = None  # required on the mutating methods start_server is given
+    tls: TlsFiles | None = None  # TCP listeners only; health-only listeners stay plaintext
+    call_log: str | None = None  # "-" for stderr, a file path, or None for no call log
+    metrics_listen: str | None = None  # HOST:PORT of the Prometheus endpoint
+    otel: bool = False
 
 
 @dataclass(slots=True)
@@ -87,6 +109,9 @@ class RunningServer:
     addresses: tuple[Address, ...]
     bound: tuple[str, ...]  # dialable targets, with real ports for ":0"
     grace_seconds: float
+    metrics_bound: str | None = None  # HOST:PORT of the metrics endpoint, with its real port
+    call_log: CallLog | None = None
+    metrics_endpoint: MetricsEndpoint | None = None
     _stopped: bool = field(default=False)
 
     async def stop(self) -> None:
@@ -102,6 +127,47 @@ class RunningServer:
             if address.unix_path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     address.unix_path.unlink()
+        if self.metrics_endpoint is not None:
+            await self.metrics_endpoint.close()
+        if self.call_log is not None:
+            await self.call_log.close()
+
+
+def build_interceptors(
+    options: ServerOptions, mutating_methods: Collection[str], call_log: CallLog | None
+) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
+    """The runtime's interceptors for `options`, outermost first."""
+    chain: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
+    if options.otel:
+        chain.append(otel_interceptor())
+    if call_log is not None or options.metrics_listen is not None:
+        chain.append(ObservabilityInterceptor(call_log))
+    if options.tokens is not None:
+        chain.append(BearerTokenInterceptor(options.tokens, mutating_methods))
+    if options.max_concurrent_calls is not None:
+        chain.append(ConcurrencyLimitInterceptor(options.max_concurrent_calls))
+    if options.default_timeout is not None:
+        chain.append(DefaultTimeoutInterceptor(options.default_timeout))
+    return chain
+
+
+@contextlib.contextmanager
+def _socket_mode(mode: int) -> Iterator[None]:
+    """Create socket files with `mode` from the start, not only after the chmod that follows start()."""
+    previous = os.umask(0o777 & ~mode)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def _bind(server: grpc.aio.Server, address: Address, credentials: grpc.ServerCredentials | None) -> int:
+    try:
+        if credentials is None:
+            return server.add_insecure_port(address.target)
+        return server.add_secure_port(address.target, credentials)
+    except RuntimeError as err:
+        raise RuntimeError(f"cannot listen on {address.target}: {err}") from err
 
 
 async def start_server(
@@ -109,61 +175,85 @@ async def start_server(
     service_names: Sequence[str],
     options: ServerOptions,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),  # type: ignore[type-arg]
+    mutating_methods: Collection[str] = (),
 ) -> RunningServer:
     """Create, bind and start a grpc.aio server with health and reflection.
 
-    `register` adds the application servicers. Raises OSError-like
-    RuntimeError when an address cannot be bound (a TCP port clash fails
-    fast: SO_REUSEPORT is off).
+    `register` adds the application servicers. `mutating_methods` (full
+    names, `/pkg.Service/Method`) need a bearer token when `options.tokens`
+    is set. Raises RuntimeError when an address cannot be bound (a TCP port
+    clash fails fast: SO_REUSEPORT is off) or `otel` is set without the
+    instrumentation installed, and ValueError (AuthConfigError) for auth
+    options that cannot work, such as tokens on a plaintext non-loopback
+    TCP listener.
     """
     if not options.listen:
         raise ValueError("at least one listen address is required")
     addresses = tuple(parse_address(a) for a in options.listen)
-    server = grpc.aio.server(
-        interceptors=list(interceptors),
-        options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", options.max_message_bytes),
-            ("grpc.max_send_message_length", options.max_message_bytes),
-        ],
-        maximum_concurrent_rpcs=options.max_concurrent_rpcs,
-    )
-    register(server)
-    health_servicer = DrainingHealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server,
-    )
-    bound: list[str] = []
-    for address in addresses:
-        if address.unix_path is not None:
-            address.unix_path.parent.mkdir(parents=True, exist_ok=True)
-            if address.unix_path.is_socket():
-                # A socket file left by a killed sidecar: nobody can be
-                # listening on it if we are about to own this path.
-                address.unix_path.unlink()
-        try:
-            port = server.add_insecure_port(address.target)
-        except RuntimeError as err:
-            raise RuntimeError(f"cannot listen on {address.target}: {err}") from err
-        if address.unix_path is not None:
-            bound.append(address.target)
-        else:
-            host = address.target.rpartition(":")[0]
-            bound.append(f"{host}:{port}")
-    health_only_server = None
-    if options.health_listen:
-        health_only_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_only_server)
-        for text in options.health_listen:
-            address = parse_address(text)
-            health_only_server.add_insecure_port(address.target)
-            addresses = (*addresses, address)
-    await server.start()
-    if health_only_server is not None:
-        await health_only_server.start()
-    for address in addresses:
+    health_addresses = tuple(parse_address(a) for a in options.health_listen)
+    tls = options.tls.server_credentials() if options.tls is not None else None
+    if options.tokens is not None:
+        check_token_transport(addresses, tls=tls is not None)
+    call_log = open_call_log(options.call_log) if options.call_log is not None else None
+    metrics_endpoint: MetricsEndpoint | None = None
+    try:
+        chain = build_interceptors(options, mutating_methods, call_log)
+        server = grpc.aio.server(
+            interceptors=[*chain, *interceptors],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", options.max_message_bytes),
+                ("grpc.max_send_message_length", options.max_message_bytes),
+            ],
+        )
+        register(server)
+        health_servicer = DrainingHealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (
+                *service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        bound: list[str] = []
+        for address in addresses:
+            credentials = listener_credentials(address, tls=tls, tokens=options.tokens is not None)
+            if address.unix_path is not None:
+                _prepare_socket_path(address.unix_path)
+                with _socket_mode(options.unix_socket_mode):
+                    _bind(server, address, credentials)
+                bound.append(address.target)
+            else:
+                port = _bind(server, address, credentials)
+                host = address.target.rpartition(":")[0]
+                bound.append(f"{host}:{port}")
+        health_only_server = None
+        if health_addresses:
+            # Plaintext and uninstrumented: kubelet gRPC probes speak neither TLS nor tokens.
+            health_only_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_only_server)
+            for address in health_addresses:
+                if address.unix_path is not None:
+                    _prepare_socket_path(address.unix_path)
+                    with _socket_mode(options.unix_socket_mode):
+                        _bind(health_only_server, address, None)
+                else:
+                    _bind(health_only_server, address, None)
+        if options.metrics_listen is not None:
+            metrics_endpoint = start_metrics_endpoint(options.metrics_listen)
+        await server.start()
+        if health_only_server is not None:
+            await health_only_server.start()
+    except BaseException:
+        if metrics_endpoint is not None:
+            await metrics_endpoint.close()
+        if call_log is not None:
+            await call_log.close()
+        raise
+    all_addresses = (*addresses, *health_addresses)
+    for address in all_addresses:
         if address.unix_path is not None:
             os.chmod(address.unix_path, options.unix_socket_mode)
     for name in ("", *service_names):
@@ -173,10 +263,27 @@ async def start_server(
         health=health_servicer,
         health_only_server=health_only_server,
         service_names=tuple(service_names),
-        addresses=addresses,
+        addresses=all_addresses,
         bound=tuple(bound),
         grace_seconds=options.grace_seconds,
+        metrics_bound=metrics_endpoint.bound if metrics_endpoint is not None else None,
+        call_log=call_log,
+        metrics_endpoint=metrics_endpoint,
     )
+
+
+def _prepare_socket_path(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        # A socket file left by a killed sidecar: nobody can be
+        # listening on it if we are about to own this path.
+        path.unlink()
+
+
+def announce_metrics(running: RunningServer, name: str) -> None:
+    """Tell the operator (and tests, for port 0) where the metrics are served."""
+    if running.metrics_bound is not None:
+        print(f"{name}: metrics on http://{running.metrics_bound}/metrics", file=sys.stderr, flush=True)
 
 
 async def serve_until_signalled(running: RunningServer, name: str) -> None:
@@ -188,6 +295,7 @@ async def serve_until_signalled(running: RunningServer, name: str) -> None:
     # One machine-readable line so launchers and tests learn the real ports.
     print(f"READY {name} {' '.join(running.bound)}", flush=True)
     print(f"{name}: serving on {', '.join(running.bound)}", file=sys.stderr, flush=True)
+    announce_metrics(running, name)
     await stop.wait()
     print(f"{name}: stopping (grace {running.grace_seconds:g}s)", file=sys.stderr, flush=True)
     await running.stop()

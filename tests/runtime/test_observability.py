@@ -1,0 +1,221 @@
+"""The call log, the Prometheus endpoint and the --otel switch, on real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import io
+import json
+import re
+import threading
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar_runtime import observability
+from sidecar_runtime.auth import EnvToken
+from sidecar_runtime.observability import CallLog
+
+from .runtime_support import PROBE_SERVICE, StartProbe, method, stream, unary
+
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+async def fails(call: Awaitable[object]) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value.code()
+
+
+async def test_one_json_line_per_call_with_its_final_status(start_probe: StartProbe, tmp_path: Path) -> None:
+    log_file = tmp_path / "calls.jsonl"
+    server = await start_probe(call_log=str(log_file), tokens=EnvToken("TOKEN", (b"secret",)))
+    async with grpc.aio.insecure_channel(server.bound[0]) as channel:
+        assert await unary(channel, "Echo", b"hi", metadata=(("x-request-id", "req-1"),), timeout=5) == b"hi"
+        assert await fails(unary(channel, "Echo", b"fail", timeout=5)) == grpc.StatusCode.NOT_FOUND
+        assert await fails(unary(channel, "Mutate", timeout=5)) == grpc.StatusCode.UNAUTHENTICATED
+        assert await stream(channel, "Count", b"2", timeout=5) == [b"0", b"1"]
+        assert await fails(unary(channel, "Sleep", b"5", timeout=0.2)) == grpc.StatusCode.DEADLINE_EXCEEDED
+        ticks = channel.unary_stream(method("Tick"), None, None)(b"50", timeout=5)
+        assert await ticks.read() == b"0"
+        ticks.cancel()
+        unknown = channel.unary_unary(f"/{PROBE_SERVICE}/Nope", None, None)(b"", timeout=5)
+        assert await fails(unknown) == grpc.StatusCode.UNIMPLEMENTED
+    async with grpc.aio.insecure_channel(server.bound[1]) as tcp_channel:
+        assert await unary(tcp_channel, "Echo", b"tcp", timeout=5) == b"tcp"
+    await asyncio.sleep(0.1)  # the cancelled Tick handler unwinds
+    await server.stop()  # flushes the log
+
+    lines = log_file.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_method.setdefault(record["method"], []).append(record)
+    outcomes = sorted((r["method"], r["status"], r.get("error_reason", "-")) for r in records)
+    assert outcomes == [
+        ("Count", "OK", "-"),
+        ("Echo", "NOT_FOUND", "THING_MISSING"),
+        ("Echo", "OK", "-"),
+        ("Echo", "OK", "-"),
+        ("Mutate", "UNAUTHENTICATED", "TOKEN_MISSING"),
+        ("Nope", "UNIMPLEMENTED", None),
+        ("Sleep", "DEADLINE_EXCEEDED", None),
+        ("Tick", "CANCELLED", None),
+    ]
+    for record in records:
+        assert set(record) >= {"ts", "service", "method", "status", "duration_ms", "peer", "request_id"}
+        assert record["service"] == PROBE_SERVICE
+        assert TIMESTAMP.fullmatch(record["ts"])
+        assert isinstance(record["duration_ms"], int | float)
+        assert record["duration_ms"] >= 0
+    first_echo, *_ = (r for r in by_method["Echo"] if r["request_id"] == "req-1")
+    assert first_echo["peer"].startswith("unix:")
+    generated = [r["request_id"] for r in records if r["request_id"] != "req-1"]
+    assert all(re.fullmatch(r"[0-9a-f]{16}-\d+", rid) for rid in generated)
+    assert len(set(generated)) == len(generated)
+    tcp_echo = next(r for r in by_method["Echo"] if r["peer"].startswith("ipv4:127.0.0.1:"))
+    assert tcp_echo["status"] == "OK"
+    assert by_method["Sleep"][0]["duration_ms"] >= 150
+
+
+async def test_reflection_streams_pass_through_and_are_logged(
+    start_probe: StartProbe, tmp_path: Path
+) -> None:
+    log_file = tmp_path / "calls.jsonl"
+    server = await start_probe(call_log=str(log_file), max_concurrent_calls=4, default_timeout=5.0)
+
+    def list_services() -> list[str]:
+        with grpc.insecure_channel(server.bound[0]) as channel:
+            services: list[str] = ProtoReflectionDescriptorDatabase(channel).get_services()
+            return services
+
+    assert PROBE_SERVICE in await asyncio.to_thread(list_services)
+    await server.stop()
+    (record,) = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert (record["service"], record["method"]) == (
+        "grpc.reflection.v1alpha.ServerReflection",
+        "ServerReflectionInfo",
+    )
+    # The reflection client either half-closes its stream or has it cancelled when its channel closes.
+    assert record["status"] in {"OK", "CANCELLED"}
+
+
+def scrape(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+async def get_metrics(address: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"http://{address}/metrics", timeout=5)
+    assert response.status_code == 200
+    return scrape(response.text)
+
+
+def labels(**values: str) -> frozenset[tuple[str, str]]:
+    return frozenset(values.items())
+
+
+async def test_metrics_endpoint_counts_calls_and_latency(start_probe: StartProbe) -> None:
+    server = await start_probe(metrics_listen="127.0.0.1:0")
+    assert server.metrics_bound is not None
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", server.metrics_bound)
+    before = await get_metrics(server.metrics_bound)
+    async with grpc.aio.insecure_channel(server.bound[0]) as channel:
+        for _ in range(3):
+            await unary(channel, "Echo", b"x", timeout=5)
+        await fails(unary(channel, "Echo", b"fail", timeout=5))
+    observability.record_refusal("persona")
+    observability.record_refusals(["mcp", "mcp", "hooks"])  # one refused call lacking two capabilities
+    observability.record_verification(0.3, "verified")
+    after = await get_metrics(server.metrics_bound)
+
+    def delta(name: str, label_set: frozenset[tuple[str, str]]) -> float:
+        return after.get((name, label_set), 0.0) - before.get((name, label_set), 0.0)
+
+    echo = {"grpc_service": PROBE_SERVICE, "grpc_method": "Echo"}
+    assert delta("grpc_server_handled_total", labels(**echo, grpc_code="OK")) == 3
+    assert delta("grpc_server_handled_total", labels(**echo, grpc_code="NOT_FOUND")) == 1
+    assert delta("grpc_server_handling_seconds_count", labels(**echo)) == 4
+    assert delta("grpc_server_handling_seconds_bucket", labels(**echo, le="+Inf")) == 4
+    assert delta("grpc_server_handling_seconds_bucket", labels(**echo, le="0.0005")) >= 0
+    assert after[("grpc_server_handling_seconds_sum", labels(**echo))] > 0
+    assert after[("grpc_server_calls_in_flight", labels())] == 0
+    assert delta("negotiator_refusals_total", labels(capability="persona")) == 1
+    assert delta("negotiator_refusals_total", labels(capability="mcp")) == 1
+    assert delta("negotiator_refusals_total", labels(capability="hooks")) == 1
+    assert delta("seedstore_verification_duration_seconds_count", labels(status="verified")) == 1
+    assert delta("seedstore_verification_duration_seconds_bucket", labels(status="verified", le="0.5")) == 1
+    assert delta("seedstore_verification_duration_seconds_bucket", labels(status="verified", le="0.25")) == 0
+    assert ("process_resident_memory_bytes", labels()) in after
+
+    await server.stop()
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"http://{server.metrics_bound}/metrics", timeout=2)
+
+
+async def test_metrics_listen_takes_host_and_port(start_probe: StartProbe, socket_dir: Path) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        await start_probe(metrics_listen=f"unix:{socket_dir / 'metrics.sock'}")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("opentelemetry") is not None
+    and importlib.util.find_spec("opentelemetry.instrumentation.grpc") is not None,
+    reason="the OpenTelemetry instrumentation is installed here",
+)
+async def test_otel_without_the_instrumentation_fails_start_up_clearly(start_probe: StartProbe) -> None:
+    with pytest.raises(RuntimeError, match="--otel needs the opentelemetry-instrumentation-grpc package"):
+        await start_probe(otel=True)
+
+
+class _BlockingStream(io.StringIO):
+    """Blocks the first write until released, as a full pipe would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.unblock = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.writing.set()
+        self.unblock.wait(timeout=10)
+        return super().write(text)
+
+
+async def test_a_blocked_log_drops_lines_instead_of_blocking_calls() -> None:
+    drops: list[None] = []
+    sink = _BlockingStream()
+    log = CallLog(sink, close_stream=False, on_drop=lambda: drops.append(None))
+    log.write({"n": 0})
+    assert await asyncio.to_thread(sink.writing.wait, 5)
+    for n in range(1, observability.MAX_PENDING_LINES + 11):
+        log.write({"n": n})  # returns at once although the writer is stuck
+    assert len(drops) == 10
+    sink.unblock.set()
+    await log.close()
+    written = [json.loads(line)["n"] for line in sink.getvalue().splitlines()]
+    assert written == list(range(observability.MAX_PENDING_LINES + 1))
+
+
+async def test_a_failing_log_stream_counts_drops() -> None:
+    class Broken(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError("disk full")
+
+    drops: list[None] = []
+    log = CallLog(Broken(), close_stream=False, on_drop=lambda: drops.append(None))
+    for n in range(3):
+        log.write({"n": n})
+    await log.close()
+    assert len(drops) == 3
