@@ -1,0 +1,262 @@
+"""Negotiator benchmarks, each against the echo baseline over a Unix socket.
+
+* Negotiate (a dry run: declaration checks only) p50 vs echo p50;
+* Invoke through a scripted adapter (no adapter work: echoes the prompt),
+  one caller, p50/p99 vs echo p50/p99, and 16 calls in flight, throughput vs
+  echo at 16;
+* the openai path: Invoke through the negotiator to the openai adapter,
+  which posts to a local mock chat-completions server, minus the same POST
+  made directly from the bench with httpx (p50 difference);
+* start-up (spawn → READY, spawn → health SERVING) vs the bare echo server,
+  and idle RSS after start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import httpx
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from google.protobuf import struct_pb2
+
+from bench.harness import (
+    BENCH_DIR,
+    Settings,
+    compare,
+    compare_startup,
+    echo_call,
+    echo_server_argv,
+    open_channel,
+    rss_mib,
+    start_server_process,
+    window,
+)
+from bench.report import (
+    Row,
+    absolute_row,
+    compared_overhead,
+    compared_ratio,
+    compared_throughput,
+    info_row,
+    missing_row,
+    startup_rows,
+)
+
+SCRIPTED = "bench-scripted"
+OPENAI = "bench-openai"
+MODEL = "bench-model"
+API_KEY_ENV = "BENCH_OPENAI_API_KEY"
+PROMPT = "Summarise the benchmark in one word."
+IN_FLIGHT = 16
+
+
+def negotiator_executable() -> Path:
+    return Path(sys.executable).parent / "negotiator"
+
+
+def negotiator_argv(listen: str, config: Path) -> list[str]:
+    return [str(negotiator_executable()), "serve", "--listen", listen, "--config", str(config)]
+
+
+def negotiator_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env[API_KEY_ENV] = "bench-not-a-secret"
+    return env
+
+
+def bench_config(openai_base_url: str) -> str:
+    """The negotiator config: a scripted framework adapter and an openai adapter (JSON is YAML)."""
+    config = {
+        "adapters": [
+            {
+                "shortname": SCRIPTED,
+                "implementation": "scripted",
+                "declaration": {
+                    "kind": "agent-framework",
+                    "capabilities": {
+                        "structured_output": "supported",
+                        "model_override": "supported",
+                        "settings": "supported",
+                    },
+                    "accepted_settings": ["temperature", "seed"],
+                    "string_formats": ["email", "date"],
+                },
+                "options": {
+                    "invoke": {"echo": True},
+                    "produce": {"json": {"summary": "scripted reply", "ok": True}},
+                },
+            },
+            {
+                "shortname": OPENAI,
+                "implementation": "openai",
+                "options": {"base_url": openai_base_url, "api_key_env": API_KEY_ENV, "model": MODEL},
+            },
+        ]
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def scripted_invoke_request() -> negotiator_pb2.InvokeRequest:
+    """A realistic call: a model override and two settings, each a requirement to check."""
+    settings = struct_pb2.Struct()
+    settings.update({"temperature": 0.2, "seed": 7})
+    return negotiator_pb2.InvokeRequest(
+        adapter=SCRIPTED,
+        prompt=PROMPT,
+        options=negotiator_pb2.CallOptions(model=MODEL, settings=settings),
+    )
+
+
+async def run(settings: Settings, rows: list[Row]) -> None:
+    """Append each figure to `rows` as soon as it is measured (a later failure keeps them)."""
+    workdir = settings.workdir / "negotiator"
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not negotiator_executable().exists():
+        rows.append(missing_row("negotiator (all)", "—", f"{negotiator_executable()} does not exist"))
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        mock = await start_server_process(
+            [sys.executable, str(BENCH_DIR / "mock_chat_server.py")], log_path=workdir / "mock-chat.log"
+        )
+        stack.push_async_callback(mock.stop)
+        base_url = f"http://{mock.target}/v1"
+        config = workdir / "negotiator.yaml"
+        config.write_text(bench_config(base_url))
+
+        echo_startup, negotiator_startup = await compare_startup(
+            lambda listen: negotiator_argv(listen, config),
+            label="negotiator",
+            workdir=workdir,
+            repeats=settings.startup_repeats,
+            env=negotiator_env(),
+        )
+        rows += startup_rows("negotiator", echo_startup, negotiator_startup, 4)
+
+        echo = await start_server_process(
+            echo_server_argv(f"unix:{workdir / 'echo.sock'}"), log_path=workdir / "echo.log"
+        )
+        stack.push_async_callback(echo.stop)
+        negotiator = await start_server_process(
+            negotiator_argv(f"unix:{workdir / 'negotiator.sock'}", config),
+            log_path=workdir / "negotiator.log",
+            env=negotiator_env(),
+        )
+        stack.push_async_callback(negotiator.stop)
+        await asyncio.sleep(1.0)  # let start-up allocations settle before reading RSS
+        rows.append(
+            absolute_row(
+                "negotiator idle RSS after start-up",
+                rss_mib(negotiator.pid),
+                "MiB",
+                80,
+                baseline=f"echo {rss_mib(echo.pid):.1f} MiB",
+            )
+        )
+
+        echo_channel = await open_channel(echo.target)
+        stack.push_async_callback(echo_channel.close, None)
+        channel = await open_channel(negotiator.target)
+        stack.push_async_callback(channel.close, None)
+        stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+
+        invoke_request = scripted_invoke_request()
+        negotiate_request = negotiator_pb2.NegotiateRequest(invoke=invoke_request)
+        decision = (await stub.Negotiate(negotiate_request)).decision
+        if not decision.accepted:
+            raise RuntimeError(f"the bench call is refused by {SCRIPTED}: {decision}")
+        reply = await stub.Invoke(invoke_request)
+        if reply.text != PROMPT:
+            raise RuntimeError(f"{SCRIPTED} did not echo the prompt: {reply.text!r}")
+
+        async def negotiate() -> object:
+            return await stub.Negotiate(negotiate_request)
+
+        async def invoke() -> object:
+            return await stub.Invoke(invoke_request)
+
+        negotiation = await compare(
+            window(echo_call(echo_channel, negotiate_request.SerializeToString()), settings),
+            window(negotiate, settings),
+            rounds=settings.rounds,
+        )
+        rows.append(compared_ratio("Negotiate p50 vs echo p50", negotiation, "p50_ms", 1.2))
+
+        echo_invoke = echo_call(echo_channel, invoke_request.SerializeToString())
+        single = await compare(
+            window(echo_invoke, settings), window(invoke, settings), rounds=settings.rounds
+        )
+        rows.append(compared_ratio(f"Invoke ({SCRIPTED}) p50, 1 caller", single, "p50_ms", 1.3))
+        rows.append(compared_ratio(f"Invoke ({SCRIPTED}) p99, 1 caller", single, "p99_ms", 1.5))
+
+        loaded = await compare(
+            window(echo_invoke, settings, concurrency=IN_FLIGHT),
+            window(invoke, settings, concurrency=IN_FLIGHT),
+            rounds=settings.rounds,
+        )
+        rows.append(
+            compared_throughput(f"Invoke ({SCRIPTED}) throughput, {IN_FLIGHT} in flight", loaded, 0.8)
+        )
+        rows.append(
+            info_row(
+                f"Invoke ({SCRIPTED}) p50 / p99, {IN_FLIGHT} in flight",
+                f"{loaded.subject.p50_ms:.2f} / {loaded.subject.p99_ms:.2f} ms",
+                f"{loaded.baseline.p50_ms:.2f} / {loaded.baseline.p99_ms:.2f} ms",
+            )
+        )
+
+        rows += await _openai_rows(settings, stub, base_url)
+
+
+async def _openai_rows(
+    settings: Settings, stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, base_url: str
+) -> list[Row]:
+    """Invoke via the openai adapter minus a direct POST of the same body to the same mock."""
+    request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}
+    headers = {"Authorization": "Bearer bench-not-a-secret"}
+    url = f"{base_url}/chat/completions"
+    async with httpx.AsyncClient() as client:
+
+        async def direct() -> object:
+            response = await client.post(url, json=body, headers=headers)
+            response.raise_for_status()
+            return response.content
+
+        async def via_negotiator() -> object:
+            return await stub.Invoke(request)
+
+        reply = await stub.Invoke(request)
+        if reply.text != "pong":
+            raise RuntimeError(f"{OPENAI} returned {reply.text!r}, not the mock's reply")
+        await direct()
+        comparison = await compare(
+            window(direct, settings), window(via_negotiator, settings), rounds=settings.rounds
+        )
+    return [
+        compared_overhead(
+            f"openai path: Invoke ({OPENAI}) p50 minus direct httpx POST p50", comparison, "p50_ms", 1.0
+        ),
+        info_row(
+            f"openai path: Invoke ({OPENAI}) p99 vs direct httpx POST p99",
+            f"{comparison.subject.p99_ms:.3f} ms",
+            f"{comparison.baseline.p99_ms:.3f} ms",
+            f"{comparison.subject.p99_ms - comparison.baseline.p99_ms:+.3f} ms",
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    from bench.report import render_table
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        bench_settings = Settings.for_run(quick="--quick" in sys.argv, workdir=Path(tmp))
+        collected: list[Row] = []
+        asyncio.run(run(bench_settings, collected))
+        print(render_table(collected))
