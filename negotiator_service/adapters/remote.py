@@ -54,8 +54,15 @@ _Response = TypeVar("_Response")
 
 DECLARATION_TIMEOUT_SECONDS = 5.0
 DELEGATION_DEPTH_METADATA = "x-delegation-depth"
-# AdapterCallOptions has no field for these, so a remote adapter can never honour them.
-IMPLEMENTED = ALL_CAPABILITIES - {Capability.MCP, Capability.TOOL_FILTER, Capability.TOOL_REGISTRATION}
+# AdapterCallOptions has no field for these (no MCP servers, tool filter, tools,
+# or conversation state travel to a remote adapter), so the negotiator refuses
+# them for a remote adapter whatever its declaration says.
+IMPLEMENTED = ALL_CAPABILITIES - {
+    Capability.MCP,
+    Capability.TOOL_FILTER,
+    Capability.TOOL_REGISTRATION,
+    Capability.STATEFUL_HISTORY,
+}
 
 _KINDS: Mapping[int, AdapterKind] = MappingProxyType(
     {
@@ -148,8 +155,11 @@ def declaration_from_proto(message: common_pb2.Declaration) -> tuple[Declaration
             shortname=message.shortname,
             kind=kind,
             # An explicit UNKNOWN says what omission says; dropping it keeps the version stable.
+            # What the contract cannot carry is UNSUPPORTED whatever the adapter claims, so
+            # Negotiate and the pre-dispatch check refuse it instead of the adapter's edge.
             capabilities=MappingProxyType(
                 {c: s for c, s in capabilities.items() if s is not CapabilityState.UNKNOWN}
+                | {c: CapabilityState.UNSUPPORTED for c in ALL_CAPABILITIES - IMPLEMENTED}
             ),
             mcp_transports=sets["mcp_transports"],
             accepted_settings=sets["accepted_settings"],
@@ -325,7 +335,9 @@ async def connect_remote(
         raise errors.AdapterRegistrationFailed(
             target, "the target must be unix:PATH, unix:///PATH or HOST:PORT", expected_shortname
         )
-    channel = grpc.aio.insecure_channel(resolved)
+    # A private subchannel: in grpc's global pool, a channel still open to a dead adapter at this
+    # address would make a restarted one unreachable until its reconnect backoff expires.
+    channel = grpc.aio.insecure_channel(resolved, options=[("grpc.use_local_subchannel_pool", 1)])
     try:
         stub = adapter_pb2_grpc.AdapterServiceStub(channel)
         try:

@@ -26,7 +26,7 @@ from google.protobuf import json_format
 
 from negotiator_service import errors
 from negotiator_service.adapters import build_adapter_async, build_adapters
-from negotiator_service.adapters.remote import RemoteAdapter, call_options, connect_remote
+from negotiator_service.adapters.remote import IMPLEMENTED, RemoteAdapter, call_options, connect_remote
 from negotiator_service.model import (
     AdapterCall,
     AdapterKind,
@@ -340,14 +340,31 @@ async def test_explicit_unknown_states_are_dropped_from_the_declaration(declarin
         capability=common_pb2.CAPABILITY_PERSONA, state=common_pb2.CAPABILITY_STATE_SUPPORTED
     )
     unknown = common_pb2.CapabilityDeclaration(
-        capability=common_pb2.CAPABILITY_MCP, state=common_pb2.CAPABILITY_STATE_UNKNOWN
+        capability=common_pb2.CAPABILITY_EFFORT, state=common_pb2.CAPABILITY_STATE_UNKNOWN
     )
     address = await declaring_server(_declaration(capabilities=[supported, unknown], scripted=True))
     adapter = await connect_remote(address, "odd")
     try:
         assert adapter.declaration.kind is AdapterKind.HARNESS
-        assert dict(adapter.declaration.capabilities) == {Capability.PERSONA: CapabilityState.SUPPORTED}
+        carried = {c: s for c, s in adapter.declaration.capabilities.items() if c in IMPLEMENTED}
+        assert carried == {Capability.PERSONA: CapabilityState.SUPPORTED}
         assert adapter.declaration.scripted is True
+    finally:
+        await adapter.close()
+
+
+async def test_what_the_contract_cannot_carry_is_declared_unsupported(declaring_server: Any) -> None:
+    """A remote adapter claiming MCP or conversations cannot be sent them: say so before dispatch."""
+    claims = [
+        common_pb2.CapabilityDeclaration(capability=c, state=common_pb2.CAPABILITY_STATE_SUPPORTED)
+        for c in (common_pb2.CAPABILITY_MCP, common_pb2.CAPABILITY_STATEFUL_HISTORY)
+    ]
+    address = await declaring_server(_declaration(capabilities=claims))
+    adapter = await connect_remote(address, "odd")
+    try:
+        assert adapter.declaration.state(Capability.MCP) is CapabilityState.UNSUPPORTED
+        assert adapter.declaration.state(Capability.STATEFUL_HISTORY) is CapabilityState.UNSUPPORTED
+        assert adapter.declaration.state(Capability.TOOL_REGISTRATION) is CapabilityState.UNSUPPORTED
     finally:
         await adapter.close()
 
