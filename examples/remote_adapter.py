@@ -12,6 +12,14 @@ cancellation); "fail:<CODE>" aborts with that gRPC status code
 (RESOURCE_EXHAUSTED carries a RetryInfo of 2 s); "options:" answers with the
 options and metadata the call carried, as JSON after "remote:".
 
+Delegation: "delegate:<target>:<adapter>:<prompt>" (Invoke) calls Invoke on
+the negotiator at <target> ("unix:PATH" or "HOST:PORT", no further colon)
+with that adapter and prompt, and answers "remote:" + its text. As the
+adapter contract asks, the call this adapter received is at depth d (its
+`delegation_depth`, also `x-delegation-depth` metadata), so the delegated call
+carries `x-delegation-depth: d + 1`; a negotiator refusal comes back as the
+same status code.
+
 Prints "READY <address>" once serving, "CANCELLED <method> <prompt>" when a
 caller cancels, and stops cleanly on SIGTERM or SIGINT.
 
@@ -24,13 +32,14 @@ import argparse
 import asyncio
 import json
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
 import grpc.aio
 from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
 from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -38,6 +47,9 @@ from grpc_status import rpc_status
 SUPPORTED = (common_pb2.CAPABILITY_STRUCTURED_OUTPUT, common_pb2.CAPABILITY_MODEL_OVERRIDE)
 STRING_FORMATS = ("email",)
 STOP_GRACE_SECONDS = 2.0
+DELEGATION_DEPTH_METADATA = "x-delegation-depth"
+# Kept back from our own deadline so the delegated answer can still travel home.
+DELEGATE_DEADLINE_MARGIN_SECONDS = 0.05
 
 
 def declaration(shortname: str) -> common_pb2.Declaration:
@@ -98,6 +110,9 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
     ) -> adapter_pb2.InvokeResponse:
         await _refuse_unsupported(request.options, context)
         await _act_on(request.prompt, "Invoke", context)
+        if request.prompt.startswith("delegate:"):
+            text = await _delegate(request.prompt.removeprefix("delegate:"), request.options, context)
+            return adapter_pb2.InvokeResponse(text="remote:" + text)
         if request.prompt.startswith("options:"):
             seen = {
                 "options": json_format.MessageToDict(request.options),
@@ -137,6 +152,45 @@ async def _refuse_unsupported(
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION, f"this adapter does not implement: {', '.join(unsupported)}"
         )
+
+
+def received_depth(options: adapter_pb2.AdapterCallOptions, metadata: Iterable[tuple[str, Any]]) -> int:
+    """This call's delegation depth: the options' and the metadata's, the deeper of the two."""
+    depth = options.delegation_depth
+    for key, value in metadata:
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        if key == DELEGATION_DEPTH_METADATA and text.isdigit():
+            depth = max(depth, int(text))
+    return depth
+
+
+async def _delegate(
+    spec: str, options: adapter_pb2.AdapterCallOptions, context: grpc.aio.ServicerContext[Any, Any]
+) -> str:
+    """Invoke an adapter through a negotiator, one level deeper than this call."""
+    scheme, _, rest = spec.partition(":")
+    location, _, rest = rest.partition(":")
+    adapter, _, prompt = rest.partition(":")
+    if not (scheme and location and adapter and prompt):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "expected delegate:<target>:<adapter>:<prompt>, e.g. delegate:unix:/s:a:hi",
+        )
+    depth = received_depth(options, context.invocation_metadata() or ())
+    remaining = context.time_remaining()
+    timeout = None if remaining is None else max(remaining - DELEGATE_DEADLINE_MARGIN_SECONDS, 0.0)
+    async with grpc.aio.insecure_channel(f"{scheme}:{location}") as channel:
+        stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        try:
+            response = await stub.Invoke(
+                negotiator_pb2.InvokeRequest(adapter=adapter, prompt=prompt),
+                timeout=timeout,
+                metadata=((DELEGATION_DEPTH_METADATA, str(depth + 1)),),
+            )
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), f"delegated call at depth {depth + 1} failed: {exc.details()}")
+    text: str = response.text
+    return text
 
 
 async def _act_on(prompt: str, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:

@@ -5,6 +5,12 @@ dispatch (no adapter code runs on a refusal), bounds the run by the caller's
 time budget, maps every adapter failure into the taxonomy, and checks
 structured output against the caller's schema rather than trusting the
 adapter's declaration.
+
+Before dispatch it also expands the call's negotiator profile (the adapter
+gets the merged options; negotiation.py) and holds the call to its
+delegation depth limit (depth.py). Every call it judges leaves exactly one
+audit record (audit.py): a dry run "accepted" or "refused"; a brokered call
+"refused" when it never reached the adapter, else "succeeded" or "failed".
 """
 
 from __future__ import annotations
@@ -13,12 +19,15 @@ import asyncio
 import json
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
 from referencing.exceptions import Unresolvable
 
 from negotiator_service import negotiation
+from negotiator_service.audit import AuditLog
+from negotiator_service.depth import DEFAULT_MAX_DEPTH, check_depth
 from negotiator_service.errors import (
     AdapterInternal,
     AdapterTimeout,
@@ -31,10 +40,14 @@ from negotiator_service.model import (
     Adapter,
     AdapterCall,
     AdapterReply,
+    AuditOutcome,
+    AuditRecord,
     CallKind,
     CallRequest,
     Decision,
     JsonValue,
+    Profile,
+    ToolBox,
 )
 from negotiator_service.registry import AdapterRegistry
 from sidecar_runtime.metrics import record_refusals
@@ -43,52 +56,143 @@ _LOGGER = logging.getLogger("negotiator_service.broker")
 
 
 class Broker:
-    def __init__(self, registry: AdapterRegistry, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        logger: logging.Logger | None = None,
+        *,
+        profiles: Mapping[str, Profile] | None = None,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        audit: AuditLog | None = None,
+    ) -> None:
+        """`profiles` are the config's (None: profile names are the adapters' own);
+        `max_depth` is the negotiator's delegation limit (config `limits.max_depth`);
+        `audit` receives a record of every decision (default: a stream-only log).
+        """
         self.registry = registry
+        self.profiles = profiles
+        self.max_depth = max_depth
+        self.audit = audit if audit is not None else AuditLog()
         self._logger = logger or _LOGGER
 
-    def negotiate(self, request: CallRequest) -> Decision:
-        """The dry run: the decision a call would get. Runs no adapter code."""
-        decision, _ = self._decide(request, operation="negotiate")
+    def negotiate(self, request: CallRequest, *, caller: str = "") -> Decision:
+        """The dry run: the decision a call would get. Runs no adapter code.
+
+        Audited as "accepted" or "refused"; a call that cannot be judged
+        (invalid, no such adapter) is audited as refused and raises.
+        """
+        audit = _AuditDraft(self, "negotiate", caller, request, delegation_depth=0)
+        try:
+            decision, _, _ = self._decide(request, operation="negotiate")
+        except BaseException as error:
+            audit.ended(error, dispatched=False)
+            raise
+        audit.decision = decision
+        if decision.accepted:
+            audit.emit(AuditOutcome.ACCEPTED)
+        else:
+            audit.emit(AuditOutcome.REFUSED, UnsupportedCapability.reason)
         return decision
 
     async def call(
-        self, request: CallRequest, *, time_budget: float | None, delegation_depth: int = 0
+        self,
+        request: CallRequest,
+        *,
+        time_budget: float | None,
+        delegation_depth: int = 0,
+        conversation_state: JsonValue = None,
+        tools: ToolBox | None = None,
+        caller: str = "",
+        audit_operation: str | None = None,
     ) -> tuple[AdapterReply, Decision]:
         """Judge the call, then run it; refusals raise UnsupportedCapability listing every gap.
 
         `time_budget` is the seconds the caller has left (None: no deadline).
+        `delegation_depth` is the call's depth (0: top level); a call deeper
+        than its limit (depth.py) raises DelegationDepthExceeded before dispatch.
+        `conversation_state` is the conversation's committed adapter state; the
+        reply's next state is returned untouched for `conversations` to commit.
+        `tools` is the call's own ToolBox (a ToolSession's), handed to the adapter.
+        `caller` (identity) and `audit_operation` (default: the call's kind)
+        go into the audit record: "refused" when the call never reached the
+        adapter, else "succeeded" or "failed" (cancelled calls too).
         Cancelling the task cancels the adapter's work.
         """
-        decision, schema = self._decide(request, operation=request.kind.value)
-        if not decision.accepted:
-            record_refusals(gap.requirement.capability.value for gap in decision.gaps)
-            raise UnsupportedCapability(decision)
-
-        entry = self.registry.get(decision.adapter)
-        adapter_call = AdapterCall(
-            prompt=request.prompt,
-            options=request.options,
-            output_schema=schema,
-            time_budget=time_budget,
-            delegation_depth=delegation_depth,
+        audit = _AuditDraft(
+            self, audit_operation or request.kind.value, caller, request, delegation_depth=delegation_depth
         )
-        reply = await self._run(entry.adapter, decision.adapter, request.kind, adapter_call)
-        if not request.options.stream_events:
-            # Events were not negotiated; returning them anyway would be an
-            # undeclared surface.
-            reply = AdapterReply(text=reply.text)
-        if schema is not None:
-            check_output(decision.adapter, schema, reply.text)
+        dispatched = False
+        try:
+            decision, schema, expanded = self._decide(request, operation=request.kind.value)
+            audit.decision = decision
+            # Before the capability verdict: no adapter could serve a call this deep.
+            check_depth(delegation_depth, expanded.options, self.max_depth)
+            if not decision.accepted:
+                record_refusals(gap.requirement.capability.value for gap in decision.gaps)
+                raise UnsupportedCapability(decision)
+
+            entry = self.registry.get(decision.adapter)
+            adapter_call = AdapterCall(
+                prompt=expanded.prompt,
+                options=expanded.options,
+                output_schema=schema,
+                time_budget=time_budget,
+                delegation_depth=delegation_depth,
+                conversation_state=conversation_state,
+                tools=tools,
+            )
+            dispatched = True
+            reply = await self._run(entry.adapter, decision.adapter, request.kind, adapter_call)
+            if not request.options.stream_events:
+                # Events were not negotiated; returning them anyway would be an
+                # undeclared surface.
+                reply = AdapterReply(text=reply.text, conversation_state=reply.conversation_state)
+            if schema is not None:
+                check_output(decision.adapter, schema, reply.text)
+        except BaseException as error:
+            audit.ended(error, dispatched=dispatched)
+            raise
+        audit.emit(AuditOutcome.SUCCEEDED)
         return reply, decision
 
-    def _decide(self, request: CallRequest, *, operation: str) -> tuple[Decision, Mapping[str, Any] | None]:
-        schema = negotiation.validate_request(request)
-        declaration = negotiation.select(request, self.registry.declaration)
-        requirements = negotiation.derive_requirements(request, schema)
-        decision = negotiation.judge(declaration, requirements, request.options.allow_unknown)
+    def audit_refusal(
+        self,
+        operation: str,
+        request: CallRequest,
+        error: NegotiatorError,
+        *,
+        caller: str = "",
+        delegation_depth: int = 0,
+    ) -> None:
+        """Audit a call refused outside the broker (a busy conversation), so every call leaves a record."""
+        _AuditDraft(self, operation, caller, request, delegation_depth=delegation_depth).ended(
+            error, dispatched=False
+        )
+
+    def preview(self, request: CallRequest) -> Decision:
+        """The decision `call` would reach, profiles expanded, without logging or auditing it.
+
+        For code that must know the verdict before calling (conversations
+        skip their lease for a refused call); raises as `negotiate` does.
+        """
+        decision, _, _ = self._judge(request)
+        return decision
+
+    def _decide(
+        self, request: CallRequest, *, operation: str
+    ) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
+        decision, schema, expanded = self._judge(request)
         self._log_decision(operation, decision, request)
-        return decision, schema
+        return decision, schema, expanded
+
+    def _judge(self, request: CallRequest) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
+        """The decision, the parsed schema, and the call with its profile expanded (what the adapter gets)."""
+        schema = negotiation.validate_request(request, self.profiles)
+        expanded, origins = negotiation.expand_profile(request, self.profiles)
+        declaration = negotiation.select(expanded, self.registry.declaration)
+        requirements = negotiation.relabel(negotiation.derive_requirements(expanded, schema), origins)
+        decision = negotiation.judge(declaration, requirements, request.options.allow_unknown)
+        return decision, schema, expanded
 
     async def _run(
         self, adapter: Adapter, shortname: str, kind: CallKind, adapter_call: AdapterCall
@@ -147,6 +251,48 @@ class Broker:
             "allow_unknown_requested": sorted(c.value for c in request.options.allow_unknown),
         }
         self._logger.info(json.dumps(record))
+
+
+class _AuditDraft:
+    """The audit record of one call, filled in as the call goes and emitted once when it ends."""
+
+    def __init__(
+        self, broker: Broker, operation: str, caller: str, request: CallRequest, *, delegation_depth: int
+    ) -> None:
+        self._log = broker.audit
+        self._operation = operation
+        self._caller = caller
+        self._request = request
+        self._delegation_depth = delegation_depth
+        self.decision: Decision | None = None  # set once the call was judged
+
+    def ended(self, error: BaseException, *, dispatched: bool) -> None:
+        """Emit the record of a call that raised `error`."""
+        if isinstance(error, NegotiatorError):
+            # A taxonomy error before dispatch is a refusal: no adapter code ran.
+            self.emit(AuditOutcome.FAILED if dispatched else AuditOutcome.REFUSED, error.reason)
+        elif isinstance(error, Exception):
+            self.emit(AuditOutcome.FAILED, "INTERNAL")
+        else:  # CancelledError: the caller went away
+            self.emit(AuditOutcome.FAILED, "CANCELLED")
+
+    def emit(self, outcome: AuditOutcome, error_reason: str = "") -> None:
+        request, decision = self._request, self.decision
+        named = request.adapter or request.agent or ""
+        self._log.emit(
+            AuditRecord(
+                time=datetime.now(UTC),
+                caller=self._caller,
+                operation=self._operation,
+                outcome=outcome,
+                adapter=decision.adapter if decision is not None else named,
+                declaration_version=decision.declaration_version if decision is not None else "",
+                verdicts=decision.verdicts if decision is not None else (),
+                error_reason=error_reason,
+                conversation_id=request.options.conversation_id or "",
+                delegation_depth=self._delegation_depth,
+            )
+        )
 
 
 def check_output(adapter: str, schema: Mapping[str, Any], text: str) -> Any:

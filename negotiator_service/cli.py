@@ -1,6 +1,7 @@
 """`negotiator`: run the negotiator, or talk to one.
 
-    negotiator serve [--config FILE] --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
+    negotiator serve [--config FILE] [--state-dir DIR] [--seedstore ADDR] [--audit-log FILE]
+                     --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
     negotiator [--server ADDR] deregister SHORTNAME
@@ -24,6 +25,9 @@ adapter's declaration must meet:
     --allow-tool NAME --deny-tool NAME   repeatable
     --stream-events
     --allow-unknown CAPABILITY     repeatable; accept an UNKNOWN capability for this call
+    --conversation ID              run as a turn of this conversation (needs stateful_history)
+    --no-wait                      with --conversation: fail (ABORTED) instead of waiting for a busy one
+    --new-conversation             with --conversation: drop its state and pinned declaration first
     --timeout SECONDS              the call's deadline (default 300; 30 for other commands)
 
 Output: JSON on stdout.
@@ -116,6 +120,9 @@ def _call_options_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deny-tool", action="append", default=[], metavar="NAME")
     parser.add_argument("--stream-events", action="store_true")
     parser.add_argument("--allow-unknown", action="append", default=[], metavar="CAPABILITY")
+    parser.add_argument("--conversation", default="", metavar="ID")
+    parser.add_argument("--no-wait", action="store_true")
+    parser.add_argument("--new-conversation", action="store_true")
     parser.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
     return parser
 
@@ -133,6 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the negotiator until SIGTERM/SIGINT")
     serve.add_argument("--config", type=Path, help="YAML config (default: the embedded demo config)")
+    serve.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where conversations are kept (default $XDG_STATE_HOME/agentsidecar/conversations, "
+        "else ~/.local/state/agentsidecar/conversations)",
+    )
+    serve.add_argument(
+        "--seedstore",
+        metavar="ADDR",
+        help="the seedstore Bootstrap searches for capability seeds (default: none; Bootstrap is refused)",
+    )
+    serve.add_argument(
+        "--audit-log",
+        type=Path,
+        metavar="FILE",
+        help="append every decision to FILE as a JSON line (default: none; WatchAudit streams them)",
+    )
     add_serve_arguments(serve, listen_help=" (required)")
 
     adapters = commands.add_parser("adapters", help="list adapters, get one, or watch changes")
@@ -250,6 +274,9 @@ def call_options(args: argparse.Namespace) -> pb.CallOptions:
         options.tool_filter.CopyFrom(pb.ToolFilter(allow=args.allow_tool, deny=args.deny_tool))
     options.stream_events = args.stream_events
     options.allow_unknown.extend(_capability(name) for name in args.allow_unknown)
+    options.conversation_id = args.conversation
+    options.no_wait = args.no_wait
+    options.new_conversation = args.new_conversation
     return options
 
 
@@ -436,6 +463,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if not args.listen:
         raise UsageError("the following arguments are required: --listen")
+    if args.seedstore is not None:
+        try:
+            parse_address(args.seedstore)
+        except ValueError as exc:
+            raise UsageError(f"--seedstore: {exc}") from exc
     try:
         options = server_options_from_args(args)
     except ServeArgumentError as exc:
@@ -447,6 +479,9 @@ def run_serve(args: argparse.Namespace) -> int:
         config_path=args.config,
         grace_seconds=options.grace_seconds,
         server_options=options,
+        state_dir=args.state_dir,
+        seedstore_target=args.seedstore,
+        audit_log=args.audit_log,
     )
     try:
         asyncio.run(serve(settings))

@@ -4,17 +4,35 @@ Parsing only; no adapter is built here. The file is read strictly: an
 unknown key, a bad enum value or a duplicate shortname is a ConfigError
 naming the file and the line, because a typo that silently drops a
 narrowing would leave an adapter advertising more than the operator meant.
+
+Besides `adapters`, a config may define `profiles` (named call options the
+negotiator expands into calls naming them; see negotiation.py) and `limits`
+(the delegation depth every call is held to; see depth.py):
+
+    profiles:
+      research:
+        model: gpt-research          # optional; also effort, settings
+        settings: {temperature: 0.2}
+        mcp_servers:
+          - {name: docs, transport: streamable-http, url: "http://127.0.0.1:8931/mcp"}
+          - {name: fs, transport: stdio, command: mcp-fs, args: [/srv/data], env: {LOG: "0"}}
+        adapter_profile: deep        # optional: a profile the adapter applies itself
+    limits:
+      max_depth: 3                   # the default; 0 forbids delegation
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NoReturn
 
 import yaml
 
 from negotiator_service.declarations import SHORTNAME_RE, validate_shortname
+from negotiator_service.depth import DEFAULT_MAX_DEPTH
 from negotiator_service.errors import ConfigError
 from negotiator_service.model import (
     MCP_TRANSPORTS,
@@ -24,6 +42,8 @@ from negotiator_service.model import (
     CapabilityState,
     DeclarationOverride,
     JsonValue,
+    McpServer,
+    Profile,
     TypedSet,
 )
 
@@ -84,8 +104,27 @@ _BOOL_TAG = "tag:yaml.org,2002:bool"
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 
+_TOP_KEYS = ("adapters", "profiles", "limits")
 _ADAPTER_KEYS = ("shortname", "implementation", "declaration", "options")
 _DECLARATION_KEYS = ("kind", "capabilities", *(s.value for s in TypedSet))
+_PROFILE_KEYS = ("mcp_servers", "model", "effort", "settings", "adapter_profile")
+_MCP_SERVER_KEYS = ("name", "transport", "command", "args", "env", "url", "headers")
+_LIMIT_KEYS = ("max_depth",)
+# Profile names appear in request fields such as "profile(NAME).model".
+PROFILE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_PROFILE_NAME = re.compile(PROFILE_NAME_RE)
+# "streamable-http" is accepted as "http", as in requests.
+_CONFIG_TRANSPORTS = ("stdio", "sse", "http", "streamable-http")
+_STDIO_ONLY = ("command", "args", "env")
+_REMOTE_ONLY = ("url", "headers")
+
+
+@dataclass(frozen=True, slots=True)
+class NegotiatorConfig:
+    adapters: tuple[AdapterSpec, ...]
+    # None: the config has no `profiles:` section, so profile names are the adapters' own.
+    profiles: Mapping[str, Profile] | None = None
+    max_depth: int = DEFAULT_MAX_DEPTH  # `limits.max_depth`
 
 
 class _Reader:
@@ -148,6 +187,19 @@ class _Reader:
             members.add(member)
         return frozenset(members)
 
+    def string_map(self, node: yaml.Node, what: str) -> dict[str, str]:
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a mapping of strings")
+        result: dict[str, str] = {}
+        for key_node, value_node in node.value:
+            key = self.string(key_node, f"a key of {what}")
+            if not key:
+                self.fail(key_node, f"{what} contains an empty key")
+            if key in result:
+                self.fail(key_node, f"duplicate key {key!r} in {what}")
+            result[key] = self.string(value_node, f"{what}.{key}")
+        return result
+
     def json_value(self, node: yaml.Node, what: str) -> JsonValue:
         """A JSON-compatible value: options end up in JSON-minded adapters."""
         if isinstance(node, yaml.MappingNode):
@@ -173,6 +225,11 @@ class _Reader:
 
 def load_config(text: str, path: str) -> tuple[AdapterSpec, ...]:
     """Parse a config file's text into adapter specs, in file order."""
+    return load_negotiator_config(text, path).adapters
+
+
+def load_negotiator_config(text: str, path: str) -> NegotiatorConfig:
+    """Parse a whole config file: adapters, profiles and limits."""
     try:
         loader = yaml.SafeLoader(text)
         try:
@@ -188,7 +245,7 @@ def load_config(text: str, path: str) -> tuple[AdapterSpec, ...]:
     reader = _Reader(path, loader)
     if root is None:
         raise ConfigError(f"{path}:1: the config is empty; expected a mapping with an `adapters` list")
-    top = reader.mapping(root, "the config", ("adapters",))
+    top = reader.mapping(root, "the config", _TOP_KEYS)
     if "adapters" not in top:
         reader.fail(root, "the config needs an `adapters` list")
     adapters_node = top["adapters"]
@@ -204,7 +261,124 @@ def load_config(text: str, path: str) -> tuple[AdapterSpec, ...]:
             reader.fail(entry, f'duplicate shortname "{spec.shortname}" (first defined on line {first_line})')
         first_seen[spec.shortname] = entry.start_mark.line + 1
         specs.append(spec)
-    return tuple(specs)
+    profiles = _profiles(reader, top["profiles"]) if "profiles" in top else None
+    max_depth = _max_depth(reader, top["limits"]) if "limits" in top else DEFAULT_MAX_DEPTH
+    return NegotiatorConfig(adapters=tuple(specs), profiles=profiles, max_depth=max_depth)
+
+
+def _profiles(reader: _Reader, node: yaml.Node) -> Mapping[str, Profile]:
+    if not isinstance(node, yaml.MappingNode):
+        reader.fail(node, "`profiles` must be a mapping from profile name to profile")
+    profiles: dict[str, Profile] = {}
+    for name_node, profile_node in node.value:
+        name = reader.string(name_node, "a profile name")
+        if _PROFILE_NAME.fullmatch(name) is None:
+            reader.fail(name_node, f"invalid profile name {name!r}: must match {PROFILE_NAME_RE}")
+        if name in profiles:
+            reader.fail(name_node, f"duplicate profile {name!r}")
+        profiles[name] = _profile(reader, profile_node, name)
+    return MappingProxyType(profiles)
+
+
+def _profile(reader: _Reader, node: yaml.Node, name: str) -> Profile:
+    what = f'profile "{name}"'
+    fields = reader.mapping(node, what, _PROFILE_KEYS)
+    if not fields:
+        reader.fail(node, f"{what} sets nothing; expected one of: {', '.join(_PROFILE_KEYS)}")
+    texts: dict[str, str | None] = {}
+    for key in ("model", "effort", "adapter_profile"):
+        texts[key] = None
+        if key in fields:
+            value = reader.string(fields[key], f"{what}: {key}")
+            if not value.strip():
+                reader.fail(fields[key], f"{what}: {key} must not be empty")
+            texts[key] = value
+    settings: Mapping[str, JsonValue] = MappingProxyType({})
+    if "settings" in fields:
+        settings_node = fields["settings"]
+        if not isinstance(settings_node, yaml.MappingNode):
+            reader.fail(settings_node, f"{what}: settings must be a mapping")
+        for key_node, _ in settings_node.value:
+            if reader.string(key_node, f"a key of {what}: settings") == "":
+                reader.fail(key_node, f"{what}: settings contains an empty key")
+        settings = MappingProxyType(reader.json_value(settings_node, f"{what}: settings"))
+    servers: tuple[McpServer, ...] = ()
+    if "mcp_servers" in fields:
+        servers = _mcp_servers(reader, fields["mcp_servers"], f"{what}: mcp_servers")
+    return Profile(
+        name=name,
+        mcp_servers=servers,
+        model=texts["model"],
+        effort=texts["effort"],
+        settings=settings,
+        adapter_profile=texts["adapter_profile"],
+    )
+
+
+def _mcp_servers(reader: _Reader, node: yaml.Node, what: str) -> tuple[McpServer, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        reader.fail(node, f"{what} must be a list")
+    servers: list[McpServer] = []
+    for index, entry in enumerate(node.value):
+        server = _mcp_server(reader, entry, f"{what}[{index}]")
+        if any(s.name == server.name for s in servers):
+            reader.fail(entry, f"{what}[{index}]: duplicate MCP server name {server.name!r}")
+        servers.append(server)
+    return tuple(servers)
+
+
+def _mcp_server(reader: _Reader, node: yaml.Node, what: str) -> McpServer:
+    fields = reader.mapping(node, what, _MCP_SERVER_KEYS)
+    for required in ("name", "transport"):
+        if required not in fields:
+            reader.fail(node, f"{what} needs `{required}`")
+    name = reader.string(fields["name"], f"{what}.name")
+    if not name:
+        reader.fail(fields["name"], f"{what}.name must not be empty")
+    transport = reader.choice(fields["transport"], f"{what}.transport", _CONFIG_TRANSPORTS)
+    stdio = transport == "stdio"
+    needed, inapplicable = ("command", _REMOTE_ONLY) if stdio else ("url", _STDIO_ONLY)
+    if needed not in fields:
+        reader.fail(node, f"{what} needs `{needed}` for the {transport} transport")
+    for key in inapplicable:
+        if key in fields:
+            # Kedi drops inapplicable fields; config refuses them, since one is usually a mistake.
+            reader.fail(fields[key], f"{what}.{key} does not apply to the {transport} transport")
+    text = reader.string(fields[needed], f"{what}.{needed}")
+    if not text:
+        reader.fail(fields[needed], f"{what}.{needed} must not be empty")
+    args: tuple[str, ...] = ()
+    if "args" in fields:
+        args_node = fields["args"]
+        if not isinstance(args_node, yaml.SequenceNode):
+            reader.fail(args_node, f"{what}.args must be a list of strings")
+        args = tuple(reader.string(item, f"an entry of {what}.args") for item in args_node.value)
+    maps: dict[str, Mapping[str, str]] = {}
+    for key in ("env", "headers"):
+        maps[key] = MappingProxyType(reader.string_map(fields[key], f"{what}.{key}") if key in fields else {})
+    return McpServer(
+        name=name,
+        transport=transport,
+        command=text if stdio else "",
+        args=args,
+        env=maps["env"],
+        url="" if stdio else text,
+        headers=maps["headers"],
+    )
+
+
+def _max_depth(reader: _Reader, node: yaml.Node) -> int:
+    fields = reader.mapping(node, "limits", _LIMIT_KEYS)
+    if "max_depth" not in fields:
+        return DEFAULT_MAX_DEPTH
+    depth_node = fields["max_depth"]
+    # A YAML int only: `true` or `3.0` is a typo here, not a depth.
+    if not isinstance(depth_node, yaml.ScalarNode) or depth_node.tag != _INT_TAG:
+        reader.fail(depth_node, "limits.max_depth must be a non-negative integer (0 forbids delegation)")
+    depth = reader.loader.construct_object(depth_node, deep=True)
+    if not isinstance(depth, int) or depth < 0:
+        reader.fail(depth_node, f"limits.max_depth must be a non-negative integer, not {depth}")
+    return depth
 
 
 def _adapter_spec(reader: _Reader, node: yaml.Node, what: str) -> AdapterSpec:

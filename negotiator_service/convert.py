@@ -21,12 +21,14 @@ from types import MappingProxyType
 
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 
-from negotiator_service.errors import InvalidRequest, NotImplementedYet
+from negotiator_service.bootstrap import BootstrapCall, BootstrapResult, Candidate, Gate, Risk
+from negotiator_service.errors import InvalidRequest
 from negotiator_service.model import (
     AdapterKind,
     AdapterReply,
+    AuditRecord,
     CallKind,
     CallOptions,
     CallRequest,
@@ -40,10 +42,23 @@ from negotiator_service.model import (
     Requirement,
     StreamEvent,
     ToolFilter,
+    ToolRisk,
     TypedSet,
     Verdict,
 )
 from negotiator_service.registry import Change, RegisteredAdapter
+from negotiator_service.tools import (
+    ApprovalDecision,
+    ApprovalMessage,
+    ApprovalRequestMessage,
+    CallerMessage,
+    FinalResult,
+    SessionMessage,
+    StartMessage,
+    ToolCallMessage,
+    ToolDraft,
+    ToolResultMessage,
+)
 
 # Doubles hold every integer up to 2**53 exactly; beyond that a "whole"
 # double is already rounded, so it stays a float rather than pretend precision.
@@ -127,10 +142,6 @@ def _target(
 
 
 def call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
-    if message.conversation_id or message.no_wait or message.new_conversation:
-        # Refused until conversations are built: a conversation id that were
-        # silently ignored would promise transactions nobody keeps.
-        raise NotImplementedYet("options.conversation_id (conversations)")
     problems: list[tuple[str, str]] = []
     allow_unknown: set[Capability] = set()
     for index, value in enumerate(message.allow_unknown):
@@ -164,6 +175,10 @@ def call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
         persona=message.persona if message.HasField("persona") else None,
         stream_events=message.stream_events,
         allow_unknown=frozenset(allow_unknown),
+        # proto3 has no presence for a plain string: "" is no conversation.
+        conversation_id=message.conversation_id or None,
+        no_wait=message.no_wait,
+        new_conversation=message.new_conversation,
     )
 
 
@@ -304,3 +319,202 @@ def invoke_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.I
     return negotiator_pb2.InvokeResponse(
         text=reply.text, decision=decision_to_proto(decision), events=events_to_proto(reply.events)
     )
+
+
+# --- audit ---------------------------------------------------------------------------
+
+
+def audit_record_to_proto(record: AuditRecord) -> negotiator_pb2.AuditRecord:
+    time = timestamp_pb2.Timestamp()
+    time.FromDatetime(record.time)
+    return negotiator_pb2.AuditRecord(
+        time=time,
+        caller=record.caller,
+        operation=record.operation,
+        adapter=record.adapter,
+        declaration_version=record.declaration_version,
+        verdicts=[verdict_to_proto(v) for v in record.verdicts],
+        outcome=record.outcome.value,
+        error_reason=record.error_reason,
+        allowed_unknown=[CAPABILITY_TO_PROTO[c] for c in record.allowed_unknown],
+        conversation_id=record.conversation_id,
+        delegation_depth=record.delegation_depth,
+    )
+
+
+def watch_audit_response(record: AuditRecord) -> negotiator_pb2.WatchAuditResponse:
+    return negotiator_pb2.WatchAuditResponse(record=audit_record_to_proto(record))
+
+
+# --- tool sessions ------------------------------------------------------------------
+
+TOOL_RISK_TO_PROTO: Mapping[ToolRisk, negotiator_pb2.ToolRisk.ValueType] = MappingProxyType(
+    {r: negotiator_pb2.ToolRisk.Value(f"TOOL_RISK_{r.name}") for r in ToolRisk}
+)
+# UNSPECIFIED is MUTATING, the safe default the proto documents.
+TOOL_RISK_FROM_PROTO: Mapping[int, ToolRisk] = MappingProxyType(
+    {int(negotiator_pb2.TOOL_RISK_UNSPECIFIED): ToolRisk.MUTATING}
+    | {int(v): r for r, v in TOOL_RISK_TO_PROTO.items()}
+)
+APPROVAL_FROM_PROTO: Mapping[int, ApprovalDecision] = MappingProxyType(
+    {int(negotiator_pb2.ApprovalDecision.Value(f"APPROVAL_DECISION_{d.name}")): d for d in ApprovalDecision}
+)
+
+
+def tool_session_request(message: negotiator_pb2.ToolSessionRequest) -> CallerMessage:
+    """One caller message of a ToolSession; field paths start at the ToolSessionRequest."""
+    which = message.WhichOneof("message")
+    if which == "start":
+        return tool_session_start(message.start)
+    if which == "tool_result":
+        result = message.tool_result
+        outcome = result.WhichOneof("outcome")
+        return ToolResultMessage(
+            call_id=result.call_id,
+            result_json=result.result_json if outcome == "result_json" else None,
+            error=result.error if outcome == "error" else None,
+        )
+    if which == "approval":
+        approval = message.approval
+        decision = APPROVAL_FROM_PROTO.get(int(approval.decision))
+        if decision is None:
+            raise InvalidRequest(
+                [("approval.decision", f"must be ALLOW, DENY or EDIT (enum value {int(approval.decision)})")]
+            )
+        return ApprovalMessage(
+            call_id=approval.call_id,
+            decision=decision,
+            edited_arguments_json=approval.edited_arguments_json,
+            reason=approval.reason,
+        )
+    raise InvalidRequest([("message", "exactly one of start, tool_result or approval is required")])
+
+
+def tool_session_start(message: negotiator_pb2.ToolSessionStart) -> StartMessage:
+    which = message.WhichOneof("call")
+    if which is None:
+        raise InvalidRequest([("start.call", "exactly one of produce or invoke is required")])
+    try:
+        call = produce_request(message.produce) if which == "produce" else invoke_request(message.invoke)
+    except InvalidRequest as error:
+        raise InvalidRequest([(f"start.{which}.{f}", d) for f, d in error.violations]) from error
+    problems: list[tuple[str, str]] = []
+    drafts: list[ToolDraft] = []
+    for index, spec in enumerate(message.tools):
+        risk = TOOL_RISK_FROM_PROTO.get(int(spec.risk))
+        if risk is None:
+            problems.append(
+                (f"start.tools[{index}].risk", f"is not a tool risk (enum value {int(spec.risk)})")
+            )
+            continue
+        drafts.append(
+            ToolDraft(
+                name=spec.name,
+                arguments_schema=spec.arguments_schema,
+                description=spec.description,
+                return_schema=spec.return_schema,
+                metadata=MappingProxyType(dict(spec.metadata)),
+                risk=risk,
+            )
+        )
+    if problems:
+        raise InvalidRequest(problems)
+    return StartMessage(call=call, tools=tuple(drafts), call_field=f"start.{which}")
+
+
+def tool_session_response(message: SessionMessage) -> negotiator_pb2.ToolSessionResponse:
+    if isinstance(message, ToolCallMessage):
+        return negotiator_pb2.ToolSessionResponse(
+            tool_call=negotiator_pb2.ToolCall(
+                call_id=message.call_id,
+                name=message.name,
+                arguments_json=message.arguments_json,
+                risk=TOOL_RISK_TO_PROTO[message.risk],
+            )
+        )
+    if isinstance(message, ApprovalRequestMessage):
+        return negotiator_pb2.ToolSessionResponse(
+            approval_request=negotiator_pb2.ApprovalRequest(
+                call_id=message.call_id,
+                tool_name=message.tool_name,
+                arguments_json=message.arguments_json,
+                risk=TOOL_RISK_TO_PROTO[message.risk],
+                adapter=message.adapter,
+                description=message.description,
+                metadata=dict(message.metadata),
+            )
+        )
+    assert isinstance(message, FinalResult)
+    if message.kind is CallKind.PRODUCE:
+        return negotiator_pb2.ToolSessionResponse(
+            produce_result=produce_response(message.reply, message.decision)
+        )
+    return negotiator_pb2.ToolSessionResponse(invoke_result=invoke_response(message.reply, message.decision))
+
+
+# --- capability bootstrap -------------------------------------------------------------
+
+GATE_TO_PROTO: Mapping[Gate, common_pb2.Gate.ValueType] = MappingProxyType(
+    {g: common_pb2.Gate.Value(f"GATE_{g.name}") for g in Gate}
+)
+GATE_FROM_PROTO: Mapping[int, Gate] = MappingProxyType({int(v): g for g, v in GATE_TO_PROTO.items()})
+RISK_TO_PROTO: Mapping[Risk, common_pb2.RiskFlag.ValueType] = MappingProxyType(
+    {r: common_pb2.RiskFlag.Value(f"RISK_FLAG_{r.name}") for r in Risk}
+)
+
+
+def bootstrap_request(message: negotiator_pb2.BootstrapRequest) -> BootstrapCall:
+    """Shape only: `bootstrap.validate_call` judges the fields. "" is an absent domain, seed or prompt."""
+    gates: set[Gate] = set()
+    problems: list[tuple[str, str]] = []
+    for index, value in enumerate(message.approved_gates):
+        gate = GATE_FROM_PROTO.get(int(value))
+        if gate is None:
+            problems.append((f"approved_gates[{index}]", f"is not a gate (enum value {int(value)})"))
+        else:
+            gates.add(gate)
+    if problems:
+        raise InvalidRequest(problems)
+    return BootstrapCall(
+        capability=message.capability,
+        domain=message.domain or None,
+        local_only=message.local_only,
+        seed=message.seed or None,
+        approved_gates=frozenset(gates),
+        run=message.run,
+        prompt=message.prompt,
+    )
+
+
+def candidate_to_proto(candidate: Candidate) -> common_pb2.Candidate:
+    return common_pb2.Candidate(
+        id=candidate.id,
+        domain=candidate.domain,
+        path=candidate.path,
+        score=candidate.score,
+        reasons=candidate.reasons,
+        risks=[RISK_TO_PROTO[r] for r in candidate.risks],
+        required_gates=[GATE_TO_PROTO[g] for g in candidate.required_gates],
+        matched_capability=candidate.matched_capability,
+        matched_domain=candidate.matched_domain,
+    )
+
+
+def bootstrap_response(result: BootstrapResult) -> negotiator_pb2.BootstrapResponse:
+    response = negotiator_pb2.BootstrapResponse(
+        candidates=[candidate_to_proto(c) for c in result.candidates], selected=result.selected or ""
+    )
+    if result.ask_policy is not None:
+        response.ask_policy.reason = result.ask_policy
+    if result.run is not None:
+        run = result.run
+        response.run.CopyFrom(
+            negotiator_pb2.BootstrapRun(
+                seed=run.seed,
+                argv=run.argv,
+                exit_code=run.exit_code,
+                output=run.output,
+                evidence=run.evidence,
+            )
+        )
+    return response

@@ -9,6 +9,25 @@ NegotiatorError
 ├── AdapterNotRemovable         deregister of a config-defined adapter
 ├── ConfigError                 bad config file, or config widening a declaration
 ├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
+├── ConversationBusy            another call of the conversation is running (caller set no_wait)
+├── DeclarationChanged          the adapter's declaration differs from the conversation's pinned one
+├── ConversationAdapterMismatch the conversation is bound to another adapter
+├── ConversationStateCorrupt    the stored conversation cannot be read back
+├── ConversationStoreFailed     the conversation state could not be read or written
+├── DelegationDepthExceeded     the call arrived deeper in a delegation chain than allowed
+├── AuditWatcherDropped         a WatchAudit stream fell too far behind and was cut
+├── SeedstoreNotConfigured      Bootstrap without a seedstore address
+├── SeedstoreUnavailable        the seedstore did not answer
+├── SeedstoreRefused            the seedstore answered with an error
+├── NoSeedFound                 no seed, even after broadening (no unseeded fallback without asking)
+├── SeedNotACandidate           the caller's pick is not among the candidates
+├── AskPolicyRequiresChoice     the top candidates are too close; the caller must pick
+├── GatesNotApproved            the seed requires gates the request does not approve
+├── SeedNotVerified             the seed's verification status is not `verified`
+├── SeedHasNoCommand            the seed has no runnable command
+├── SeedCommandNotFound         the seed's program does not exist here
+├── SeedCommandFailed           the seed's command could not start, or overflowed its output cap
+├── SeedCommandTimeout          the seed's command outlived the caller's time budget
 ├── OutputSchemaViolation       the adapter's output broke the schema
 └── AdapterFailure              the adapter failed while running
     ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
@@ -116,6 +135,104 @@ class NotImplementedYet(NegotiatorError):
         self.feature = feature
 
 
+class ConversationBusy(NegotiatorError):
+    """Another call of the conversation holds it, and the caller asked not to wait."""
+
+    reason = "CONVERSATION_BUSY"
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(
+            f'conversation "{conversation_id}" is running another call; retry later, or omit no_wait to queue'
+        )
+        self.conversation_id = conversation_id
+
+
+class DeclarationChanged(NegotiatorError):
+    """The adapter's declaration is not the one the conversation was pinned to at its first call."""
+
+    reason = "DECLARATION_CHANGED"
+
+    def __init__(self, conversation_id: str, adapter: str, pinned_version: str, current_version: str) -> None:
+        super().__init__(
+            f'conversation "{conversation_id}" is pinned to declaration {pinned_version} of adapter '
+            f'"{adapter}", which now declares {current_version}; set options.new_conversation to start afresh'
+        )
+        self.conversation_id = conversation_id
+        self.adapter = adapter
+        self.pinned_version = pinned_version
+        self.current_version = current_version
+
+
+class ConversationAdapterMismatch(NegotiatorError):
+    """A conversation belongs to the adapter of its first call; its state means nothing to another."""
+
+    reason = "CONVERSATION_ADAPTER_MISMATCH"
+
+    def __init__(self, conversation_id: str, bound_adapter: str, requested_adapter: str) -> None:
+        super().__init__(
+            f'conversation "{conversation_id}" belongs to adapter "{bound_adapter}", not '
+            f'"{requested_adapter}"; set options.new_conversation to start afresh with "{requested_adapter}"'
+        )
+        self.conversation_id = conversation_id
+        self.bound_adapter = bound_adapter
+        self.requested_adapter = requested_adapter
+
+
+class ConversationStateCorrupt(NegotiatorError):
+    """The stored record of a conversation is unreadable; options.new_conversation replaces it."""
+
+    reason = "CONVERSATION_STATE_CORRUPT"
+
+    def __init__(self, conversation_id: str, cause: str) -> None:
+        super().__init__(
+            f'the stored state of conversation "{conversation_id}" is unreadable ({cause}); '
+            "set options.new_conversation to start afresh"
+        )
+        self.conversation_id = conversation_id
+        self.cause = cause
+
+
+class ConversationStoreFailed(NegotiatorError):
+    """Reading or writing the conversation store failed (disk full, permissions)."""
+
+    reason = "CONVERSATION_STORE_FAILED"
+
+    def __init__(self, conversation_id: str, cause: str) -> None:
+        super().__init__(f'cannot store conversation "{conversation_id}": {cause}')
+        self.conversation_id = conversation_id
+        self.cause = cause
+
+
+class DelegationDepthExceeded(NegotiatorError):
+    """A call arrived at a delegation depth above the limit that applies to it (0 is top level)."""
+
+    reason = "DELEGATION_DEPTH_EXCEEDED"
+
+    def __init__(self, attempted: int, max_depth: int, limit: str) -> None:
+        """`limit` names where `max_depth` comes from: "options.max_depth.depth" or "limits.max_depth"."""
+        forbids = "; 0 forbids delegation" if max_depth == 0 else ""
+        super().__init__(
+            f"a call at delegation depth {attempted} exceeds the maximum depth {max_depth} "
+            f"({limit}{forbids}); depth 0 is a top-level call"
+        )
+        self.attempted = attempted
+        self.max_depth = max_depth
+        self.limit = limit
+
+
+class AuditWatcherDropped(NegotiatorError):
+    """A WatchAudit stream did not keep up; it is cut rather than let it slow any call down."""
+
+    reason = "AUDIT_WATCHER_DROPPED"
+
+    def __init__(self, queue_size: int) -> None:
+        super().__init__(
+            f"this audit watch fell more than {queue_size} records behind and was dropped; "
+            "watch again (the audit log file, when configured, has every record)"
+        )
+        self.queue_size = queue_size
+
+
 class OutputSchemaViolation(NegotiatorError):
     reason = "OUTPUT_SCHEMA_VIOLATION"
 
@@ -163,3 +280,173 @@ class AdapterMisconfigured(AdapterFailure):
 
 class AdapterInternal(AdapterFailure):
     reason = "ADAPTER_INTERNAL"
+
+
+# --- capability bootstrap (bootstrap.py) -------------------------------------------
+
+
+class SeedstoreNotConfigured(NegotiatorError):
+    """Bootstrap needs a seedstore, and this negotiator was started without one."""
+
+    reason = "SEEDSTORE_NOT_CONFIGURED"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this negotiator has no seedstore configured, so it cannot bootstrap capabilities; "
+            "start it with the seedstore's address (negotiator serve --seedstore ADDR)"
+        )
+
+
+class SeedstoreUnavailable(NegotiatorError):
+    """The seedstore did not answer (not running, unreachable, shutting down, too slow)."""
+
+    reason = "SEEDSTORE_UNAVAILABLE"
+
+    def __init__(self, target: str, cause: str) -> None:
+        super().__init__(f"cannot reach the seedstore at {target}: {cause}")
+        self.target = target
+        self.cause = cause
+
+
+class SeedstoreRefused(NegotiatorError):
+    """The seedstore answered with an error other than unavailability or a bad request field."""
+
+    reason = "SEEDSTORE_REFUSED"
+
+    def __init__(self, target: str, code: str, seedstore_reason: str, cause: str) -> None:
+        """`code` is the seedstore's status code name, `seedstore_reason` its ErrorInfo reason."""
+        super().__init__(f"the seedstore at {target} refused: {cause} ({code} {seedstore_reason})".strip())
+        self.target = target
+        self.code = code
+        self.seedstore_reason = seedstore_reason
+        self.cause = cause
+
+
+class NoSeedFound(NegotiatorError):
+    """No seed matched, not even after broadening: seed 001 forbids an unseeded fallback without asking."""
+
+    reason = "NO_SEED_FOUND"
+
+    def __init__(
+        self,
+        capability: str,
+        domain: str | None,
+        searches: Sequence[tuple[str, str | None]],
+        fallback_policy: str,
+    ) -> None:
+        """`searches` are the (capability, domain or None for the whole store) pairs tried, first included."""
+        where = f'in domain "{domain}"' if domain else "in any domain"
+        super().__init__(
+            f'no capability seed provides "{capability}" {where}, not even after '
+            f"{len(searches)} searches of it and its related terms; using an unseeded local fallback "
+            "needs the caller's explicit approval, or add a local seed and verify it first"
+        )
+        self.capability = capability
+        self.domain = domain
+        self.searches = tuple(searches)
+        self.fallback_policy = fallback_policy
+
+
+class SeedNotACandidate(NegotiatorError):
+    """The caller picked a seed the search did not return."""
+
+    reason = "SEED_NOT_A_CANDIDATE"
+
+    def __init__(self, seed: str, capability: str, candidates: Sequence[str]) -> None:
+        listed = ", ".join(candidates) or "none"
+        super().__init__(
+            f'seed "{seed}" is not among the candidates for "{capability}" (candidates: {listed})'
+        )
+        self.seed = seed
+        self.capability = capability
+        self.candidates = tuple(candidates)
+
+
+class AskPolicyRequiresChoice(NegotiatorError):
+    """The top candidates score too close to choose, and the caller picked none."""
+
+    reason = "ASK_POLICY_REQUIRES_CHOICE"
+
+    def __init__(self, capability: str, ask_policy: str, tied: Sequence[tuple[str, int]]) -> None:
+        """`tied` are the ("domain/id", score) pairs the caller should choose from, best first."""
+        listed = ", ".join(f"{seed} (score {score})" for seed, score in tied)
+        super().__init__(
+            f'the top candidates for "{capability}" are too close to choose ({ask_policy}); '
+            f"pick one with `seed`: {listed}"
+        )
+        self.capability = capability
+        self.ask_policy = ask_policy
+        self.tied = tuple(tied)
+
+
+class GatesNotApproved(NegotiatorError):
+    """The seed requires gates the request does not approve."""
+
+    reason = "GATES_NOT_APPROVED"
+
+    def __init__(self, seed: str, required: Sequence[str], missing: Sequence[str]) -> None:
+        super().__init__(
+            f'seed "{seed}" requires approval of {", ".join(required)}; not approved: {", ".join(missing)}'
+        )
+        self.seed = seed
+        self.required = tuple(required)
+        self.missing = tuple(missing)
+
+
+class SeedNotVerified(NegotiatorError):
+    """Seed 001: an unverified (or failed) seed is not used until it is verified."""
+
+    reason = "SEED_NOT_VERIFIED"
+
+    def __init__(self, seed: str, status: str) -> None:
+        super().__init__(
+            f'seed "{seed}" is {status}, not verified; verify it (seedstore VerifySeeds) before running it'
+        )
+        self.seed = seed
+        self.status = status
+
+
+class SeedHasNoCommand(NegotiatorError):
+    """The chosen seed has no command line that can be run."""
+
+    reason = "SEED_HAS_NO_COMMAND"
+
+    def __init__(self, seed: str, cause: str) -> None:
+        super().__init__(f'seed "{seed}" cannot be run: {cause}')
+        self.seed = seed
+        self.cause = cause
+
+
+class SeedCommandNotFound(NegotiatorError):
+    """The seed's program does not exist here (on this negotiator's PATH, or at its path)."""
+
+    reason = "SEED_COMMAND_NOT_FOUND"
+
+    def __init__(self, seed: str, program: str, cause: str) -> None:
+        super().__init__(f'seed "{seed}": cannot run "{program}": not found ({cause})')
+        self.seed = seed
+        self.program = program
+        self.cause = cause
+
+
+class SeedCommandFailed(NegotiatorError):
+    """The seed's command could not be started (permissions, not executable) or overflowed its output cap."""
+
+    reason = "SEED_COMMAND_FAILED"
+
+    def __init__(self, seed: str, cause: str) -> None:
+        super().__init__(f'seed "{seed}": its command failed: {cause}')
+        self.seed = seed
+        self.cause = cause
+
+
+class SeedCommandTimeout(NegotiatorError):
+    """The seed's command outlived the caller's time budget; its process group was killed."""
+
+    reason = "SEED_COMMAND_TIMEOUT"
+
+    def __init__(self, seed: str, seconds: float, limit: str) -> None:
+        super().__init__(f'seed "{seed}": its command did not finish within {seconds:g} s ({limit})')
+        self.seed = seed
+        self.seconds = seconds
+        self.limit = limit

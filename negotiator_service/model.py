@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -156,6 +157,11 @@ class CallOptions:
     persona: str | None = None
     stream_events: bool = False
     allow_unknown: frozenset[Capability] = frozenset()
+    # Calls sharing a conversation id run one at a time, as transactions
+    # (conversations.py); needs stateful_history.
+    conversation_id: str | None = None
+    no_wait: bool = False  # fail with ConversationBusy instead of waiting for the conversation
+    new_conversation: bool = False  # drop the conversation's state and pinned declaration
 
 
 class CallKind(enum.Enum):
@@ -173,6 +179,8 @@ class CallRequest:
     agent: str | None = None  # harnesses only
     output_schema: str | None = None  # JSON text; Produce only
     options: CallOptions = field(default_factory=CallOptions)
+    # Caller tools of a ToolSession (validated by tools.py); any at all needs tool_registration.
+    tools: tuple[ToolSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,3 +345,50 @@ class AdapterSpec:
     # Implementation-specific options, as parsed from YAML (validated by the adapter).
     options: Mapping[str, JsonValue] = field(default_factory=lambda: MappingProxyType({}))
     source_path: str = ""  # config file, for error messages
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A named set of call options from the negotiator's config (`profiles:`).
+
+    A call naming it with `options.profile` gets these fields merged in by the
+    negotiator (`negotiation.expand_profile`) before its requirements are
+    derived, so the adapter sees only the merged options.
+    """
+
+    name: str
+    mcp_servers: tuple[McpServer, ...] = ()
+    model: str | None = None
+    effort: str | None = None
+    settings: Mapping[str, JsonValue] = field(default_factory=lambda: MappingProxyType({}))
+    # A profile of the adapter's own that the adapter applies itself: sent as
+    # the call's `profile`, so it needs profile_override.
+    adapter_profile: str | None = None
+
+
+class AuditOutcome(enum.Enum):
+    ACCEPTED = "accepted"  # a dry run the declaration meets
+    REFUSED = "refused"  # judged and refused before any adapter code ran
+    SUCCEEDED = "succeeded"  # dispatched, and the adapter's answer was returned
+    FAILED = "failed"  # dispatched, and the call failed (or was cancelled) after that
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One decision the negotiator made, as the audit stream and log carry it."""
+
+    time: datetime  # when the call ended; timezone-aware UTC
+    caller: str  # the authenticated identity, else the peer address
+    operation: str  # "negotiate" | "produce" | "invoke" | "tool_session" | "bootstrap"
+    outcome: AuditOutcome
+    adapter: str = ""  # the adapter the call named, when it named one
+    declaration_version: str = ""  # set once an adapter was selected
+    verdicts: tuple[Verdict, ...] = ()  # every requirement with its verdict, in request order
+    error_reason: str = ""  # ErrorInfo reason of a refusal or failure
+    conversation_id: str = ""
+    delegation_depth: int = 0
+
+    @property
+    def allowed_unknown(self) -> tuple[Capability, ...]:
+        """Capabilities the caller let through while the declaration was silent, each once."""
+        return tuple(dict.fromkeys(v.requirement.capability for v in self.verdicts if v.allowed_unknown))

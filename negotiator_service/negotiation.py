@@ -2,12 +2,34 @@
 
 No I/O and no adapter code: `Broker` calls these before anything runs, and the
 Negotiate dry run calls nothing else.
+
+Profiles. `options.profile` names a profile, and who defines profile names is
+a choice the operator makes in the config:
+- With a `profiles:` section, the negotiator owns the names. A call naming a
+  profile gets it expanded here (`expand_profile`) before its requirements
+  are derived: request fields win over profile fields, settings merge per key
+  (the request's value wins), and the profile's MCP servers come first with
+  the request's appended after them (Kedi's merge rules). The expanded call
+  needs only what its contents need, each requirement pointing at where the
+  value came from ("profile(research).mcp_servers[0].transport"), so an MCP
+  transport the adapter does not declare is refused before dispatch like one
+  in the request. It needs no `profile_override`: the adapter never sees the
+  profile's name, only its merged options. A name the section does not
+  define is INVALID_ARGUMENT on `options.profile`. A profile that wants the
+  adapter to apply a profile of its own says so with `adapter_profile`; that
+  name is sent as the call's `profile` and needs `profile_override`
+  ("profile(NAME).adapter_profile").
+- Without a `profiles:` section the name is the adapter's own: it is passed
+  on unchanged and needs `profile_override` ("options.profile"), as before
+  negotiator profiles existed.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
@@ -22,12 +44,14 @@ from negotiator_service.model import (
     SET_CAPABILITY,
     AdapterKind,
     CallKind,
+    CallOptions,
     CallRequest,
     Capability,
     CapabilityState,
     Decision,
     Declaration,
     McpServer,
+    Profile,
     Requirement,
     TypedSet,
     Verdict,
@@ -36,6 +60,10 @@ from negotiator_service.model import (
 if TYPE_CHECKING:
     # referencing exports no name for its resolver type.
     from referencing._core import Resolver
+
+# Conversation ids are opaque (stored under their hash), but they travel in
+# error metadata and state files, so they are bounded.
+MAX_CONVERSATION_ID_LENGTH = 512
 
 # Kedi's McpServerSpec.normalized(): the modern name of the HTTP transport.
 _TRANSPORT_ALIASES: Mapping[str, str] = {"streamable-http": "http"}
@@ -69,8 +97,14 @@ def normalize_transport(transport: str) -> str:
     return _TRANSPORT_ALIASES.get(transport, transport)
 
 
-def validate_request(request: CallRequest) -> Mapping[str, Any] | None:
+def validate_request(
+    request: CallRequest, profiles: Mapping[str, Profile] | None = None
+) -> Mapping[str, Any] | None:
     """Check a call's shape; return its parsed output schema (Produce) or None.
+
+    `profiles` are the negotiator's (None: it defines none, so a profile name
+    is the adapter's); an unknown name, or a request MCP server named like one
+    of the profile's, is a problem of the request.
 
     Raises InvalidRequest listing every problem at once, so a caller fixes
     them in one round trip. A boolean schema is returned as its object
@@ -90,6 +124,7 @@ def validate_request(request: CallRequest) -> Mapping[str, Any] | None:
     elif request.output_schema:
         problems.append(("output_schema", "is only for Produce; Invoke returns plain text"))
     problems.extend(_option_problems(request))
+    problems.extend(_profile_problems(request.options, profiles))
     if problems:
         raise InvalidRequest(problems)
     return schema
@@ -164,6 +199,7 @@ def _option_problems(request: CallRequest) -> list[tuple[str, str]]:
             problems.append(("options.max_depth", "set depth or provider_managed"))
         elif depth.depth is not None and depth.depth < 0:
             problems.append(("options.max_depth.depth", "must not be negative"))
+    problems.extend(_conversation_problems(options))
     if options.tool_filter is not None:
         tool_filter = options.tool_filter
         if not tool_filter.allow and not tool_filter.deny:
@@ -171,6 +207,22 @@ def _option_problems(request: CallRequest) -> list[tuple[str, str]]:
         for list_name, names in (("allow", tool_filter.allow), ("deny", tool_filter.deny)):
             problems.extend(_name_list_problems(f"options.tool_filter.{list_name}", names, "tool name"))
     return problems
+
+
+def _conversation_problems(options: CallOptions) -> list[tuple[str, str]]:
+    conversation_id = options.conversation_id
+    if conversation_id is None:
+        # Without a conversation these would be accepted and do nothing.
+        return [
+            (f"options.{name}", "needs options.conversation_id")
+            for name, value in (("no_wait", options.no_wait), ("new_conversation", options.new_conversation))
+            if value
+        ]
+    if not conversation_id.strip():
+        return [("options.conversation_id", "must not be blank when set")]
+    if len(conversation_id) > MAX_CONVERSATION_ID_LENGTH:
+        return [("options.conversation_id", f"must be at most {MAX_CONVERSATION_ID_LENGTH} characters")]
+    return []
 
 
 def _name_list_problems(path: str, names: Sequence[str], what: str) -> list[tuple[str, str]]:
@@ -204,6 +256,84 @@ def _mcp_problems(servers: Sequence[McpServer]) -> list[tuple[str, str]]:
         elif transport != "stdio" and not server.url:
             problems.append((f"{path}.url", f"is required for the {transport} transport"))
     return problems
+
+
+def _profile_problems(options: CallOptions, profiles: Mapping[str, Profile] | None) -> list[tuple[str, str]]:
+    if profiles is None or options.profile is None or not options.profile.strip():
+        return []  # no negotiator profiles, no profile, or already reported as empty
+    profile = profiles.get(options.profile)
+    if profile is None:
+        defined = ", ".join(f'"{name}"' for name in sorted(profiles)) or "none"
+        return [("options.profile", f'unknown profile "{options.profile}"; the negotiator defines {defined}')]
+    attached = {server.name for server in profile.mcp_servers}
+    return [
+        (
+            f"options.mcp_servers[{index}].name",
+            f'MCP server "{server.name}" is already attached by profile "{profile.name}"; '
+            "give it another name or drop it",
+        )
+        for index, server in enumerate(options.mcp_servers)
+        if server.name in attached
+    ]
+
+
+def expand_profile(
+    request: CallRequest, profiles: Mapping[str, Profile] | None
+) -> tuple[CallRequest, Mapping[str, str]]:
+    """The call with its negotiator profile merged in, and where each merged field came from.
+
+    The mapping takes a request field of the expanded call, as
+    `derive_requirements` names it, to the field to report instead (see
+    `relabel`); it is empty when nothing was expanded. Raises InvalidRequest
+    for a profile this negotiator does not define.
+    """
+    options = request.options
+    if profiles is None or options.profile is None:
+        return request, MappingProxyType({})
+    profile = profiles.get(options.profile)
+    if profile is None:
+        raise InvalidRequest(_profile_problems(options, profiles))
+    origin = f"profile({profile.name})"
+    fields: dict[str, str] = {}
+    model, effort = options.model, options.effort
+    if model is None and profile.model is not None:
+        model = profile.model
+        fields["options.model"] = f"{origin}.model"
+    if effort is None and profile.effort is not None:
+        effort = profile.effort
+        fields["options.effort"] = f"{origin}.effort"
+    if profile.settings and not options.settings:
+        fields["options.settings"] = f"{origin}.settings"
+    for key in profile.settings:
+        if key not in options.settings:
+            fields[f"options.settings.{key}"] = f"{origin}.settings.{key}"
+    if profile.mcp_servers and not options.mcp_servers:
+        fields["options.mcp_servers"] = f"{origin}.mcp_servers"
+    inherited = len(profile.mcp_servers)
+    for index in range(inherited):
+        fields[f"options.mcp_servers[{index}].transport"] = f"{origin}.mcp_servers[{index}].transport"
+    for index in range(len(options.mcp_servers)):
+        own = f"options.mcp_servers[{index}].transport"
+        fields[f"options.mcp_servers[{inherited + index}].transport"] = own
+    if profile.adapter_profile is not None:
+        fields["options.profile"] = f"{origin}.adapter_profile"
+    expanded = replace(
+        options,
+        model=model,
+        effort=effort,
+        settings=MappingProxyType({**profile.settings, **options.settings}),
+        mcp_servers=profile.mcp_servers + options.mcp_servers,
+        profile=profile.adapter_profile,
+    )
+    return replace(request, options=expanded), MappingProxyType(fields)
+
+
+def relabel(requirements: Sequence[Requirement], fields: Mapping[str, str]) -> tuple[Requirement, ...]:
+    """Requirements pointing at the fields the caller wrote (profile fields by their profile)."""
+    return tuple(
+        replace(r, request_field=fields[r.request_field]) if r.request_field in fields else r
+        for r in requirements
+    )
 
 
 def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
@@ -259,6 +389,11 @@ def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) 
         requirements.append(Requirement(Capability.PERSONA, "options.persona"))
     if options.stream_events:
         requirements.append(Requirement(Capability.STREAM_EVENTS, "options.stream_events"))
+    if options.conversation_id is not None:
+        requirements.append(Requirement(Capability.STATEFUL_HISTORY, "options.conversation_id"))
+    if request.tools:
+        # Caller tools of a ToolSession (ToolSessionStart.tools, after the call itself).
+        requirements.append(Requirement(Capability.TOOL_REGISTRATION, "tools"))
     return tuple(requirements)
 
 

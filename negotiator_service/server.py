@@ -24,12 +24,21 @@ import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 
 from negotiator_service.adapters import build_adapters, connect_remote
+from negotiator_service.audit import DEFAULT_WATCH_QUEUE_SIZE, AuditLog
+from negotiator_service.bootstrap import Bootstrapper, GrpcSeedSource
 from negotiator_service.broker import Broker
-from negotiator_service.config import EMBEDDED_CONFIG_PATH, EMBEDDED_DEFAULT_CONFIG, load_config
+from negotiator_service.config import (
+    EMBEDDED_CONFIG_PATH,
+    EMBEDDED_DEFAULT_CONFIG,
+    NegotiatorConfig,
+    load_negotiator_config,
+)
+from negotiator_service.conversations import ConversationManager, ConversationStore, default_state_dir
 from negotiator_service.errors import ConfigError
 from negotiator_service.model import Adapter, AdapterSpec
 from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 from negotiator_service.servicer import DEFAULT_DEADLINE_MARGIN_SECONDS, SERVICE_NAME, NegotiatorServicer
+from sidecar_runtime.addresses import parse_address
 from sidecar_runtime.server import RunningServer, ServerOptions, announce_metrics, start_server
 
 DEFAULT_GRACE_SECONDS = 10.0
@@ -48,6 +57,14 @@ class Settings:
     # Auth, limits and observability (sidecar_runtime.serve_args); `listen`
     # and `grace_seconds` above take precedence over the same fields here.
     server_options: ServerOptions | None = None
+    # The seedstore Bootstrap searches (unix:PATH or HOST:PORT); None: Bootstrap is refused.
+    seedstore_target: str | None = None
+    # Where conversations are kept; None: conversations.default_state_dir().
+    state_dir: Path | None = None
+    # The JSON-lines audit log (appended); None: audit records go to WatchAudit only.
+    audit_log: Path | None = None
+    # How many records a WatchAudit stream may fall behind before it is dropped.
+    audit_watch_queue: int = DEFAULT_WATCH_QUEUE_SIZE
 
 
 @dataclass(slots=True)
@@ -58,6 +75,7 @@ class RunningNegotiator:
     registry: AdapterRegistry
     broker: Broker
     servicer: NegotiatorServicer
+    bootstrapper: Bootstrapper | None = None
     _stopped: bool = field(default=False)
 
     @property
@@ -77,39 +95,79 @@ class RunningNegotiator:
         try:
             await self.running.stop()
         finally:
-            await self.registry.close()
+            try:
+                await self.registry.close()
+            finally:
+                try:
+                    if self.bootstrapper is not None:
+                        await self.bootstrapper.close()
+                finally:
+                    self.broker.audit.close()
 
 
 def read_config(config_path: Path | None) -> tuple[AdapterSpec, ...]:
     """The adapter specs of the config file, or of the embedded default."""
+    return read_negotiator_config(config_path).adapters
+
+
+def read_negotiator_config(config_path: Path | None) -> NegotiatorConfig:
+    """The whole config file (adapters, profiles, limits), or the embedded default."""
     if config_path is None:
-        return load_config(EMBEDDED_DEFAULT_CONFIG, EMBEDDED_CONFIG_PATH)
+        return load_negotiator_config(EMBEDDED_DEFAULT_CONFIG, EMBEDDED_CONFIG_PATH)
     try:
         text = config_path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config {config_path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read config {config_path}: not UTF-8 text ({exc.reason})") from exc
-    return load_config(text, str(config_path))
+    return load_negotiator_config(text, str(config_path))
 
 
 async def create_server(
     settings: Settings,
     *,
     connect: Callable[[str, str], Awaitable[Adapter]] = connect_remote,
+    conversation_store: ConversationStore | None = None,
 ) -> RunningNegotiator:
     """Load the config, build its adapters and start serving.
 
-    Raises ConfigError for a bad config (nothing is left running) and
-    RuntimeError when an address cannot be bound.
+    Conversations are kept in `conversation_store` (default: a store on
+    `settings.state_dir`, else `conversations.default_state_dir()`; the
+    directory is created on the first conversation).
+
+    The config's `profiles` and `limits.max_depth` go to the broker, and
+    every decision to an AuditLog on `settings.audit_log` (closed on stop).
+
+    Raises ConfigError for a bad config (nothing is left running),
+    RuntimeError when an address cannot be bound, and ValueError for a
+    malformed `seedstore_target` or an audit log that cannot be opened.
     """
-    specs = read_config(settings.config_path)
-    adapters = await build_adapters(specs)
+    if settings.seedstore_target is not None:
+        parse_address(settings.seedstore_target)  # before anything is built
+    config = read_negotiator_config(settings.config_path)
+    audit = AuditLog(settings.audit_log, queue_size=settings.audit_watch_queue)
+    try:
+        adapters = await build_adapters(config.adapters)
+    except BaseException:
+        audit.close()
+        raise
     registry = AdapterRegistry()
     for adapter in adapters:
         registry.add(RegisteredAdapter(adapter=adapter, source="config"))
-    broker = Broker(registry)
-    servicer = NegotiatorServicer(broker, registry, connect, deadline_margin=settings.deadline_margin)
+    broker = Broker(registry, profiles=config.profiles, max_depth=config.max_depth, audit=audit)
+    conversations = ConversationManager(
+        conversation_store or ConversationStore(settings.state_dir or default_state_dir()), broker.preview
+    )
+    seedstore = GrpcSeedSource(settings.seedstore_target) if settings.seedstore_target is not None else None
+    bootstrapper = Bootstrapper(seedstore, audit=broker.audit)
+    servicer = NegotiatorServicer(
+        broker,
+        registry,
+        connect,
+        deadline_margin=settings.deadline_margin,
+        conversations=conversations,
+        bootstrapper=bootstrapper,
+    )
 
     def register(server: grpc.aio.Server) -> None:
         negotiator_pb2_grpc.add_NegotiatorServiceServicer_to_server(servicer, server)
@@ -123,8 +181,12 @@ async def create_server(
         running = await start_server(register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS)
     except BaseException:
         await registry.close()
+        await bootstrapper.close()
+        audit.close()
         raise
-    return RunningNegotiator(running=running, registry=registry, broker=broker, servicer=servicer)
+    return RunningNegotiator(
+        running=running, registry=registry, broker=broker, servicer=servicer, bootstrapper=bootstrapper
+    )
 
 
 async def serve(settings: Settings) -> None:

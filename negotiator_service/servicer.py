@@ -11,6 +11,10 @@ Brokered calls carry the caller's clock and place in a delegation chain:
   (a non-negative integer, 0 when absent; the largest value wins if repeated).
 When a client cancels, grpc.aio cancels the handler task, and with it the
 broker's await on the adapter, so the adapter sees CancelledError.
+
+Calls naming `options.conversation_id` run through `conversations.ConversationManager`:
+one at a time per conversation, at max(incoming, stored) delegation depth,
+with the adapter state committed only when the whole call succeeded.
 """
 
 from __future__ import annotations
@@ -23,17 +27,18 @@ from typing import Any, TypeVar
 import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
-from negotiator_service import convert
+from negotiator_service import convert, tools
+from negotiator_service.bootstrap import Bootstrapper
 from negotiator_service.broker import Broker
+from negotiator_service.conversations import ConversationManager, ConversationStore, Turn, default_state_dir
 from negotiator_service.declarations import validate_shortname
 from negotiator_service.errors import (
     AdapterAlreadyExists,
     ConfigError,
     InvalidRequest,
     NegotiatorError,
-    NotImplementedYet,
 )
-from negotiator_service.model import Adapter
+from negotiator_service.model import Adapter, AdapterReply, AuditRecord, CallRequest, Decision, ToolBox
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
 from sidecar_runtime.addresses import parse_address
@@ -60,8 +65,15 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         *,
         deadline_margin: float = DEFAULT_DEADLINE_MARGIN_SECONDS,
         logger: logging.Logger | None = None,
+        conversations: ConversationManager | None = None,
+        bootstrapper: Bootstrapper | None = None,
     ) -> None:
+        """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request)."""
         self._broker = broker
+        self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
+        self._conversations = conversations or ConversationManager(
+            ConversationStore(default_state_dir()), broker.preview
+        )
         self._registry = registry
         self._connect_remote = connect_remote
         self._deadline_margin = deadline_margin
@@ -181,7 +193,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             which = request.WhichOneof("call")
             try:
                 call = convert.negotiate_request(request)
-                decision = self._broker.negotiate(call)
+                decision = self._broker.negotiate(call, caller=caller_identity(context))
             except InvalidRequest as error:
                 # The call is nested here: point at it from the top of this request.
                 if which is None:
@@ -196,9 +208,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.ProduceResponse:
         async def work() -> negotiator_pb2.ProduceResponse:
             call = convert.produce_request(request)
-            reply, decision = await self._broker.call(
-                call, time_budget=self._time_budget(context), delegation_depth=_delegation_depth(context)
-            )
+            reply, decision = await self._brokered(call, context)
             return convert.produce_response(reply, decision)
 
         return await self._guard(context, "Produce", work())
@@ -208,34 +218,129 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.InvokeResponse:
         async def work() -> negotiator_pb2.InvokeResponse:
             call = convert.invoke_request(request)
-            reply, decision = await self._broker.call(
-                call, time_budget=self._time_budget(context), delegation_depth=_delegation_depth(context)
-            )
+            reply, decision = await self._brokered(call, context)
             return convert.invoke_response(reply, decision)
 
         return await self._guard(context, "Invoke", work())
 
-    # -- not built yet: refused loudly, never accepted and ignored ---------
-
     async def ToolSession(
         self, request_iterator: AsyncIterator[negotiator_pb2.ToolSessionRequest], context: Context
     ) -> AsyncIterator[negotiator_pb2.ToolSessionResponse]:
-        await abort_with(context, to_rich_error(NotImplementedYet("ToolSession")))
-        yield negotiator_pb2.ToolSessionResponse()  # pragma: no cover - abort never returns
+        """A Produce/Invoke whose tools live in the caller; the session itself is tools.run_session."""
+        try:
+            delegation_depth = _delegation_depth(context)
+
+            async def dispatch(call: CallRequest, toolbox: ToolBox | None) -> tuple[AdapterReply, Decision]:
+                def turn_dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
+                    return self._broker.call(
+                        call,
+                        time_budget=self._time_budget(context),
+                        delegation_depth=turn.delegation_depth,
+                        conversation_state=turn.state,
+                        tools=toolbox,
+                        caller=caller_identity(context),
+                        audit_operation="tool_session",
+                    )
+
+                refused = self._conversation_refused("tool_session", call, context, delegation_depth)
+                return await self._conversations.run(call, delegation_depth, turn_dispatch, refused=refused)
+
+            incoming = (convert.tool_session_request(message) async for message in request_iterator)
+            async for message in tools.run_session(incoming, dispatch):
+                yield convert.tool_session_response(message)
+        except NegotiatorError as error:
+            await abort_with(context, to_rich_error(error))
+        except Exception as exc:
+            self._logger.exception("ToolSession failed unexpectedly")
+            await abort_with(context, unexpected_error(exc, "ToolSession"))
+
+    # -- audit and capability bootstrap -----------------------------------
 
     async def WatchAudit(
         self, request: negotiator_pb2.WatchAuditRequest, context: Context
     ) -> AsyncIterator[negotiator_pb2.WatchAuditResponse]:
-        await abort_with(context, to_rich_error(NotImplementedYet("WatchAudit")))
-        yield negotiator_pb2.WatchAuditResponse()  # pragma: no cover - abort never returns
+        """Every audit record from now on, as the broker emits it.
+
+        Initial metadata is sent once the watch is registered, so a caller
+        that awaits it misses no later decision. A watcher that falls behind
+        its buffer ends with AUDIT_WATCHER_DROPPED; shutdown ends it with
+        UNAVAILABLE, as WatchAdapters.
+        """
+        subscription = self._broker.audit.subscribe()
+        closing = asyncio.ensure_future(self._closing.wait())
+        next_record: asyncio.Future[AuditRecord] | None = None
+        try:
+            await context.send_initial_metadata(())
+            while True:
+                next_record = asyncio.ensure_future(subscription.next())
+                await asyncio.wait({next_record, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if not next_record.done():
+                    await abort_with(context, _shutting_down())
+                try:
+                    record = next_record.result()
+                except StopAsyncIteration:  # the audit log closed: the server is stopping
+                    await abort_with(context, _shutting_down())
+                    return
+                yield convert.watch_audit_response(record)
+        except grpc.aio.AbortError:
+            raise
+        except NegotiatorError as error:  # AuditWatcherDropped: this watcher fell behind
+            await abort_with(context, to_rich_error(error))
+        except Exception as exc:
+            self._logger.exception("WatchAudit failed unexpectedly")
+            await abort_with(context, unexpected_error(exc, "WatchAudit"))
+        finally:
+            closing.cancel()
+            if next_record is not None and not next_record.done():
+                next_record.cancel()
+            subscription.close()
 
     async def Bootstrap(
         self, request: negotiator_pb2.BootstrapRequest, context: Context
     ) -> negotiator_pb2.BootstrapResponse:
-        await abort_with(context, to_rich_error(NotImplementedYet("Bootstrap")))
-        raise AssertionError("abort_with never returns")
+        """Seeds for a capability, and a gated run of one; the rules are bootstrap.py's."""
+
+        async def work() -> negotiator_pb2.BootstrapResponse:
+            result = await self._bootstrapper.bootstrap(
+                convert.bootstrap_request(request),
+                time_budget=self._time_budget(context),
+                caller=caller_identity(context),
+                delegation_depth=_delegation_depth(context),
+            )
+            return convert.bootstrap_response(result)
+
+        return await self._guard(context, "Bootstrap", work())
 
     # -- plumbing --------------------------------------------------------
+
+    async def _brokered(self, call: CallRequest, context: Context) -> tuple[AdapterReply, Decision]:
+        """A Produce/Invoke through the broker, as a conversation turn when it names a conversation."""
+
+        def dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
+            # The budget is read only now: waiting for a busy conversation spends it.
+            return self._broker.call(
+                call,
+                time_budget=self._time_budget(context),
+                delegation_depth=turn.delegation_depth,
+                conversation_state=turn.state,
+                caller=caller_identity(context),
+            )
+
+        depth = _delegation_depth(context)
+        refused = self._conversation_refused(call.kind.value, call, context, depth)
+        return await self._conversations.run(call, depth, dispatch, refused=refused)
+
+    def _conversation_refused(
+        self, operation: str, call: CallRequest, context: Context, delegation_depth: int
+    ) -> Callable[[NegotiatorError], None]:
+        """Audits a call its conversation refused before the broker saw it (busy, pinned, bound)."""
+
+        def refused(error: NegotiatorError) -> None:
+            self._broker.audit_refusal(
+                operation, call, error, caller=caller_identity(context), delegation_depth=delegation_depth
+            )
+
+        return refused
 
     def _time_budget(self, context: Context) -> float | None:
         remaining: float | None = context.time_remaining()
@@ -274,6 +379,18 @@ def _delegation_depth(context: Context) -> int:
         # Repeated values: the deepest wins, so a hop can never reset the count.
         depth = max(depth, int(text))
     return depth
+
+
+def caller_identity(context: Context) -> str:
+    """Who is calling, for the audit: the TLS client certificate's name when there is one, else the peer."""
+    auth = context.auth_context() or {}
+    for key in ("x509_common_name", "x509_subject_alternative_name"):
+        names = auth.get(key)
+        if names:
+            name = next(iter(names))
+            return f"x509:{name.decode() if isinstance(name, bytes) else name}"
+    peer: str = context.peer() or ""
+    return peer or "unknown"
 
 
 def _shutting_down() -> RichError:

@@ -24,6 +24,31 @@ branches on (code, reason) and never parses the message. On top of ErrorInfo:
 - AdapterFailure subclasses: metadata adapter and cause; AdapterRateLimited
   adds RetryInfo (and metadata retryAfterSeconds) when the provider gave a hint.
 
+- Conversation errors carry metadata conversationId. ConversationBusy is
+  ABORTED (retry the whole call later, as CSI does for concurrent
+  operations). DeclarationChanged and ConversationAdapterMismatch are
+  FAILED_PRECONDITION with one PreconditionViolation (type the reason,
+  subject the adapter) and metadata adapter (the conversation's) plus
+  pinnedVersion/declarationVersion or requestedAdapter; the fix is
+  options.new_conversation. ConversationStateCorrupt is DATA_LOSS;
+  ConversationStoreFailed is INTERNAL (metadata cause).
+- DelegationDepthExceeded: FAILED_PRECONDITION (do not retry at this depth)
+  with metadata attemptedDepth, maxDepth and limit (which limit applied:
+  "options.max_depth.depth" or "limits.max_depth") and one
+  PreconditionViolation (type DELEGATION_DEPTH_EXCEEDED, subject the limit).
+- AuditWatcherDropped: RESOURCE_EXHAUSTED (the per-watch buffer), metadata
+  queueSize; the caller watches again.
+- Bootstrap: SeedstoreUnavailable is UNAVAILABLE (metadata target, cause;
+  retry with backoff); SeedCommandTimeout is DEADLINE_EXCEEDED (metadata
+  seed, timeoutSeconds, limit). Every other bootstrap error is
+  FAILED_PRECONDITION with metadata naming the seed and PreconditionFailure
+  violations: one per search tried (NoSeedFound, type SEARCH_FOUND_NOTHING,
+  subject "<capability>@<domain>" or the capability alone for the whole
+  store), one per tied candidate (AskPolicyRequiresChoice, type
+  ASK_POLICY_CANDIDATE, subject "<domain>/<id>"), one per missing gate
+  (GatesNotApproved, type GATE_NOT_APPROVED, subject the gate), otherwise one
+  violation whose type is the reason.
+
 Unexpected exceptions become INTERNAL with reason INTERNAL, never UNKNOWN.
 """
 
@@ -181,6 +206,196 @@ def _not_implemented(error: errors.NotImplementedYet) -> RichError:
     return _rich(error, grpc.StatusCode.UNIMPLEMENTED, {"feature": error.feature})
 
 
+def _conversation_busy(error: errors.ConversationBusy) -> RichError:
+    return _rich(error, grpc.StatusCode.ABORTED, {"conversationId": error.conversation_id})
+
+
+def _declaration_changed(error: errors.DeclarationChanged) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {
+            "conversationId": error.conversation_id,
+            "adapter": error.adapter,
+            "pinnedVersion": error.pinned_version,
+            "declarationVersion": error.current_version,
+        },
+        precondition_violations=(PreconditionViolation("DECLARATION_CHANGED", error.adapter, error.message),),
+    )
+
+
+def _conversation_adapter_mismatch(error: errors.ConversationAdapterMismatch) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {
+            "conversationId": error.conversation_id,
+            "adapter": error.bound_adapter,
+            "requestedAdapter": error.requested_adapter,
+        },
+        precondition_violations=(
+            PreconditionViolation("CONVERSATION_ADAPTER_MISMATCH", error.bound_adapter, error.message),
+        ),
+    )
+
+
+def _conversation_failure(code: grpc.StatusCode) -> Callable[[Any], RichError]:
+    def build(error: errors.ConversationStateCorrupt | errors.ConversationStoreFailed) -> RichError:
+        return _rich(error, code, {"conversationId": error.conversation_id, "cause": error.cause})
+
+    return build
+
+
+def _depth_exceeded(error: errors.DelegationDepthExceeded) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"attemptedDepth": str(error.attempted), "maxDepth": str(error.max_depth), "limit": error.limit},
+        precondition_violations=(PreconditionViolation(error.reason, error.limit, error.message),),
+    )
+
+
+def _audit_watcher_dropped(error: errors.AuditWatcherDropped) -> RichError:
+    return _rich(error, grpc.StatusCode.RESOURCE_EXHAUSTED, {"queueSize": str(error.queue_size)})
+
+
+def _seedstore_not_configured(error: errors.SeedstoreNotConfigured) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        precondition_violations=(PreconditionViolation(error.reason, "seedstore", error.message),),
+    )
+
+
+def _seedstore_unavailable(error: errors.SeedstoreUnavailable) -> RichError:
+    return _rich(error, grpc.StatusCode.UNAVAILABLE, {"target": error.target, "cause": error.cause})
+
+
+def _seedstore_refused(error: errors.SeedstoreRefused) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {
+            "target": error.target,
+            "seedstoreCode": error.code,
+            "seedstoreReason": error.seedstore_reason,
+            "cause": error.cause,
+        },
+        precondition_violations=(PreconditionViolation(error.reason, error.target, error.cause),),
+    )
+
+
+def _no_seed_found(error: errors.NoSeedFound) -> RichError:
+    # One violation per search tried: the evidence that broadening happened before asking.
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {
+            "capability": error.capability,
+            "domain": error.domain or "",
+            "searches": str(len(error.searches)),
+            "fallbackPolicy": error.fallback_policy,
+        },
+        precondition_violations=tuple(
+            PreconditionViolation(
+                "SEARCH_FOUND_NOTHING",
+                f"{capability}@{domain}" if domain else capability,
+                f'no seed for "{capability}" in ' + (f'domain "{domain}"' if domain else "any domain"),
+            )
+            for capability, domain in error.searches
+        ),
+    )
+
+
+def _seed_not_a_candidate(error: errors.SeedNotACandidate) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"seed": error.seed, "capability": error.capability, "candidates": ",".join(error.candidates)},
+        precondition_violations=(PreconditionViolation(error.reason, error.seed, error.message),),
+    )
+
+
+def _ask_policy_requires_choice(error: errors.AskPolicyRequiresChoice) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {
+            "capability": error.capability,
+            "askPolicy": error.ask_policy,
+            "candidates": ",".join(seed for seed, _ in error.tied),
+        },
+        precondition_violations=tuple(
+            PreconditionViolation(
+                "ASK_POLICY_CANDIDATE", seed, f'score {score}; set seed to "{seed}" to run this one'
+            )
+            for seed, score in error.tied
+        ),
+    )
+
+
+def _gates_not_approved(error: errors.GatesNotApproved) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {
+            "seed": error.seed,
+            "requiredGates": ",".join(error.required),
+            "missingGates": ",".join(error.missing),
+        },
+        precondition_violations=tuple(
+            PreconditionViolation(
+                "GATE_NOT_APPROVED", gate, f'seed "{error.seed}" requires {gate}; add it to approved_gates'
+            )
+            for gate in error.missing
+        ),
+    )
+
+
+def _seed_not_verified(error: errors.SeedNotVerified) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"seed": error.seed, "verificationStatus": error.status},
+        precondition_violations=(PreconditionViolation(error.reason, error.seed, error.message),),
+    )
+
+
+def _seed_has_no_command(error: errors.SeedHasNoCommand) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"seed": error.seed, "cause": error.cause},
+        precondition_violations=(PreconditionViolation(error.reason, error.seed, error.cause),),
+    )
+
+
+def _seed_command_not_found(error: errors.SeedCommandNotFound) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"seed": error.seed, "program": error.program, "cause": error.cause},
+        precondition_violations=(PreconditionViolation(error.reason, error.program, error.message),),
+    )
+
+
+def _seed_command_failed(error: errors.SeedCommandFailed) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"seed": error.seed, "cause": error.cause},
+        precondition_violations=(PreconditionViolation(error.reason, error.seed, error.cause),),
+    )
+
+
+def _seed_command_timeout(error: errors.SeedCommandTimeout) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        {"seed": error.seed, "timeoutSeconds": f"{error.seconds:g}", "limit": error.limit},
+    )
+
+
 def _generic(error: errors.NegotiatorError) -> RichError:
     return _rich(error, grpc.StatusCode.INTERNAL)
 
@@ -200,6 +415,13 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterRegistrationFailed: _registration_failed,
         errors.OutputSchemaViolation: _output_violation,
         errors.NotImplementedYet: _not_implemented,
+        errors.DelegationDepthExceeded: _depth_exceeded,
+        errors.AuditWatcherDropped: _audit_watcher_dropped,
+        errors.ConversationBusy: _conversation_busy,
+        errors.DeclarationChanged: _declaration_changed,
+        errors.ConversationAdapterMismatch: _conversation_adapter_mismatch,
+        errors.ConversationStateCorrupt: _conversation_failure(grpc.StatusCode.DATA_LOSS),
+        errors.ConversationStoreFailed: _conversation_failure(grpc.StatusCode.INTERNAL),
         errors.AdapterFailure: _adapter_failure(grpc.StatusCode.INTERNAL),
         errors.AdapterUnavailable: _adapter_failure(grpc.StatusCode.UNAVAILABLE),
         errors.AdapterTimeout: _adapter_failure(grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -207,6 +429,18 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterRefused: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterMisconfigured: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterInternal: _adapter_failure(grpc.StatusCode.INTERNAL),
+        errors.SeedstoreNotConfigured: _seedstore_not_configured,
+        errors.SeedstoreUnavailable: _seedstore_unavailable,
+        errors.SeedstoreRefused: _seedstore_refused,
+        errors.NoSeedFound: _no_seed_found,
+        errors.SeedNotACandidate: _seed_not_a_candidate,
+        errors.AskPolicyRequiresChoice: _ask_policy_requires_choice,
+        errors.GatesNotApproved: _gates_not_approved,
+        errors.SeedNotVerified: _seed_not_verified,
+        errors.SeedHasNoCommand: _seed_has_no_command,
+        errors.SeedCommandNotFound: _seed_command_not_found,
+        errors.SeedCommandFailed: _seed_command_failed,
+        errors.SeedCommandTimeout: _seed_command_timeout,
     }
 )
 

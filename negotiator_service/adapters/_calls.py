@@ -35,7 +35,8 @@ def check_call(
         raise AdapterRefused(shortname, "Produce needs an output schema")
     if kind is CallKind.INVOKE and call.output_schema is not None:
         raise AdapterRefused(shortname, "Invoke returns plain text; it takes no output schema")
-    request = CallRequest(kind=kind, prompt=call.prompt, options=call.options)
+    tools = call.tools.specs if call.tools is not None else ()
+    request = CallRequest(kind=kind, prompt=call.prompt, options=call.options, tools=tools)
     requirements = derive_requirements(request, call.output_schema if kind is CallKind.PRODUCE else None)
     decision = judge(declaration, requirements, call.options.allow_unknown)
     refused = [

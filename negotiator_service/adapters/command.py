@@ -15,6 +15,8 @@ Options:
 
 The process gets its own session; on timeout or cancellation the whole
 process group is killed, and whatever it left running is killed when it exits.
+`start_process` and `collect` are that harness on their own, for other
+callers of local commands (capability bootstrap runs seed commands with it).
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ class CommandAdapter:
     ) -> bytes:
         shortname = self._declaration.shortname
         try:
-            process = await _start(argv, stdin is not None, settings)
+            process = await start_process(argv, stdin is not None, settings)
         except FileNotFoundError as exc:
             raise errors.AdapterMisconfigured(
                 shortname, f'cannot run "{argv[0]}": not found ({exc})'
@@ -228,54 +230,88 @@ class CommandAdapter:
         except OSError as exc:
             raise errors.AdapterMisconfigured(shortname, f'cannot run "{argv[0]}": {exc}') from exc
 
-        tasks: list[asyncio.Task[bytes] | asyncio.Task[None]] = []
-        finished = False
         try:
-            async with asyncio.timeout(deadline.seconds):
-                assert process.stdout is not None  # PIPE
-                assert process.stderr is not None  # PIPE
-                stdout_task = asyncio.create_task(
-                    _read_capped(process.stdout, self._options.output_cap_bytes, process.pid)
-                )
-                stderr_task = asyncio.create_task(_read_tail(process.stderr, STDERR_TAIL_BYTES))
-                tasks = [stdout_task, stderr_task]
-                if stdin is not None:
-                    assert process.stdin is not None  # PIPE
-                    tasks.append(asyncio.create_task(_feed(process.stdin, stdin)))
-                returncode = await _exit_status(process)
-                # Anything the command left behind still holds our pipes, and the call is over.
-                _kill_group(process.pid)
-                stderr_tail = await stderr_task
-                try:
-                    stdout = await stdout_task
-                except OutputTooLarge as exc:
-                    raise errors.AdapterInternal(
-                        shortname, f"output exceeded output_cap_bytes={self._options.output_cap_bytes}"
-                    ) from exc
-                finished = True
+            result = await collect(
+                process,
+                stdin,
+                timeout_seconds=deadline.seconds,
+                output_cap_bytes=self._options.output_cap_bytes,
+            )
         except TimeoutError as exc:
             raise deadline.expired(shortname) from exc
-        finally:
-            if not finished:
-                _kill_group(process.pid)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            # Reap, and let the transport close its pipes; bounded, since a process that
-            # left our group (setsid) may still hold them.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), _REAP_SECONDS)
+        except OutputTooLarge as exc:
+            raise errors.AdapterInternal(
+                shortname, f"output exceeded output_cap_bytes={self._options.output_cap_bytes}"
+            ) from exc
 
+        returncode = result.returncode
         if returncode != 0:
             how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with {returncode}"
-            tail = stderr_tail.decode("utf-8", errors="replace").strip()
+            tail = result.stderr_tail.decode("utf-8", errors="replace").strip()
             raise errors.AdapterInternal(shortname, f"{how}: {tail}" if tail else how)
-        return stdout
+        return result.stdout
 
 
-async def _start(
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """How a command ended: its exit status (negative: killed by that signal) and output."""
+
+    returncode: int
+    stdout: bytes
+    stderr_tail: bytes  # the last STDERR_TAIL_BYTES
+
+
+async def collect(
+    process: asyncio.subprocess.Process,
+    stdin: bytes | None,
+    *,
+    timeout_seconds: float | None,
+    output_cap_bytes: int,
+) -> ProcessResult:
+    """Feed `stdin`, read the output, and wait for a process from `start_process` to exit.
+
+    Raises TimeoutError when `timeout_seconds` ran out and OutputTooLarge when
+    stdout exceeded `output_cap_bytes`. However it ends (also when cancelled),
+    the process group is killed and the process reaped before this returns.
+    """
+    tasks: list[asyncio.Task[bytes] | asyncio.Task[None]] = []
+    finished = False
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            assert process.stdout is not None  # PIPE
+            assert process.stderr is not None  # PIPE
+            stdout_task = asyncio.create_task(_read_capped(process.stdout, output_cap_bytes, process.pid))
+            stderr_task = asyncio.create_task(_read_tail(process.stderr, STDERR_TAIL_BYTES))
+            tasks = [stdout_task, stderr_task]
+            if stdin is not None:
+                assert process.stdin is not None  # PIPE
+                tasks.append(asyncio.create_task(_feed(process.stdin, stdin)))
+            returncode = await _exit_status(process)
+            # Anything the command left behind still holds our pipes, and the call is over.
+            _kill_group(process.pid)
+            stderr_tail = await stderr_task
+            stdout = await stdout_task
+            finished = True
+    finally:
+        if not finished:
+            _kill_group(process.pid)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # Reap, and let the transport close its pipes; bounded, since a process that
+        # left our group (setsid) may still hold them.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), _REAP_SECONDS)
+    return ProcessResult(returncode=returncode, stdout=stdout, stderr_tail=stderr_tail)
+
+
+async def start_process(
     argv: tuple[str, ...], with_stdin: bool, settings: RunSettings
 ) -> asyncio.subprocess.Process:
+    """Start `argv` without a shell, in a session (process group) of its own; finish it with `collect`.
+
+    Raises OSError (FileNotFoundError, PermissionError, ...) when it cannot start.
+    """
     starting = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
             *argv,

@@ -3,6 +3,22 @@
 Structured output goes through `response_format` with a strict JSON schema,
 so the provider constrains decoding; the broker still validates the text.
 
+Conversations (stateful_history): the provider is stateless, so the history
+is the conversation state, `{"messages": [...]}`. The committed messages are
+sent before the new user message, and the reply's state is those messages
+plus the assistant's answer; the negotiator commits it only after the whole
+call succeeded.
+
+Tools (tool_registration) go through function calling: the call's visible
+tools are sent as `tools: [{type: function, function: {name, description,
+parameters}}]`. While the model answers with `tool_calls`, each call is run
+through the call's ToolBox in order (which asks the caller, validates, and
+hides filtered tools: that is how tool_filter is honoured), the assistant
+message and one `{"role": "tool"}` message per call are appended, and the
+completion is requested again, for at most MAX_TOOL_ROUNDS rounds. A persona
+is sent as a leading system message (it is not part of the conversation
+state: each call states its own).
+
 Options:
     base_url:        e.g. http://127.0.0.1:8000/v1 (required)
     api_key_env:     name of the environment variable holding the key (required;
@@ -22,6 +38,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import httpx
 
@@ -39,6 +56,8 @@ from negotiator_service.model import (
     CapabilityState,
     Declaration,
     JsonValue,
+    ToolOutcome,
+    ToolSpec,
 )
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -61,9 +80,39 @@ ACCEPTED_SETTINGS = frozenset(
     }
 )
 IMPLEMENTED = frozenset(
-    {Capability.STRUCTURED_OUTPUT, Capability.MODEL_OVERRIDE, Capability.EFFORT, Capability.SETTINGS}
+    {
+        Capability.STRUCTURED_OUTPUT,
+        Capability.MODEL_OVERRIDE,
+        Capability.EFFORT,
+        Capability.SETTINGS,
+        Capability.STATEFUL_HISTORY,
+        Capability.TOOL_REGISTRATION,
+        # The negotiator's ToolBox enforces the filter: hidden tools are neither
+        # sent to the model nor run when it names them anyway.
+        Capability.TOOL_FILTER,
+        Capability.PERSONA,  # a leading system message
+    }
 )
 _QUOTE_LIMIT = 500  # characters of a provider's body quoted in an error
+# Rounds of tool calls one call may take before it counts as a runaway loop.
+MAX_TOOL_ROUNDS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ModelToolCall:
+    """One entry of `message.tool_calls`: the model wants a function run."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRound:
+    """A completion that asks for tool calls instead of answering."""
+
+    assistant_message: dict[str, JsonValue]  # to send back, as the protocol requires
+    calls: tuple[ModelToolCall, ...]
 
 
 def code_declaration(shortname: str) -> Declaration:
@@ -116,12 +165,40 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
     )
 
 
-def request_body(call: AdapterCall, default_model: str, *, produce: bool) -> dict[str, JsonValue]:
-    """The chat-completions request for a call that passed `check_call`."""
+def history(adapter: str, state: JsonValue) -> list[dict[str, JsonValue]]:
+    """The committed messages of a conversation state (none at its start)."""
+    if state is None:
+        return []
+    messages = state.get("messages") if isinstance(state, dict) else None
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+    ):
+        raise errors.AdapterInternal(adapter, "the conversation state is not a list of chat messages")
+    return [dict(m) for m in messages]
+
+
+def request_body(
+    call: AdapterCall,
+    default_model: str,
+    *,
+    produce: bool,
+    prior: list[dict[str, JsonValue]] | None = None,
+    followups: list[dict[str, JsonValue]] | None = None,
+) -> dict[str, JsonValue]:
+    """The chat-completions request for a call that passed `check_call`.
+
+    `prior` is the conversation's history; `followups` are this call's tool
+    rounds so far (assistant tool_calls and tool results), after the prompt.
+    """
+    persona: list[dict[str, JsonValue]] = (
+        [{"role": "system", "content": call.options.persona}] if call.options.persona is not None else []
+    )
     body: dict[str, JsonValue] = {
         "model": call.options.model or default_model,
-        "messages": [{"role": "user", "content": call.prompt}],
+        "messages": [*persona, *(prior or []), {"role": "user", "content": call.prompt}, *(followups or [])],
     }
+    if call.tools is not None and call.tools.specs:
+        body["tools"] = tool_definitions(call.tools.specs)
     for name, value in call.options.settings.items():
         # protobuf Struct carries every number as a double; providers reject 256.0 max_tokens.
         body[name] = plain_json(value, integral_floats=True)
@@ -136,10 +213,33 @@ def request_body(call: AdapterCall, default_model: str, *, produce: bool) -> dic
     return body
 
 
+def tool_definitions(specs: tuple[ToolSpec, ...]) -> list[JsonValue]:
+    """The `tools` request field: one function per visible tool."""
+    definitions: list[JsonValue] = []
+    for spec in specs:
+        function: dict[str, JsonValue] = {"name": spec.name}
+        if spec.description:
+            function["description"] = spec.description
+        function["parameters"] = plain_json(spec.arguments_schema)
+        definitions.append({"type": "function", "function": function})
+    return definitions
+
+
+def tool_message(call_id: str, outcome: ToolOutcome) -> dict[str, JsonValue]:
+    """The `role: tool` message answering one tool call: the JSON result, or why there is none."""
+    if outcome.denied:
+        content = f"denied: {outcome.error or 'the caller denied this call'}"
+    elif outcome.error is not None:
+        content = f"error: {outcome.error}"
+    else:
+        content = json.dumps(outcome.result, ensure_ascii=False)
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
 def read_response(
     adapter: str, status: int, headers: Mapping[str, str], body: bytes, *, produce: bool
-) -> AdapterReply:
-    """Map one HTTP answer to a reply or to the error it stands for. Pure."""
+) -> AdapterReply | ToolRound:
+    """Map one HTTP answer to a reply, a round of tool calls, or the error it stands for. Pure."""
     if status == 429:
         raise errors.AdapterRateLimited(
             adapter, f"HTTP 429: {provider_message(body)}", retry_after=retry_after_seconds(headers)
@@ -182,6 +282,9 @@ def read_response(
     finish_reason = choice.get("finish_reason")
     if finish_reason == "content_filter":
         raise errors.AdapterRefused(adapter, "the provider's content filter stopped the output")
+    # Some providers finish a tool round with "stop"; the tool_calls decide.
+    if message.get("tool_calls"):
+        return _tool_round(adapter, message)
     content = message.get("content")
     if not isinstance(content, str):
         raise errors.AdapterInternal(
@@ -190,6 +293,38 @@ def read_response(
     if produce and finish_reason == "length":
         raise errors.AdapterInternal(adapter, "output truncated by max tokens")
     return AdapterReply(text=content)
+
+
+def _tool_round(adapter: str, message: dict[str, Any]) -> ToolRound:
+    raw_calls = message["tool_calls"]
+    if not isinstance(raw_calls, list):
+        raise errors.AdapterInternal(adapter, "choices[0].message.tool_calls is not a list")
+    calls = []
+    for index, item in enumerate(raw_calls):
+        function = item.get("function") if isinstance(item, dict) else None
+        if (
+            not isinstance(item, dict)
+            or item.get("type", "function") != "function"
+            or not isinstance(item.get("id"), str)
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            quoted = _quote(json.dumps(item).encode())
+            raise errors.AdapterInternal(
+                adapter, f"choices[0].message.tool_calls[{index}] is malformed: {quoted}"
+            )
+        calls.append(ModelToolCall(id=item["id"], name=function["name"], arguments=function["arguments"]))
+    content = message.get("content")
+    assistant: dict[str, JsonValue] = {
+        "role": "assistant",
+        "content": content if isinstance(content, str) else None,
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ],
+    }
+    return ToolRound(assistant_message=assistant, calls=tuple(calls))
 
 
 def provider_message(body: bytes) -> str:
@@ -290,10 +425,53 @@ class OpenAIAdapter:
             raise errors.AdapterUnavailable(shortname, "the adapter is closed")
         self._refuse_unknown_settings(call)
         headers = self._headers()
-        body = request_body(call, self._options.model, produce=produce)
-        deadline = call_deadline(shortname, call.time_budget, self._options.timeout_seconds)
-        status, response_headers, content = await self._post(body, headers, deadline)
-        return read_response(shortname, status, response_headers, content, produce=produce)
+        in_conversation = call.options.conversation_id is not None
+        prior = history(shortname, call.conversation_state) if in_conversation else []
+        followups: list[dict[str, JsonValue]] = []
+        started = time.monotonic()
+        rounds = 0
+        while True:
+            body = request_body(call, self._options.model, produce=produce, prior=prior, followups=followups)
+            # One budget for the whole exchange, every tool round included.
+            budget = None if call.time_budget is None else call.time_budget - (time.monotonic() - started)
+            deadline = call_deadline(shortname, budget, self._options.timeout_seconds)
+            status, response_headers, content = await self._post(body, headers, deadline)
+            answer = read_response(shortname, status, response_headers, content, produce=produce)
+            if isinstance(answer, AdapterReply):
+                reply = answer
+                break
+            rounds += 1
+            if rounds > MAX_TOOL_ROUNDS:
+                raise errors.AdapterInternal(
+                    shortname, f"no final answer after {MAX_TOOL_ROUNDS} rounds of tool calls"
+                )
+            followups.append(answer.assistant_message)
+            followups.extend(await self._run_tools(call, answer.calls))
+        if not in_conversation:
+            return reply
+        # The persona is not history: each call states its own.
+        turn = [*prior, {"role": "user", "content": call.prompt}, *followups]
+        state = {"messages": [*turn, {"role": "assistant", "content": reply.text}]}
+        return AdapterReply(text=reply.text, events=reply.events, conversation_state=state)
+
+    async def _run_tools(
+        self, call: AdapterCall, calls: tuple[ModelToolCall, ...]
+    ) -> list[dict[str, JsonValue]]:
+        """Run the model's tool calls in order through the call's ToolBox; the tool messages."""
+        if call.tools is None:
+            raise errors.AdapterInternal(
+                self._declaration.shortname, "the model called tools, but this call offered none"
+            )
+        messages = []
+        for model_call in calls:
+            try:
+                arguments = json.loads(model_call.arguments)
+            except json.JSONDecodeError as exc:
+                outcome = ToolOutcome(error=f"the arguments are not valid JSON ({exc}); the tool did not run")
+            else:
+                outcome = await call.tools.call(model_call.name, arguments)
+            messages.append(tool_message(model_call.id, outcome))
+        return messages
 
     async def _post(
         self, body: dict[str, JsonValue], headers: dict[str, str], deadline: Deadline

@@ -10,11 +10,24 @@ Options:
     produce: a reply (required when the declaration supports structured_output)
     delay_seconds: seconds to wait before replying (default 0)
     events:  [{type, text}] returned when the call asks for stream_events
+    tool_calls: [{name, arguments}] the "model" calls, in order, through the
+             call's ToolBox before replying (skipped when the call brought no
+             tools, as in a plain Produce/Invoke)
+    reply_with_tool_results: true replaces the reply with the JSON text of
+             `{"tool_results": [{name, result | error, denied?}], "persona": <persona or null>}`,
+             so tests see what the tools gave back and which persona arrived
+             (default false)
 
 A reply is exactly one of `{text: "..."}`, `{echo: true}` (the prompt),
-`{json: <value>}` (its JSON text) or `{error: {kind, message, retry_after?}}`
-with kind one of unavailable, timeout, rate_limited, refused, misconfigured,
-internal.
+`{json: <value>}` (its JSON text), `{transcript: true}` (the JSON array of
+the conversation's prompts so far, this one included) or
+`{error: {kind, message, retry_after?}}` with kind one of unavailable,
+timeout, rate_limited, refused, misconfigured, internal.
+
+In a conversation (which needs `stateful_history` declared) every
+successful reply carries the next conversation state, `{turns, prompts}`:
+the committed state plus this call's prompt. The negotiator commits it only
+if the whole call succeeds, so `transcript` shows exactly what was committed.
 """
 
 from __future__ import annotations
@@ -37,7 +50,9 @@ from negotiator_service.model import (
     Capability,
     CapabilityState,
     Declaration,
+    JsonValue,
     StreamEvent,
+    ToolOutcome,
 )
 
 ERROR_KINDS: Mapping[str, Callable[[str, str], errors.AdapterFailure]] = MappingProxyType(
@@ -50,7 +65,7 @@ ERROR_KINDS: Mapping[str, Callable[[str, str], errors.AdapterFailure]] = Mapping
         "internal": errors.AdapterInternal,
     }
 )
-_REPLY_FORMS = ("text", "echo", "json", "error")
+_REPLY_FORMS = ("text", "echo", "json", "transcript", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +86,25 @@ class ScriptedReply:
 
     text: str | None = None
     echo: bool = False
+    transcript: bool = False
     error: ScriptedError | None = None
 
-    def answer(self, adapter: str, prompt: str) -> str:
+    def answer(self, adapter: str, prompt: str, prompts: list[str]) -> str:
+        """The reply text; `prompts` is the conversation's transcript, this prompt included."""
         if self.error is not None:
             raise self.error.exception(adapter)
         if self.echo:
             return prompt
+        if self.transcript:
+            return json.dumps(prompts, ensure_ascii=False)
         assert self.text is not None  # _read_reply sets exactly one form
         return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedToolCall:
+    name: str
+    arguments: JsonValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +113,8 @@ class ScriptedOptions:
     produce: ScriptedReply | None
     delay_seconds: float
     events: tuple[StreamEvent, ...]
+    tool_calls: tuple[ScriptedToolCall, ...] = ()
+    reply_with_tool_results: bool = False
 
 
 def read_options(spec: AdapterSpec, declaration: Declaration) -> ScriptedOptions:
@@ -96,10 +123,19 @@ def read_options(spec: AdapterSpec, declaration: Declaration) -> ScriptedOptions
     produce = _read_reply(reader, "produce") if reader.has("produce") else None
     delay_seconds = reader.non_negative_number("delay_seconds", 0.0)
     events = _read_events(reader)
+    tool_calls = _read_tool_calls(reader)
+    reply_with_tool_results = reader.boolean("reply_with_tool_results", False)
     reader.finish()
     if produce is None and declaration.state(Capability.STRUCTURED_OUTPUT) is CapabilityState.SUPPORTED:
         reader.fail("produce", "is required when the declaration supports structured_output")
-    return ScriptedOptions(invoke=invoke, produce=produce, delay_seconds=delay_seconds, events=events)
+    return ScriptedOptions(
+        invoke=invoke,
+        produce=produce,
+        delay_seconds=delay_seconds,
+        events=events,
+        tool_calls=tool_calls,
+        reply_with_tool_results=reply_with_tool_results,
+    )
 
 
 def _read_reply(parent: OptionReader, key: str) -> ScriptedReply:
@@ -118,6 +154,10 @@ def _read_reply(parent: OptionReader, key: str) -> ScriptedReply:
         if reader.raw("echo") is not True:
             reader.fail(reader.path("echo"), "must be true (omit it otherwise)")
         reply = ScriptedReply(echo=True)
+    elif form == "transcript":
+        if reader.raw("transcript") is not True:
+            reader.fail(reader.path("transcript"), "must be true (omit it otherwise)")
+        reply = ScriptedReply(transcript=True)
     elif form == "json":
         try:
             text = json.dumps(reader.raw("json"), ensure_ascii=False)
@@ -159,6 +199,42 @@ def _read_events(reader: OptionReader) -> tuple[StreamEvent, ...]:
         event.finish()
         events.append(StreamEvent(type=event_type, text=text or ""))
     return tuple(events)
+
+
+def _read_tool_calls(reader: OptionReader) -> tuple[ScriptedToolCall, ...]:
+    raw = reader.raw("tool_calls")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        reader.fail("tool_calls", f"must be a list of {{name, arguments}}, not {type_name(raw)}")
+    calls = []
+    for index, item in enumerate(raw):
+        entry = reader.child(item, f"tool_calls[{index}]")
+        name = entry.required_string("name")
+        arguments = entry.raw("arguments")
+        try:
+            # A round trip leaves plain dicts and lists, whatever the YAML loader built.
+            plain = json.loads(json.dumps({} if arguments is None else arguments))
+        except (TypeError, ValueError) as exc:
+            entry.fail(entry.path("arguments"), f"is not JSON-serializable: {exc}")
+        entry.finish()
+        calls.append(ScriptedToolCall(name=name, arguments=plain))
+    return tuple(calls)
+
+
+def tool_results_reply(outcomes: list[tuple[str, ToolOutcome]], persona: str | None) -> str:
+    """The `reply_with_tool_results` reply: what each tool call gave back."""
+    results: list[dict[str, JsonValue]] = []
+    for name, outcome in outcomes:
+        entry: dict[str, JsonValue] = {"name": name}
+        if outcome.error is not None:
+            entry["error"] = outcome.error
+        else:
+            entry["result"] = outcome.result
+        if outcome.denied:
+            entry["denied"] = True
+        results.append(entry)
+    return json.dumps({"tool_results": results, "persona": persona}, ensure_ascii=False)
 
 
 class ScriptedAdapter:
@@ -205,5 +281,30 @@ class ScriptedAdapter:
                     await asyncio.sleep(self._options.delay_seconds)
             except TimeoutError as exc:
                 raise deadline.expired(shortname) from exc
-        text = reply.answer(shortname, call.prompt)
-        return AdapterReply(text=text, events=self._options.events if call.options.stream_events else ())
+        prompts = [*_committed_prompts(shortname, call.conversation_state), call.prompt]
+        outcomes: list[tuple[str, ToolOutcome]] = []
+        if call.tools is not None:
+            for tool_call in self._options.tool_calls:
+                outcomes.append((tool_call.name, await call.tools.call(tool_call.name, tool_call.arguments)))
+        if self._options.reply_with_tool_results:
+            text = tool_results_reply(outcomes, call.options.persona)
+        else:
+            text = reply.answer(shortname, call.prompt, prompts)
+        state: JsonValue = None
+        if call.options.conversation_id is not None:
+            state = {"turns": len(prompts), "prompts": prompts}
+        return AdapterReply(
+            text=text,
+            events=self._options.events if call.options.stream_events else (),
+            conversation_state=state,
+        )
+
+
+def _committed_prompts(adapter: str, state: JsonValue) -> list[str]:
+    """The prompts of a committed scripted state (none at the start of a conversation)."""
+    if state is None:
+        return []
+    prompts = state.get("prompts") if isinstance(state, dict) else None
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise errors.AdapterInternal(adapter, "the conversation state is not a scripted transcript")
+    return list(prompts)

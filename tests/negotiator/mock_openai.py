@@ -14,6 +14,14 @@ exercised exactly as against a provider. Set `mode` per test:
     length      200 with finish_reason "length" and cut-off content
     hang        never answers until the server stops
 
+Function calling: `tool_rounds` is a queue of rounds, each a list of
+`{"name": ..., "arguments": <value or JSON text>}`. While it is not empty (in
+mode ok), each request takes the next round and is answered as the real API
+asks for tools: content null, `message.tool_calls = [{id, type: "function",
+function: {name, arguments: "<json string>"}}]`, finish_reason "tool_calls".
+Every `role: tool` message a request carries that no earlier request carried
+is appended to `tool_messages`.
+
 Every request is recorded (method, path, lower-cased headers, parsed JSON body,
 client port) in `requests`.
 """
@@ -76,6 +84,9 @@ class MockOpenAI:
         self.refusal = "I'm sorry, but I can't help with that."
         self.retry_after = "7"
         self.requests: list[RecordedRequest] = []
+        self.tool_rounds: list[list[dict[str, Any]]] = []
+        self.tool_messages: list[dict[str, Any]] = []
+        self._call_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._release = threading.Event()
         self._lock = threading.Lock()
@@ -109,6 +120,16 @@ class MockOpenAI:
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
             self.requests.append(request)
+            messages = request.body.get("messages") if isinstance(request.body, dict) else None
+            seen = {m.get("tool_call_id") for m in self.tool_messages}
+            for message in messages if isinstance(messages, list) else []:
+                is_tool = isinstance(message, dict) and message.get("role") == "tool"
+                if is_tool and message.get("tool_call_id") not in seen:
+                    self.tool_messages.append(message)
+
+    def next_tool_round(self) -> list[dict[str, Any]] | None:
+        with self._lock:
+            return self.tool_rounds.pop(0) if self.tool_rounds else None
 
     def completion(self, request_body: Any) -> dict[str, Any]:
         """A chat.completion body as the real API shapes it."""
@@ -119,11 +140,24 @@ class MockOpenAI:
         content: str | None = json.dumps(self.structured) if wants_json else self.reply_text
         refusal = None
         finish_reason = "stop"
-        if self.mode == "refusal":
+        tool_calls = None
+        tool_round = self.next_tool_round() if self.mode == "ok" else None
+        if tool_round is not None:
+            content, finish_reason = None, "tool_calls"
+            tool_calls = [self._tool_call(call) for call in tool_round]
+        elif self.mode == "refusal":
             content, refusal = None, self.refusal
         elif self.mode == "length":
             content = (content or "")[: max(1, len(content or "") // 2)]
             finish_reason = "length"
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+            "refusal": refusal,
+            "annotations": [],
+        }
+        if tool_calls is not None:
+            message["tool_calls"] = tool_calls
         return {
             "id": f"chatcmpl-mock{next(self._ids)}",
             "object": "chat.completion",
@@ -133,17 +167,23 @@ class MockOpenAI:
             "choices": [
                 {
                     "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": content,
-                        "refusal": refusal,
-                        "annotations": [],
-                    },
+                    "message": message,
                     "logprobs": None,
                     "finish_reason": finish_reason,
                 }
             ],
             "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+        }
+
+    def _tool_call(self, call: dict[str, Any]) -> dict[str, Any]:
+        arguments = call.get("arguments", {})
+        return {
+            "id": call.get("id") or f"call_mock{next(self._call_ids)}",
+            "type": "function",
+            "function": {
+                "name": call["name"],
+                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+            },
         }
 
     def wait_released(self) -> None:

@@ -25,9 +25,11 @@ from negotiator_service.model import (
     Capability,
     CapabilityState,
     DeclarationOverride,
+    McpServer,
 )
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_KEY"
+MCP_SERVER = McpServer(name="files", transport="stdio", command="mcp-files")
 KEY = "sk-test-not-a-real-key-123"
 SCHEMA = {
     "type": "object",
@@ -294,8 +296,8 @@ async def test_unsupported_fields_are_refused_before_any_request(
     adapter: OpenAIAdapter, server: MockOpenAI
 ) -> None:
     with pytest.raises(errors.AdapterRefused) as raised:
-        await adapter.invoke(call(persona="pirate", stream_events=True, profile="fast"))
-    for field in ("options.persona", "options.stream_events", "options.profile"):
+        await adapter.invoke(call(mcp_servers=(MCP_SERVER,), stream_events=True, profile="fast"))
+    for field in ("options.mcp_servers", "options.stream_events", "options.profile"):
         assert field in raised.value.cause
     with pytest.raises(errors.AdapterRefused, match="accepted_settings:tools"):
         await adapter.invoke(call(settings=MappingProxyType({"tools": []})))
@@ -316,6 +318,10 @@ async def test_declaration(adapter: OpenAIAdapter) -> None:
         Capability.MODEL_OVERRIDE,
         Capability.EFFORT,
         Capability.SETTINGS,
+        Capability.STATEFUL_HISTORY,
+        Capability.TOOL_REGISTRATION,
+        Capability.TOOL_FILTER,
+        Capability.PERSONA,
     }
     assert all(declaration.state(c) is CapabilityState.UNSUPPORTED for c in set(Capability) - supported)
     assert declaration.string_formats == {

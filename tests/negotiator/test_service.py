@@ -404,7 +404,7 @@ async def test_an_adapter_crash_is_internal_naming_the_adapter(
 async def test_a_bug_in_the_negotiator_is_internal_not_unknown(
     stub: Stub, negotiator: RunningNegotiator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*_: object) -> None:
+    def broken(*_: object, **__: object) -> None:
         raise KeyError("bug")
 
     monkeypatch.setattr(negotiator.broker, "negotiate", broken)
@@ -433,14 +433,3 @@ async def test_a_bug_in_a_watch_is_internal_not_unknown(stub: Stub, monkeypatch:
     error = await call_error(call.read())
     assert error.code is grpc.StatusCode.INTERNAL
     assert error.metadata == {"operation": "WatchAdapters", "exception": "ValueError"}
-
-
-async def test_contract_features_not_built_yet_are_refused_with_unimplemented(stub: Stub) -> None:
-    """A conversation id must never be accepted and then ignored."""
-    listed = await stub.ListAdapters(pb.ListAdaptersRequest(), timeout=5)
-    adapter = listed.adapters[0].declaration.shortname
-    request = pb.InvokeRequest(adapter=adapter, prompt="hi", options=pb.CallOptions(conversation_id="c1"))
-    error = await call_error(stub.Invoke(request, timeout=5))
-    assert (error.code, error.reason) == (grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED")
-    error = await call_error(stub.Bootstrap(pb.BootstrapRequest(capability="voice"), timeout=5))
-    assert (error.code, error.reason) == (grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED")

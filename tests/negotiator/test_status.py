@@ -38,6 +38,35 @@ def sample(cls: type[errors.NegotiatorError]) -> errors.NegotiatorError:
         errors.OutputSchemaViolation: errors.OutputSchemaViolation("a", [("/name", "42 is not a string")]),
         errors.AdapterRateLimited: errors.AdapterRateLimited("a", "slow down", retry_after=1.5),
         errors.NotImplementedYet: errors.NotImplementedYet("WatchAudit"),
+        errors.DelegationDepthExceeded: errors.DelegationDepthExceeded(2, 1, "options.max_depth.depth"),
+        errors.AuditWatcherDropped: errors.AuditWatcherDropped(1000),
+        errors.ConversationBusy: errors.ConversationBusy("c1"),
+        errors.DeclarationChanged: errors.DeclarationChanged("c1", "a", "sha256:1", "sha256:2"),
+        errors.ConversationAdapterMismatch: errors.ConversationAdapterMismatch("c1", "a", "b"),
+        errors.ConversationStateCorrupt: errors.ConversationStateCorrupt("c1", "not JSON"),
+        errors.ConversationStoreFailed: errors.ConversationStoreFailed("c1", "disk full"),
+        errors.SeedstoreNotConfigured: errors.SeedstoreNotConfigured(),
+        errors.SeedstoreUnavailable: errors.SeedstoreUnavailable("unix:/s.sock", "connection refused"),
+        errors.SeedstoreRefused: errors.SeedstoreRefused(
+            "unix:/s.sock", "NOT_FOUND", "SEED_NOT_FOUND", "gone"
+        ),
+        errors.NoSeedFound: errors.NoSeedFound(
+            "voice", "voice", [("voice", "voice"), ("voice", "audio")], "ask first"
+        ),
+        errors.SeedNotACandidate: errors.SeedNotACandidate("voice/x", "voice", ["voice/say"]),
+        errors.AskPolicyRequiresChoice: errors.AskPolicyRequiresChoice(
+            "voice", "top_candidates_within_10_points", [("voice/a", 60), ("voice/b", 55)]
+        ),
+        errors.GatesNotApproved: errors.GatesNotApproved(
+            "voice/say",
+            ["provider_cost_approval", "external_service_approval"],
+            ["external_service_approval"],
+        ),
+        errors.SeedNotVerified: errors.SeedNotVerified("voice/say", "unverified"),
+        errors.SeedHasNoCommand: errors.SeedHasNoCommand("voice/say", "it declares no command"),
+        errors.SeedCommandNotFound: errors.SeedCommandNotFound("voice/say", "say-cli", "No such file"),
+        errors.SeedCommandFailed: errors.SeedCommandFailed("voice/say", "Permission denied"),
+        errors.SeedCommandTimeout: errors.SeedCommandTimeout("voice/say", 2.5, "the caller's time budget"),
     }
     if cls in samples:
         return samples[cls]
@@ -60,6 +89,13 @@ EXPECTED_CODES = {
     errors.AdapterRegistrationFailed: grpc.StatusCode.FAILED_PRECONDITION,
     errors.OutputSchemaViolation: grpc.StatusCode.INTERNAL,
     errors.NotImplementedYet: grpc.StatusCode.UNIMPLEMENTED,
+    errors.DelegationDepthExceeded: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.AuditWatcherDropped: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ConversationBusy: grpc.StatusCode.ABORTED,
+    errors.DeclarationChanged: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ConversationAdapterMismatch: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ConversationStateCorrupt: grpc.StatusCode.DATA_LOSS,
+    errors.ConversationStoreFailed: grpc.StatusCode.INTERNAL,
     errors.AdapterFailure: grpc.StatusCode.INTERNAL,
     errors.AdapterUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.AdapterTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -67,6 +103,18 @@ EXPECTED_CODES = {
     errors.AdapterRefused: grpc.StatusCode.FAILED_PRECONDITION,
     errors.AdapterMisconfigured: grpc.StatusCode.FAILED_PRECONDITION,
     errors.AdapterInternal: grpc.StatusCode.INTERNAL,
+    errors.SeedstoreNotConfigured: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeedstoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.SeedstoreRefused: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.NoSeedFound: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeedNotACandidate: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.AskPolicyRequiresChoice: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.GatesNotApproved: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeedNotVerified: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeedHasNoCommand: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeedCommandNotFound: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeedCommandFailed: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeedCommandTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -178,3 +226,29 @@ def test_unexpected_exceptions_are_internal_never_unknown() -> None:
     assert rich.domain == DOMAIN
     assert rich.metadata == {"operation": "Invoke", "exception": "KeyError"}
     assert "boom" in rich.message
+
+
+def test_bootstrap_refusals_list_one_violation_per_missing_gate_tie_and_search() -> None:
+    gates = to_rich_error(
+        errors.GatesNotApproved(
+            "voice/say",
+            ["provider_cost_approval", "external_service_approval"],
+            ["external_service_approval"],
+        )
+    )
+    assert [(v.type, v.subject) for v in gates.precondition_violations] == [
+        ("GATE_NOT_APPROVED", "external_service_approval")
+    ]
+    assert gates.metadata["missingGates"] == "external_service_approval"
+    tie = to_rich_error(
+        errors.AskPolicyRequiresChoice("voice", "top_candidates_within_10_points", [("v/a", 60), ("v/b", 52)])
+    )
+    assert [(v.type, v.subject) for v in tie.precondition_violations] == [
+        ("ASK_POLICY_CANDIDATE", "v/a"),
+        ("ASK_POLICY_CANDIDATE", "v/b"),
+    ]
+    assert tie.metadata["askPolicy"] == "top_candidates_within_10_points"
+    nothing = to_rich_error(errors.NoSeedFound("tts", None, [("tts", None), ("voice", None)], "ask"))
+    assert [v.subject for v in nothing.precondition_violations] == ["tts", "voice"]
+    assert nothing.metadata["searches"] == "2"
+    assert "approval" in nothing.message

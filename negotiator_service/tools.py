@@ -1,0 +1,513 @@
+"""Caller tools over a ToolSession: one ToolBox per call, and the session that carries it.
+
+No grpc here: `convert` turns the stream's protos into the messages below and
+back, and the servicer only plugs the two together.
+
+A session, as the caller sees it:
+
+1. The caller sends `start` (a Produce or Invoke call plus its tools). The
+   call is validated like Produce/Invoke, the tool specs are checked (names
+   `[A-Za-z0-9_-]{1,64}`, unique; schemas valid draft 2020-12) and the tool
+   filter must name only tools of the call (dsh: empty filters and unknown
+   names fail loudly). Then the broker judges the call: a refusal ends the
+   stream before any adapter code runs, with the same status Produce gives.
+2. While the adapter runs, every tool call the model makes goes through this
+   call's `SessionToolBox`:
+   - a tool that does not exist, or that the filter hides, gets an error
+     outcome; the caller never hears of it (visibility and execution are one
+     set, as in dsh);
+   - arguments that break the tool's schema get an error outcome, unasked;
+   - `read_only` tools are sent to the caller as a ToolCall at once;
+     `mutating` and `sensitive` ones (and unspecified risk, which is
+     `mutating`) first as an ApprovalRequest. Deny: the model gets a denied
+     outcome with the caller's reason. Edit: the edited arguments are
+     validated again; if they break the schema the model gets an error
+     outcome and the tool does not run. The caller is not asked again: it
+     wrote those arguments itself, and a loop of re-asking could go on
+     forever. The model may call again, and that call is asked again;
+   - a result is validated against the tool's return schema; a violation is
+     an error outcome naming it.
+3. The final message is the Produce or Invoke response, then the stream ends OK.
+
+The caller's protocol mistakes end the stream with InvalidRequest (and cancel
+the adapter's work): a first message that is not `start`, a second `start`,
+an answer for a call id nothing waits for (or of the wrong kind), malformed
+JSON, an EDIT without arguments, and half-closing the stream before the
+result (nothing could answer the model's next tool call). A caller that
+cancels cancels the adapter's work too. The call's time budget covers the
+whole session, tool round trips included.
+
+Tool sets belong to one call: each session builds its own SessionToolBox,
+and nothing here is shared between sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+
+from negotiator_service import negotiation
+from negotiator_service.errors import InvalidRequest
+from negotiator_service.model import (
+    AdapterReply,
+    CallKind,
+    CallRequest,
+    Decision,
+    JsonValue,
+    ToolBox,
+    ToolFilter,
+    ToolOutcome,
+    ToolRisk,
+    ToolSpec,
+)
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Listed violations of one schema check, before "and N more".
+_MAX_LISTED_PROBLEMS = 5
+
+
+class ApprovalDecision(enum.Enum):
+    ALLOW = "allow"
+    DENY = "deny"
+    EDIT = "edit"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDraft:
+    """A tool spec as the caller sent it: schemas still JSON text ("" = none)."""
+
+    name: str
+    arguments_schema: str
+    description: str = ""
+    return_schema: str = ""
+    metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    risk: ToolRisk = ToolRisk.MUTATING
+
+
+# --- caller → negotiator -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartMessage:
+    call: CallRequest  # without tools: `prepare_call` adds the validated ones
+    tools: tuple[ToolDraft, ...]
+    call_field: str  # where the call sits in the request: "start.produce" | "start.invoke"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultMessage:
+    call_id: str
+    result_json: str | None = None
+    error: str | None = None  # neither set: the caller left the oneof empty
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalMessage:
+    call_id: str
+    decision: ApprovalDecision
+    edited_arguments_json: str = ""
+    reason: str = ""
+
+
+CallerMessage = StartMessage | ToolResultMessage | ApprovalMessage
+
+
+# --- negotiator → caller -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallMessage:
+    call_id: str
+    name: str
+    arguments_json: str
+    risk: ToolRisk
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequestMessage:
+    call_id: str
+    tool_name: str
+    arguments_json: str
+    risk: ToolRisk
+    adapter: str
+    description: str
+    metadata: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class FinalResult:
+    kind: CallKind
+    reply: AdapterReply
+    decision: Decision
+
+
+SessionMessage = ToolCallMessage | ApprovalRequestMessage | FinalResult
+
+# Runs the prepared call (the broker, possibly inside a conversation) with its ToolBox.
+Dispatch = Callable[[CallRequest, ToolBox | None], Awaitable[tuple[AdapterReply, Decision]]]
+
+
+# --- the pure part: validating a start -----------------------------------------------
+
+
+def prepare_call(start: StartMessage) -> tuple[CallRequest, tuple[ToolSpec, ...]]:
+    """The call with its validated tools, and the tools the model may see.
+
+    Raises InvalidRequest listing every problem of the call and its tools at
+    once; field paths start at the top of the ToolSessionRequest.
+    """
+    problems: list[tuple[str, str]] = []
+    try:
+        negotiation.validate_request(start.call)
+    except InvalidRequest as error:
+        problems.extend((f"{start.call_field}.{path}", text) for path, text in error.violations)
+    specs, tool_problems = parse_tools(start.tools, "start.tools")
+    problems.extend(tool_problems)
+    visible = specs
+    tool_filter = start.call.options.tool_filter
+    if tool_filter is not None:
+        filter_path = f"{start.call_field}.options.tool_filter"
+        problems.extend(unknown_filter_names(tool_filter, [d.name for d in start.tools], filter_path))
+        visible = visible_tools(specs, tool_filter)
+    if problems:
+        raise InvalidRequest(problems)
+    return replace(start.call, tools=specs), visible
+
+
+def parse_tools(drafts: Sequence[ToolDraft], path: str) -> tuple[tuple[ToolSpec, ...], list[tuple[str, str]]]:
+    """Tool specs with parsed schemas, and every problem found on the way."""
+    problems: list[tuple[str, str]] = []
+    specs: list[ToolSpec] = []
+    first_index: dict[str, int] = {}
+    for index, draft in enumerate(drafts):
+        here = f"{path}[{index}]"
+        if not TOOL_NAME.fullmatch(draft.name):
+            problems.append((f"{here}.name", f"{draft.name!r} must match [A-Za-z0-9_-]{{1,64}}"))
+        elif draft.name in first_index:
+            problems.append(
+                (
+                    f"{here}.name",
+                    f'duplicate tool name "{draft.name}" (also {path}[{first_index[draft.name]}])',
+                )
+            )
+        else:
+            first_index[draft.name] = index
+        if not draft.arguments_schema:
+            problems.append((f"{here}.arguments_schema", "is required (a JSON Schema of the arguments)"))
+        arguments_schema = _tool_schema(draft.arguments_schema, f"{here}.arguments_schema", problems)
+        return_schema = _tool_schema(draft.return_schema, f"{here}.return_schema", problems)
+        return_schema_ok = return_schema is not None or not draft.return_schema
+        if arguments_schema is not None and return_schema_ok:
+            specs.append(
+                ToolSpec(
+                    name=draft.name,
+                    arguments_schema=arguments_schema,
+                    description=draft.description,
+                    return_schema=return_schema,
+                    metadata=draft.metadata,
+                    risk=draft.risk,
+                )
+            )
+    return tuple(specs), problems
+
+
+def _tool_schema(text: str, path: str, problems: list[tuple[str, str]]) -> Mapping[str, Any] | None:
+    if not text:
+        return None
+    # The same checks as a Produce output schema (JSON, draft 2020-12, every
+    # $ref resolvable inside the document); that parser names its field
+    # "output_schema", so its problems are re-pointed here.
+    schema, schema_problems = negotiation._parse_schema(text)
+    problems.extend((path, description) for _, description in schema_problems)
+    return schema
+
+
+def unknown_filter_names(
+    tool_filter: ToolFilter, tool_names: Sequence[str], path: str
+) -> list[tuple[str, str]]:
+    """Filter entries naming no tool of the call (empty entries are validate_request's to report)."""
+    known = set(tool_names)
+    return [
+        (f"{path}.{list_name}[{index}]", f'names no tool of this call: "{name}"')
+        for list_name, names in (("allow", tool_filter.allow), ("deny", tool_filter.deny))
+        for index, name in enumerate(names)
+        if name and name not in known
+    ]
+
+
+def visible_tools(specs: Sequence[ToolSpec], tool_filter: ToolFilter) -> tuple[ToolSpec, ...]:
+    """dsh order: `allow` (when given) keeps only its names, then `deny` removes its names."""
+    allowed = set(tool_filter.allow)
+    denied = set(tool_filter.deny)
+    return tuple(spec for spec in specs if (not allowed or spec.name in allowed) and spec.name not in denied)
+
+
+def schema_problems(schema: Mapping[str, Any], instance: JsonValue) -> str:
+    """The instance's violations of a schema as one line, "" when it conforms."""
+    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    found = sorted(
+        f"{negotiation.json_pointer(error.absolute_path) or '/'}: {error.message}"
+        for error in validator.iter_errors(instance)
+    )
+    listed = "; ".join(found[:_MAX_LISTED_PROBLEMS])
+    if len(found) > _MAX_LISTED_PROBLEMS:
+        listed += f"; and {len(found) - _MAX_LISTED_PROBLEMS} more"
+    return listed
+
+
+def call_target(request: CallRequest) -> str:
+    return request.adapter if request.adapter is not None else request.agent or ""
+
+
+# --- the ToolBox of one session ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Approval:
+    decision: ApprovalDecision
+    arguments: JsonValue = None  # the edited arguments, for EDIT
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A question put to the caller, and the answer it waits for."""
+
+    answer: Literal["approval", "result"]
+    future: asyncio.Future[Any]
+
+
+class SessionToolBox:
+    """The ToolBox of one ToolSession (see the module docstring for the rules).
+
+    `send` puts a message on the session's outgoing stream; `answer` is fed
+    the caller's tool results and approvals, and raises InvalidRequest for an
+    answer nothing waits for.
+    """
+
+    def __init__(
+        self, visible: Sequence[ToolSpec], adapter: str, send: Callable[[SessionMessage], None]
+    ) -> None:
+        self._visible = tuple(visible)
+        self._by_name = {spec.name: spec for spec in self._visible}
+        self._adapter = adapter
+        self._send = send
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, _Waiting] = {}
+        self._closed = False
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        return self._visible
+
+    async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
+        spec = self._by_name.get(name)
+        if spec is None:
+            # Hidden and nonexistent tools look the same: the filter is visibility.
+            return ToolOutcome(error=f'there is no tool named "{name}" in this call')
+        problems = schema_problems(spec.arguments_schema, arguments)
+        if problems:
+            return ToolOutcome(error=f'the arguments do not match the schema of "{name}": {problems}')
+        call_id = f"call_{next(self._ids)}"
+        arguments_json = json.dumps(arguments, ensure_ascii=False)
+        if spec.risk is not ToolRisk.READ_ONLY:
+            approval: _Approval = await self._ask(
+                call_id,
+                "approval",
+                ApprovalRequestMessage(
+                    call_id=call_id,
+                    tool_name=name,
+                    arguments_json=arguments_json,
+                    risk=spec.risk,
+                    adapter=self._adapter,
+                    description=spec.description,
+                    metadata=spec.metadata,
+                ),
+            )
+            if approval.decision is ApprovalDecision.DENY:
+                return ToolOutcome(
+                    denied=True, error=approval.reason or f'the caller denied the call of "{name}"'
+                )
+            if approval.decision is ApprovalDecision.EDIT:
+                problems = schema_problems(spec.arguments_schema, approval.arguments)
+                if problems:
+                    return ToolOutcome(
+                        error=f'the caller edited the arguments of "{name}" into ones that do not match '
+                        f"its schema ({problems}); the tool did not run"
+                    )
+                arguments_json = json.dumps(approval.arguments, ensure_ascii=False)
+        outcome: ToolOutcome = await self._ask(
+            call_id, "result", ToolCallMessage(call_id, name, arguments_json, spec.risk)
+        )
+        if outcome.error is None and spec.return_schema is not None:
+            problems = schema_problems(spec.return_schema, outcome.result)
+            if problems:
+                return ToolOutcome(error=f'the result of "{name}" violates its return schema: {problems}')
+        return outcome
+
+    def answer(self, message: ToolResultMessage | ApprovalMessage) -> None:
+        """Deliver a caller's answer to the tool call waiting for it."""
+        if isinstance(message, ToolResultMessage):
+            waiting = self._waiting_for(message.call_id, "result", "tool_result")
+            waiting.future.set_result(_tool_outcome(message))
+        else:
+            waiting = self._waiting_for(message.call_id, "approval", "approval")
+            waiting.future.set_result(_approval(message))
+        del self._waiting[message.call_id]
+
+    def close(self) -> None:
+        """End the session: any question still open is cancelled."""
+        self._closed = True
+        for waiting in self._waiting.values():
+            waiting.future.cancel()
+        self._waiting.clear()
+
+    async def _ask(self, call_id: str, answer: Literal["approval", "result"], message: SessionMessage) -> Any:
+        if self._closed:
+            raise RuntimeError("the tool session has ended")
+        waiting = _Waiting(answer, asyncio.get_running_loop().create_future())
+        self._waiting[call_id] = waiting
+        self._send(message)
+        try:
+            return await waiting.future
+        finally:
+            # Answered questions are gone already; a cancelled one must not linger.
+            if self._waiting.get(call_id) is waiting:
+                del self._waiting[call_id]
+
+    def _waiting_for(self, call_id: str, answer: str, message_field: str) -> _Waiting:
+        waiting = self._waiting.get(call_id)
+        if waiting is None:
+            raise InvalidRequest(
+                [(f"{message_field}.call_id", f'no tool call "{call_id}" is waiting for an answer')]
+            )
+        if waiting.answer != answer:
+            raise InvalidRequest(
+                [
+                    (
+                        f"{message_field}.call_id",
+                        f'tool call "{call_id}" waits for {_with_article(waiting.answer)}, '
+                        f"not {_with_article(answer)}",
+                    )
+                ]
+            )
+        return waiting
+
+
+def _with_article(answer: str) -> str:
+    return "an approval" if answer == "approval" else "a tool result"
+
+
+def _tool_outcome(message: ToolResultMessage) -> ToolOutcome:
+    if message.result_json is not None:
+        return ToolOutcome(result=_parse_json(message.result_json, "tool_result.result_json"))
+    if message.error is not None:
+        return ToolOutcome(error=message.error or "the tool failed without a message")
+    raise InvalidRequest([("tool_result.outcome", "exactly one of result_json or error is required")])
+
+
+def _approval(message: ApprovalMessage) -> _Approval:
+    if message.decision is ApprovalDecision.EDIT:
+        if not message.edited_arguments_json:
+            raise InvalidRequest([("approval.edited_arguments_json", "is required when decision is EDIT")])
+        arguments = _parse_json(message.edited_arguments_json, "approval.edited_arguments_json")
+        return _Approval(ApprovalDecision.EDIT, arguments=arguments, reason=message.reason)
+    if message.edited_arguments_json:
+        # Edited arguments beside ALLOW or DENY would otherwise be silently dropped.
+        raise InvalidRequest(
+            [("approval.edited_arguments_json", f"is only for EDIT, not {message.decision.name}")]
+        )
+    return _Approval(message.decision, reason=message.reason)
+
+
+def _parse_json(text: str, path: str) -> JsonValue:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest([(path, f"is not valid JSON: {exc}")]) from exc
+
+
+# --- the session ---------------------------------------------------------------------
+
+
+async def run_session(
+    incoming: AsyncIterator[CallerMessage], dispatch: Dispatch
+) -> AsyncIterator[SessionMessage]:
+    """Run one ToolSession: the messages to send, ending with the FinalResult.
+
+    Raises the NegotiatorError the stream must end with. Cancelling the
+    consumer, or any error, cancels the adapter's work.
+    """
+    start = await _first(incoming)
+    request, visible = prepare_call(start)
+    outgoing: asyncio.Queue[SessionMessage] = asyncio.Queue()
+    toolbox = SessionToolBox(visible, call_target(request), outgoing.put_nowait) if request.tools else None
+    work = asyncio.ensure_future(dispatch(request, toolbox))
+    reader = asyncio.ensure_future(_read_answers(incoming, toolbox))
+    next_message: asyncio.Future[SessionMessage] | None = None
+    try:
+        while True:
+            if next_message is None:
+                next_message = asyncio.ensure_future(outgoing.get())
+            waiting_on: set[asyncio.Future[Any]] = {work, reader, next_message}
+            await asyncio.wait(waiting_on, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                reply, decision = work.result()
+                yield FinalResult(request.kind, reply, decision)
+                return
+            if next_message.done():
+                yield next_message.result()
+                next_message = None
+                continue
+            reader.result()  # the caller's protocol error, if that is why it ended
+            raise InvalidRequest(
+                [
+                    (
+                        "stream",
+                        "the caller half-closed the stream before the result, so no tool call could be "
+                        "answered; the call was cancelled (keep the stream open until the result)",
+                    )
+                ]
+            )
+    finally:
+        if toolbox is not None:
+            toolbox.close()
+        tasks: tuple[asyncio.Future[Any] | None, ...] = (work, reader, next_message)
+        pending = [task for task in tasks if task is not None and not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait(pending)
+
+
+async def _first(incoming: AsyncIterator[CallerMessage]) -> StartMessage:
+    try:
+        first = await anext(incoming)
+    except StopAsyncIteration:
+        raise InvalidRequest([("start", "the stream ended before start was sent")]) from None
+    if not isinstance(first, StartMessage):
+        raise InvalidRequest([("start", "the first message must be start")])
+    return first
+
+
+async def _read_answers(incoming: AsyncIterator[CallerMessage], toolbox: SessionToolBox | None) -> None:
+    async for message in incoming:
+        if isinstance(message, StartMessage):
+            raise InvalidRequest([("start", "only the first message may be start")])
+        if toolbox is None:
+            where = "tool_result" if isinstance(message, ToolResultMessage) else "approval"
+            raise InvalidRequest(
+                [(f"{where}.call_id", "this session has no tools, so nothing waits for an answer")]
+            )
+        toolbox.answer(message)

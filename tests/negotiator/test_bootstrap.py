@@ -1,0 +1,701 @@
+"""Capability bootstrap over real servers: a seedstore and a negotiator on Unix sockets, seeds in a temp
+SKILLSPEC_HOME whose commands are real scripts, added and verified through the seedstore's own RPCs.
+
+Each script touches a marker file first, so "nothing ran" is checked on disk, not inferred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import grpc
+import pytest
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
+from conftest import NEGOTIATOR_BIN, call_error, start_process, stop_process
+
+from clients.aio import AsyncSeedStoreClient
+from negotiator_service import bootstrap
+from negotiator_service.errors import AskPolicyRequiresChoice, GatesNotApproved, NoSeedFound, SeedHasNoCommand
+from negotiator_service.model import AuditOutcome, AuditRecord
+from negotiator_service.server import RunningNegotiator, Settings, create_server
+from seedstore_service.server import SeedStoreServer
+from seedstore_service.server import Settings as SeedStoreSettings
+from seedstore_service.server import create_server as create_seedstore
+from seedstore_service.store import resolve_store_root
+
+Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+PROVIDER_COST = common_pb2.GATE_PROVIDER_COST_APPROVAL
+EXTERNAL_SERVICE = common_pb2.GATE_EXTERNAL_SERVICE_APPROVAL
+SECRET_USE = common_pb2.GATE_SECRET_USE_APPROVAL
+
+
+# --- servers and seeds ------------------------------------------------------------------
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    # A Unix socket path must fit in ~107 bytes; tmp_path may not.
+    path = Path(tempfile.mkdtemp(prefix="boot-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def skillspec_home(tmp_path: Path) -> Path:
+    home = tmp_path / "skillspec-home"
+    home.mkdir()
+    return home
+
+
+@pytest.fixture
+async def seedstore(short_dir: Path, skillspec_home: Path) -> AsyncIterator[SeedStoreServer]:
+    settings = SeedStoreSettings(
+        listen=(f"unix:{short_dir / 'seedstore.sock'}",),
+        store_root=resolve_store_root({"SKILLSPEC_HOME": str(skillspec_home)}),
+        equivalents_file=None,
+        refresh_interval=0.2,
+        grace_seconds=0.5,
+    )
+    running = await create_seedstore(settings)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+async def seeds(seedstore: SeedStoreServer) -> AsyncIterator[AsyncSeedStoreClient]:
+    async with AsyncSeedStoreClient(seedstore.bound[0], timeout=10) as client:
+        yield client
+
+
+async def start_negotiator(
+    short_dir: Path, config_file: Path, seedstore_target: str | None
+) -> RunningNegotiator:
+    return await create_server(
+        Settings(
+            listen=(f"unix:{short_dir / 'negotiator.sock'}",),
+            config_path=config_file,
+            grace_seconds=1.0,
+            seedstore_target=seedstore_target,
+        )
+    )
+
+
+@pytest.fixture
+async def negotiator(
+    short_dir: Path, config_file: Path, seedstore: SeedStoreServer
+) -> AsyncIterator[RunningNegotiator]:
+    running = await start_negotiator(short_dir, config_file, seedstore.bound[0])
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+async def stub(negotiator: RunningNegotiator) -> AsyncIterator[Stub]:
+    async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:
+        yield negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+
+
+@pytest.fixture
+def audit(negotiator: RunningNegotiator) -> Iterator[list[AuditRecord]]:
+    """Every audit record the negotiator emits during the test."""
+    records: list[AuditRecord] = []
+    subscription = negotiator.broker.audit.subscribe()
+    original = subscription.offer
+
+    def keep(record: AuditRecord) -> bool:
+        records.append(record)
+        return original(record)
+
+    subscription.offer = keep  # type: ignore[method-assign]
+    yield records
+    subscription.close()
+
+
+class Script:
+    """An executable shell script that touches `marker` first, then runs `body`."""
+
+    def __init__(self, directory: Path, name: str, body: str) -> None:
+        self.path = directory / f"{name}.sh"
+        self.marker = directory / f"{name}.ran"
+        self.path.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(self.marker))}\n{body}\n")
+        self.path.chmod(0o755)
+
+    @property
+    def command(self) -> str:
+        return shlex.quote(str(self.path))
+
+    @property
+    def ran(self) -> bool:
+        return self.marker.exists()
+
+
+async def add_seed(
+    seeds: AsyncSeedStoreClient,
+    seed_id: str,
+    domain: str,
+    command: str,
+    *,
+    verify: bool = True,
+    **fields: Any,
+) -> None:
+    await seeds.add_seed(id=seed_id, domain=domain, kind="script", command=command, **fields)
+    if verify:
+        events = [event async for event in seeds.verify(seed_id, domain=domain)]
+        verdict = events[-1]
+        assert isinstance(verdict, spb.SeedVerified)
+        assert verdict.status == spb.VERIFICATION_STATUS_VERIFIED
+
+
+def request(capability: str, **fields: Any) -> pb.BootstrapRequest:
+    return pb.BootstrapRequest(capability=capability, **fields)
+
+
+def gate_violations(error: Any) -> list[tuple[str, str]]:
+    return [(v.type, v.subject) for v in error.precondition_violations]
+
+
+# --- candidates ---------------------------------------------------------------------------
+
+
+async def test_candidates_come_back_as_the_seedstore_ranked_them_with_gates_and_ask_policy(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    cloud = Script(tmp_path, "cloud", "echo cloud")
+    local = Script(tmp_path, "local", "echo local")
+    await add_seed(
+        seeds,
+        "cloud-voice",
+        "voice",
+        cloud.command,
+        provides=["text_to_speech"],
+        external_service=True,
+        may_cost_money=True,
+        auth_env=["VOICE_API_KEY"],
+    )
+    await add_seed(seeds, "local-say", "voice", local.command, provides=["text_to_speech"])
+
+    response = await stub.Bootstrap(request("text_to_speech"), timeout=10)
+
+    # local: +40 direct +25 verified = 65; cloud: 65 - 10 for its risks = 55: within 10 points.
+    assert [(c.domain, c.id, c.score) for c in response.candidates] == [
+        ("voice", "local-say", 65),
+        ("voice", "cloud-voice", 55),
+    ]
+    assert list(response.candidates[1].required_gates) == [PROVIDER_COST, EXTERNAL_SERVICE, SECRET_USE]
+    assert list(response.candidates[1].risks) == [
+        common_pb2.RISK_FLAG_EXTERNAL_SERVICE,
+        common_pb2.RISK_FLAG_MAY_COST_MONEY,
+    ]
+    assert list(response.candidates[0].required_gates) == []
+    assert "external or paid risk requires gate" in response.candidates[1].reasons
+    assert response.selected == ""
+    assert response.ask_policy.reason == "top_candidates_within_10_points"
+    assert not response.HasField("run")
+    assert not cloud.ran
+    assert not local.ran
+
+    direct = await seeds.search_seeds(capability="text_to_speech", broaden=True)
+    assert list(response.candidates) == list(direct.candidates)
+
+
+async def test_local_only_is_passed_to_the_search_and_the_clear_winner_is_selected(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    await add_seed(
+        seeds,
+        "cloud-voice",
+        "voice",
+        Script(tmp_path, "c", "").command,
+        provides=["tts"],
+        external_service=True,
+    )
+    await add_seed(seeds, "local-say", "voice", Script(tmp_path, "l", "").command, provides=["tts"])
+    response = await stub.Bootstrap(request("tts", domain="voice", local_only=True), timeout=10)
+    assert [(c.id, c.score) for c in response.candidates] == [("local-say", 85)]  # +20 local-only
+    assert response.selected == "voice/local-say"
+    assert not response.HasField("ask_policy")
+
+
+# --- gates --------------------------------------------------------------------------------
+
+
+async def test_refused_without_gate_approval_and_nothing_starts_then_runs_with_it(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path, audit: list[AuditRecord]
+) -> None:
+    paid = Script(tmp_path, "paid", 'echo "said: $(cat)"')
+    await add_seed(
+        seeds,
+        "paid-say",
+        "voice",
+        paid.command,
+        provides=["speech_synthesis"],
+        external_service=True,
+        may_cost_money=True,
+    )
+
+    error = await call_error(stub.Bootstrap(request("speech_synthesis", run=True, prompt="hi"), timeout=10))
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "GATES_NOT_APPROVED")
+    assert gate_violations(error) == [
+        ("GATE_NOT_APPROVED", "provider_cost_approval"),
+        ("GATE_NOT_APPROVED", "external_service_approval"),
+    ]
+    assert error.metadata["seed"] == "voice/paid-say"
+
+    error = await call_error(
+        stub.Bootstrap(
+            request("speech_synthesis", run=True, prompt="hi", approved_gates=[PROVIDER_COST]), timeout=10
+        )
+    )
+    assert gate_violations(error) == [("GATE_NOT_APPROVED", "external_service_approval")]
+    assert not paid.ran
+
+    response = await stub.Bootstrap(
+        request(
+            "speech_synthesis", run=True, prompt="hello", approved_gates=[PROVIDER_COST, EXTERNAL_SERVICE]
+        ),
+        timeout=10,
+    )
+    assert paid.ran
+    run = response.run
+    assert (run.seed, list(run.argv), run.exit_code, run.output) == (
+        "voice/paid-say",
+        [str(paid.path)],
+        0,
+        "said: hello\n",
+    )
+    evidence = list(run.evidence)
+    assert [line.split(":")[0] for line in evidence] == [
+        "search",
+        "selection",
+        "gates",
+        "verification",
+        "environment",
+        "run",
+    ]
+    assert "selected by policy highest_score_after_constraints" in evidence[1]
+    assert evidence[2] == (
+        "gates: required provider_cost_approval, external_service_approval; "
+        "approved provider_cost_approval, external_service_approval"
+    )
+    assert evidence[3].startswith("verification: verified at 20")
+    assert f"path_lookup:{paid.path} ok" in evidence[3]
+    assert evidence[5].startswith(f"run: argv [{str(paid.path)!r}] exited with 0 after ")
+
+    bootstraps = [r for r in audit if r.operation == "bootstrap"]
+    assert [(r.outcome, r.error_reason) for r in bootstraps] == [
+        (AuditOutcome.REFUSED, "GATES_NOT_APPROVED"),
+        (AuditOutcome.REFUSED, "GATES_NOT_APPROVED"),
+        (AuditOutcome.SUCCEEDED, ""),
+    ]
+    assert all(r.caller for r in bootstraps)
+
+
+async def test_auth_env_reaches_the_command_only_through_secret_use_approval(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BOOT_TOKEN", "s3cret")
+    monkeypatch.setenv("NOT_FOR_SEEDS", "leak")
+    secret = Script(tmp_path, "secret", 'echo "token=$BOOT_TOKEN other=$NOT_FOR_SEEDS"')
+    await add_seed(
+        seeds, "tokened", "voice", secret.command, provides=["voice_clone"], auth_env=["BOOT_TOKEN"]
+    )
+
+    error = await call_error(stub.Bootstrap(request("voice_clone", run=True), timeout=10))
+    assert gate_violations(error) == [("GATE_NOT_APPROVED", "secret_use_approval")]
+    assert not secret.ran
+
+    response = await stub.Bootstrap(request("voice_clone", run=True, approved_gates=[SECRET_USE]), timeout=10)
+    assert response.run.output == "token=s3cret other=\n"
+    assert "the seed's auth env BOOT_TOKEN (secret_use_approval approved)" in response.run.evidence[4]
+    assert "s3cret" not in "".join(response.run.evidence)
+
+
+# --- the ask policy -----------------------------------------------------------------------
+
+
+async def test_close_scores_are_refused_without_a_pick_and_the_pick_runs(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    first = Script(tmp_path, "first", "echo first")
+    second = Script(tmp_path, "second", "echo second")
+    await add_seed(seeds, "first", "voice", first.command, provides=["voice_message"], priority=50)
+    await add_seed(seeds, "second", "voice", second.command, provides=["voice_message"], priority=0)
+
+    error = await call_error(stub.Bootstrap(request("voice_message", run=True), timeout=10))
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "ASK_POLICY_REQUIRES_CHOICE")
+    assert gate_violations(error) == [
+        ("ASK_POLICY_CANDIDATE", "voice/first"),
+        ("ASK_POLICY_CANDIDATE", "voice/second"),
+    ]
+    assert error.metadata["askPolicy"] == "top_candidates_within_10_points"
+    assert not first.ran
+    assert not second.ran
+
+    error = await call_error(
+        stub.Bootstrap(request("voice_message", run=True, seed="voice/ghost"), timeout=10)
+    )
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEED_NOT_A_CANDIDATE")
+    assert error.metadata["candidates"] == "voice/first,voice/second"
+
+    response = await stub.Bootstrap(request("voice_message", run=True, seed="voice/second"), timeout=10)
+    assert response.run.output == "second\n"
+    assert second.ran
+    assert not first.ran
+    assert response.selected == ""  # still what the seedstore said
+    assert response.ask_policy.reason == "top_candidates_within_10_points"
+    assert response.run.evidence[1].startswith("selection: voice/second picked by caller from [")
+    assert "ask policy: top_candidates_within_10_points" in response.run.evidence[1]
+
+
+# --- verification, command, broadening ----------------------------------------------------
+
+
+async def test_an_unverified_seed_is_refused_and_never_started(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    fresh = Script(tmp_path, "fresh", "echo fresh")
+    await add_seed(seeds, "fresh", "voice", fresh.command, provides=["narration"], verify=False)
+    response = await stub.Bootstrap(request("narration"), timeout=10)
+    assert response.selected == "voice/fresh"  # the only candidate is selected, and still may not run
+
+    error = await call_error(stub.Bootstrap(request("narration", run=True), timeout=10))
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEED_NOT_VERIFIED")
+    assert error.metadata == {"seed": "voice/fresh", "verificationStatus": "unverified"}
+    assert not fresh.ran
+
+
+async def test_a_seed_marked_failed_after_the_search_is_caught_when_read_again(
+    stub: Stub, negotiator: RunningNegotiator, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    """The verification status is read at run time, not trusted from the search."""
+    flaky = Script(tmp_path, "flaky", "echo flaky")
+    await add_seed(seeds, "flaky", "voice", flaky.command, provides=["narration"])
+    bootstrapper = negotiator.bootstrapper
+    assert bootstrapper is not None
+    assert bootstrapper.seedstore is not None
+    source = bootstrapper.seedstore
+    original_search = source.search
+
+    async def search_then_mark_failed(*args: Any, **kwargs: Any) -> bootstrap.SearchOutcome:
+        outcome = await original_search(*args, **kwargs)
+        await seeds.update_seed(id="flaky", domain="voice", mark=spb.VERIFICATION_MARK_FAILED)
+        return outcome
+
+    source.search = search_then_mark_failed  # type: ignore[method-assign]
+    error = await call_error(stub.Bootstrap(request("narration", run=True), timeout=10))
+    assert (error.reason, error.metadata["verificationStatus"]) == ("SEED_NOT_VERIFIED", "failed")
+    assert not flaky.ran
+
+
+async def test_a_broadened_search_finds_the_seed_through_an_equivalent_term(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    say = Script(tmp_path, "say", 'echo "voice: $(cat)"')
+    await add_seed(seeds, "say", "voice", say.command, provides=["text_to_speech"])
+
+    response = await stub.Bootstrap(request("voice_message", run=True, prompt="ping"), timeout=10)
+    assert [(f"{c.domain}/{c.id}", c.matched_capability) for c in response.candidates] == [
+        ("voice/say", "text_to_speech")
+    ]
+    assert response.selected == "voice/say"
+    assert response.run.output == "voice: ping\n"
+    search_lines = [line for line in response.run.evidence if line.startswith("search")]
+    assert search_lines[0].startswith('search: "voice_message" in every domain')
+    assert "found nothing; broadened through" in search_lines[0]
+    assert any('"text_to_speech" in every domain: found voice/say' in line for line in search_lines[1:])
+    assert 'matched via "text_to_speech"' in response.run.evidence[len(search_lines)]
+
+
+async def test_nothing_found_even_after_broadening_says_a_fallback_needs_approval(stub: Stub) -> None:
+    listed = await stub.Bootstrap(request("teleportation"), timeout=10)
+    assert list(listed.candidates) == []
+    assert listed.selected == ""
+
+    error = await call_error(stub.Bootstrap(request("teleportation", domain="travel", run=True), timeout=10))
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "NO_SEED_FOUND")
+    assert "approval" in error.message
+    assert "verify it first" in error.message
+    assert [v.subject for v in error.precondition_violations] == ["teleportation@travel"]
+    assert error.metadata["fallbackPolicy"].startswith("no capability seed was found")
+
+
+async def test_a_non_zero_exit_is_an_answer_and_a_missing_program_is_refused(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    grumpy = Script(tmp_path, "grumpy", "echo partial; echo 'no voice today' >&2; exit 3")
+    await add_seed(seeds, "grumpy", "voice", f"{grumpy.command} --loud", provides=["shouting"])
+    response = await stub.Bootstrap(request("shouting", run=True), timeout=10)
+    assert (list(response.run.argv), response.run.exit_code, response.run.output) == (
+        [str(grumpy.path), "--loud"],
+        3,
+        "partial\n",
+    )
+    assert "exited with 3" in response.run.evidence[-1]
+    assert "stderr: no voice today" in response.run.evidence[-1]
+
+    gone = Script(tmp_path, "gone", "echo gone")
+    await add_seed(seeds, "gone", "voice", gone.command, provides=["vanishing"])
+    gone.path.unlink()
+    error = await call_error(stub.Bootstrap(request("vanishing", run=True), timeout=10))
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEED_COMMAND_NOT_FOUND")
+    assert error.metadata["program"] == str(gone.path)
+
+
+async def test_a_seed_without_a_command_is_refused(stub: Stub, seeds: AsyncSeedStoreClient) -> None:
+    await seeds.add_seed(
+        id="adapter-only",
+        domain="voice",
+        kind="adapter",
+        adapter="say",
+        provides=["humming"],
+        evidence_commands=["true"],
+    )
+    events = [event async for event in seeds.verify("adapter-only", domain="voice")]
+    assert isinstance(events[-1], spb.SeedVerified)
+    assert events[-1].status == spb.VERIFICATION_STATUS_VERIFIED
+    error = await call_error(stub.Bootstrap(request("humming", run=True), timeout=10))
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEED_HAS_NO_COMMAND")
+
+
+async def test_the_run_is_bounded_by_the_callers_deadline_and_its_group_is_killed(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path, audit: list[AuditRecord]
+) -> None:
+    pidfile = tmp_path / "child.pid"
+    sleeper = Script(tmp_path, "sleeper", f"sleep 30 &\necho $! > {shlex.quote(str(pidfile))}\nwait")
+    await add_seed(seeds, "sleeper", "voice", sleeper.command, provides=["lullaby"])
+    started = time.monotonic()
+    error = await call_error(stub.Bootstrap(request("lullaby", run=True), timeout=1.5))
+    assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 5
+    assert sleeper.ran
+    child = int(pidfile.read_text())
+    assert await _gone(child)
+    await asyncio.sleep(0.1)  # the handler's audit record follows its status
+    (record,) = [r for r in audit if r.operation == "bootstrap"]
+    assert record.outcome is AuditOutcome.FAILED
+    assert record.error_reason in ("SEED_COMMAND_TIMEOUT", "CANCELLED")
+
+
+async def _gone(pid: int, within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+# --- requests and the seedstore itself ----------------------------------------------------
+
+
+async def test_run_only_fields_without_run_are_refused_not_ignored(stub: Stub) -> None:
+    error = await call_error(
+        stub.Bootstrap(request("tts", seed="voice", prompt="hi", approved_gates=[PROVIDER_COST]), timeout=10)
+    )
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert [field for field, _ in error.field_violations] == ["seed", "seed", "approved_gates", "prompt"]
+    error = await call_error(stub.Bootstrap(request(""), timeout=10))
+    assert error.field_violations == (("capability", "is required"),)
+    error = await call_error(stub.Bootstrap(request("tts", approved_gates=[0], run=True), timeout=10))
+    assert [field for field, _ in error.field_violations] == ["approved_gates[0]"]
+
+
+async def test_a_bad_identifier_is_the_callers_field_from_the_seedstore(stub: Stub) -> None:
+    error = await call_error(stub.Bootstrap(request("Text To Speech"), timeout=10))
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert [field for field, _ in error.field_violations] == ["capability"]
+
+
+async def test_an_unreachable_seedstore_is_unavailable_never_unknown(
+    short_dir: Path, config_file: Path
+) -> None:
+    missing = f"unix:{short_dir / 'nobody-here.sock'}"
+    negotiator = await start_negotiator(short_dir, config_file, missing)
+    try:
+        async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            error = await call_error(stub.Bootstrap(request("tts", run=True), timeout=10))
+    finally:
+        await negotiator.stop()
+    assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SEEDSTORE_UNAVAILABLE")
+    assert error.metadata["target"] == missing
+
+
+async def test_without_a_seedstore_bootstrap_is_a_failed_precondition(
+    short_dir: Path, config_file: Path
+) -> None:
+    negotiator = await start_negotiator(short_dir, config_file, None)
+    try:
+        async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            error = await call_error(stub.Bootstrap(request("tts"), timeout=10))
+    finally:
+        await negotiator.stop()
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEEDSTORE_NOT_CONFIGURED")
+
+
+async def test_serve_seedstore_flag_wires_bootstrap_to_that_seedstore(
+    short_dir: Path, seeds: AsyncSeedStoreClient, seedstore: SeedStoreServer, tmp_path: Path
+) -> None:
+    await add_seed(seeds, "say", "voice", Script(tmp_path, "say", "cat").command, provides=["text_to_speech"])
+    target = f"unix:{short_dir / 'served.sock'}"
+    process, _ = start_process(
+        [
+            str(NEGOTIATOR_BIN),
+            "serve",
+            "--listen",
+            target,
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--seedstore",
+            seedstore.bound[0],
+        ]
+    )
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            response = await stub.Bootstrap(request("text_to_speech", run=True, prompt="hi"), timeout=10)
+    finally:
+        stop_process(process)
+    assert response.selected == "voice/say"
+    assert response.run.output == "hi"
+
+
+def test_serve_refuses_a_malformed_seedstore_address_as_a_usage_error(short_dir: Path) -> None:
+    bad = subprocess.run(
+        [
+            str(NEGOTIATOR_BIN),
+            "serve",
+            "--listen",
+            f"unix:{short_dir / 'n.sock'}",
+            "--seedstore",
+            "not an address",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "--seedstore" in bad.stderr
+
+
+# --- the pure rules -----------------------------------------------------------------------
+
+
+def _candidate(seed_id: str, score: int) -> bootstrap.Candidate:
+    return bootstrap.Candidate(id=seed_id, domain="d", path=f"/s/d/{seed_id}.yml", score=score, reasons=())
+
+
+def _outcome(
+    *candidates: bootstrap.Candidate, selected: str | None, ask: str | None
+) -> bootstrap.SearchOutcome:
+    return bootstrap.SearchOutcome(
+        capability="c",
+        domain=None,
+        local_only=False,
+        candidates=candidates,
+        selected=selected,
+        ask_policy=ask,
+        selection_policy="highest_score_after_constraints",
+        first_search_empty=False,
+        attempts=(),
+        fallback_policy="",
+    )
+
+
+def test_the_ask_policy_offers_every_candidate_within_ten_points_of_the_top() -> None:
+    outcome = _outcome(
+        _candidate("a", 60),
+        _candidate("b", 55),
+        _candidate("c", 50),
+        _candidate("d", 49),
+        selected=None,
+        ask="top_candidates_within_10_points",
+    )
+    with pytest.raises(AskPolicyRequiresChoice) as caught:
+        bootstrap.choose(bootstrap.BootstrapCall("c", run=True), outcome)
+    assert caught.value.tied == (("d/a", 60), ("d/b", 55), ("d/c", 50))
+    choice = bootstrap.choose(bootstrap.BootstrapCall("c", run=True, seed="d/d"), outcome)
+    assert (choice.candidate.id, choice.picked_by_caller) == ("d", True)
+
+
+def test_no_candidates_is_no_seed_found_naming_the_first_search_when_nothing_broadened() -> None:
+    with pytest.raises(NoSeedFound) as caught:
+        bootstrap.choose(bootstrap.BootstrapCall("c", run=True), _outcome(selected=None, ask=None))
+    assert caught.value.searches == (("c", None),)
+
+
+def test_gates_are_the_union_of_the_search_and_the_seed_file_now() -> None:
+    choice = bootstrap.Choice(_candidate("a", 60), picked_by_caller=False)
+    facts = bootstrap.SeedFacts(
+        ref="d/a",
+        command="say",
+        verification_status="verified",
+        verified_at_unix=1,
+        checks=(),
+        risks=(bootstrap.Risk.EXTERNAL_SERVICE,),
+        auth_env=(),
+    )
+    with pytest.raises(GatesNotApproved) as caught:
+        bootstrap.plan_run(choice, facts, frozenset())
+    assert caught.value.missing == ("external_service_approval",)
+    plan = bootstrap.plan_run(choice, facts, frozenset({bootstrap.Gate.EXTERNAL_SERVICE_APPROVAL}))
+    assert plan.argv == ("say",)
+
+
+def test_commands_are_split_like_a_shell_would_but_never_run_by_one() -> None:
+    choice = bootstrap.Choice(_candidate("a", 60), picked_by_caller=False)
+    facts = bootstrap.SeedFacts(
+        ref="d/a",
+        command="say --voice 'Ada Lovelace' $HOME;rm",
+        verification_status="verified",
+        verified_at_unix=1,
+        checks=(),
+        risks=(),
+        auth_env=(),
+    )
+    assert bootstrap.plan_run(choice, facts, frozenset()).argv == (
+        "say",
+        "--voice",
+        "Ada Lovelace",
+        "$HOME;rm",
+    )
+    with pytest.raises(SeedHasNoCommand, match="cannot be split"):
+        bootstrap.plan_run(
+            choice,
+            bootstrap.SeedFacts(
+                ref="d/a",
+                command="say 'unclosed",
+                verification_status="verified",
+                verified_at_unix=1,
+                checks=(),
+                risks=(),
+                auth_env=(),
+            ),
+            frozenset(),
+        )
