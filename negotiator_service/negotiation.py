@@ -143,11 +143,35 @@ def _target_problems(request: CallRequest) -> list[tuple[str, str]]:
     return problems
 
 
+# Deeper documents are refused up front: the JSON parser, the metaschema check
+# and the requirement walk all recurse, and a RecursionError would surface as
+# INTERNAL instead of the caller's INVALID_ARGUMENT.
+MAX_SCHEMA_NESTING = 64
+
+
+def _nesting_depth(value: Any) -> int:
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return deepest
+
+
 def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, str]]]:
+    too_deep = [("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep")]
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, [("output_schema", f"is not valid JSON: {exc}")]
+    except RecursionError:
+        return None, too_deep
+    if _nesting_depth(parsed) > MAX_SCHEMA_NESTING:
+        return None, too_deep
     if isinstance(parsed, bool):
         parsed = {} if parsed else {"not": {}}
     if not isinstance(parsed, dict):

@@ -480,3 +480,11 @@ def test_kind_mismatch_both_ways(request_: CallRequest, selected_by: str, kind: 
 def test_unknown_adapter_is_not_found() -> None:
     with pytest.raises(AdapterNotFound, match='"ghost"'):
         select(CallRequest(CallKind.INVOKE, "p", adapter="ghost"), lookup)
+
+
+def test_a_schema_nested_too_deeply_is_an_invalid_request_not_a_crash() -> None:
+    deep = '{"not": ' * 100 + "{}" + "}" * 100
+    request = CallRequest(kind=CallKind.PRODUCE, prompt="p", adapter="a", output_schema=deep)
+    with pytest.raises(InvalidRequest) as raised:
+        validate_request(request)
+    assert raised.value.violations == (("output_schema", "is nested more than 64 levels deep"),)
