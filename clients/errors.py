@@ -14,6 +14,7 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   └── AdapterNotFoundError          ADAPTER_NOT_FOUND; .adapter
     ├── AlreadyExistsError                ALREADY_EXISTS (ADAPTER_ALREADY_EXISTS); .adapter
     ├── FailedPreconditionError           FAILED_PRECONDITION: do not retry until something changes
+    │                                     (SEEDSTORE_NOT_CONFIGURED, SEEDSTORE_REFUSED, SEED_NOT_A_CANDIDATE)
     │   ├── UnsupportedCapabilityError    UNSUPPORTED_CAPABILITY; .gaps .adapter .declaration_version
     │   ├── AdapterKindMismatchError      ADAPTER_KIND_MISMATCH; .adapter .kind .selected_by
     │   ├── AdapterNotRemovableError      ADAPTER_NOT_REMOVABLE; .adapter
@@ -23,15 +24,21 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   ├── DeclarationChangedError       DECLARATION_CHANGED; .conversation_id .pinned_version ...
     │   ├── ConversationAdapterMismatchError  CONVERSATION_ADAPTER_MISMATCH; .conversation_id .adapter
     │   ├── DelegationDepthExceededError  DELEGATION_DEPTH_EXCEEDED; .attempted_depth .max_depth .limit
+    │   ├── NoSeedFoundError              NO_SEED_FOUND: ask before any unseeded fallback; .searches ...
+    │   ├── SeedChoiceRequiredError       ASK_POLICY_REQUIRES_CHOICE: ask the user; .candidates
+    │   ├── GatesNotApprovedError         GATES_NOT_APPROVED: ask the user; .missing_gates .required_gates
+    │   ├── SeedNotVerifiedError          SEED_NOT_VERIFIED: verify it, retry; .seed .verification_status
+    │   ├── SeedCommandError              SEED_HAS_NO_COMMAND, SEED_COMMAND_NOT_FOUND, SEED_COMMAND_FAILED
     │   ├── SeedMalformedError            SEED_MALFORMED; .path .line .detail
     │   └── AmbiguousSeedError            SEED_AMBIGUOUS; .seed_id .paths
     ├── AbortedError                      ABORTED: retry the read-modify-write
     │   ├── RevisionConflictError         REVISION_MISMATCH; .seed_id .expected .actual
     │   └── ConversationBusyError         CONVERSATION_BUSY (no_wait): .conversation_id
-    ├── UnavailableError                  UNAVAILABLE: retry with backoff (SHUTTING_DOWN, transport)
+    ├── UnavailableError                  UNAVAILABLE: retry with backoff
+    │                                     (SHUTTING_DOWN, SEEDSTORE_UNAVAILABLE, transport)
     │   ├── StoreUnavailableError         STORE_UNAVAILABLE
     │   └── AdapterUnavailableError  *    ADAPTER_UNAVAILABLE
-    ├── DeadlineExceededError             DEADLINE_EXCEEDED (DEFAULT_TIMEOUT_EXCEEDED)
+    ├── DeadlineExceededError             DEADLINE_EXCEEDED (DEFAULT_TIMEOUT_EXCEEDED, SEED_COMMAND_TIMEOUT)
     │   └── AdapterTimeoutError  *        ADAPTER_TIMEOUT
     ├── ResourceExhaustedError            RESOURCE_EXHAUSTED (TOO_MANY_CALLS); .retry_after (seconds or None)
     │   ├── AdapterRateLimitedError  *    ADAPTER_RATE_LIMITED
@@ -45,6 +52,11 @@ reasons when they are defined, so the mapping cannot drift from the tree:
         └── AdapterInternalError  *       ADAPTER_INTERNAL, ADAPTER_FAILED
 
     * also an AdapterFailureError (.adapter .cause): the adapter failed while running.
+
+The bootstrap's refusals get a class where the caller has a distinct next
+step (ask the user, verify the seed, pick another seed); the rest keep the
+code's class and are told apart by `.reason`. Every bootstrap error names
+its seed in `metadata["seed"]` when there is one.
 
 OutputSchemaViolationError sits under InternalError, not FailedPreconditionError,
 because the negotiator sends it as INTERNAL: the adapter broke its contract,
@@ -193,6 +205,9 @@ class InvalidArgumentError(SidecarError):
         "INVALID_IDENTIFIER",
         "INVALID_REQUEST",
         "CONFIG_INVALID",
+        # Either sidecar: the request bytes did not decode as the method's message (a client bug
+        # or a mismatched proto); field_violations name "request".
+        "MALFORMED_REQUEST",
     )
 
     @property
@@ -218,6 +233,13 @@ class FailedPreconditionError(SidecarError):
     """The system is not in a state the call needs; retrying unchanged will fail again."""
 
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    # Bootstrap refusals whose next step is in the message and metadata: an operator's fix
+    # (SEEDSTORE_*) or a client bug (SEED_NOT_A_CANDIDATE: metadata "candidates").
+    reasons: ClassVar[tuple[str, ...]] = (
+        "SEEDSTORE_NOT_CONFIGURED",
+        "SEEDSTORE_REFUSED",
+        "SEED_NOT_A_CANDIDATE",
+    )
 
 
 class AbortedError(SidecarError):
@@ -230,12 +252,13 @@ class UnavailableError(SidecarError):
     """Retry with backoff (the channel's retry policy already did, for idempotent calls)."""
 
     grpc_code = grpc.StatusCode.UNAVAILABLE
-    reasons: ClassVar[tuple[str, ...]] = ("SHUTTING_DOWN",)
+    reasons: ClassVar[tuple[str, ...]] = ("SHUTTING_DOWN", "SEEDSTORE_UNAVAILABLE")
 
 
 class DeadlineExceededError(SidecarError):
     grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
-    reasons: ClassVar[tuple[str, ...]] = ("DEFAULT_TIMEOUT_EXCEEDED",)
+    # SEED_COMMAND_TIMEOUT: a bootstrapped seed's command outlived the deadline; raise it.
+    reasons: ClassVar[tuple[str, ...]] = ("DEFAULT_TIMEOUT_EXCEEDED", "SEED_COMMAND_TIMEOUT")
 
 
 class ResourceExhaustedError(SidecarError):
@@ -589,6 +612,122 @@ class AuditWatcherDroppedError(ResourceExhaustedError):
     reasons: ClassVar[tuple[str, ...]] = ("AUDIT_WATCHER_DROPPED",)
 
 
+# --- negotiator: bootstrap ----------------------------------------------------------
+
+
+def _listed(text: str) -> tuple[str, ...]:
+    """A comma-separated metadata value as a tuple; () when empty."""
+    return tuple(text.split(",")) if text else ()
+
+
+class NoSeedFoundError(FailedPreconditionError):
+    """No seed provides the capability, not even after broadening.
+
+    Do not fall back on an unseeded local tool without the user's explicit
+    approval; or add a local seed, verify it, and bootstrap again.
+    """
+
+    reasons: ClassVar[tuple[str, ...]] = ("NO_SEED_FOUND",)
+
+    @property
+    def capability(self) -> str:
+        return self.metadata.get("capability", "")
+
+    @property
+    def domain(self) -> str:
+        """The domain searched first; empty for a store-wide search."""
+        return self.metadata.get("domain", "")
+
+    @property
+    def searches(self) -> tuple[str, ...]:
+        """Every search tried, first included: "<capability>@<domain>", or "<capability>" store-wide."""
+        return tuple(v.subject for v in self.precondition_violations if v.type == "SEARCH_FOUND_NOTHING")
+
+    @property
+    def fallback_policy(self) -> str:
+        return self.metadata.get("fallbackPolicy", "")
+
+
+class SeedChoiceRequiredError(FailedPreconditionError):
+    """The top candidates scored too close for the ask policy: ask the user, retry with `seed` set."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("ASK_POLICY_REQUIRES_CHOICE",)
+
+    @property
+    def capability(self) -> str:
+        return self.metadata.get("capability", "")
+
+    @property
+    def ask_policy(self) -> str:
+        return self.metadata.get("askPolicy", "")
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """The tied candidates ("<domain>/<id>", best first): the choices to offer."""
+        return _listed(self.metadata.get("candidates", ""))
+
+
+class GatesNotApprovedError(FailedPreconditionError):
+    """The seed needs gates the call did not approve: get the user's approval, retry with them."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("GATES_NOT_APPROVED",)
+
+    @property
+    def seed(self) -> str:
+        return self.metadata.get("seed", "")
+
+    @property
+    def required_gates(self) -> tuple[str, ...]:
+        """Gate names, e.g. "provider_cost_approval"."""
+        return _listed(self.metadata.get("requiredGates", ""))
+
+    @property
+    def missing_gates(self) -> tuple[str, ...]:
+        return _listed(self.metadata.get("missingGates", ""))
+
+
+class SeedNotVerifiedError(FailedPreconditionError):
+    """The seed is not verified: verify it (seedstore VerifySeeds), then bootstrap again."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("SEED_NOT_VERIFIED",)
+
+    @property
+    def seed(self) -> str:
+        return self.metadata.get("seed", "")
+
+    @property
+    def verification_status(self) -> str:
+        """ "unverified" or "failed"."""
+        return self.metadata.get("verificationStatus", "")
+
+
+class SeedCommandError(FailedPreconditionError):
+    """The seed's command cannot run here: fix the seed (or install its program), or pick another seed.
+
+    `.reason` tells which: SEED_HAS_NO_COMMAND, SEED_COMMAND_NOT_FOUND (`.program`
+    is missing) or SEED_COMMAND_FAILED (could not start, or overflowed its output cap).
+    """
+
+    reasons: ClassVar[tuple[str, ...]] = (
+        "SEED_HAS_NO_COMMAND",
+        "SEED_COMMAND_NOT_FOUND",
+        "SEED_COMMAND_FAILED",
+    )
+
+    @property
+    def seed(self) -> str:
+        return self.metadata.get("seed", "")
+
+    @property
+    def program(self) -> str:
+        """The program not found; empty for the other reasons."""
+        return self.metadata.get("program", "")
+
+    @property
+    def cause(self) -> str:
+        return self.metadata.get("cause", "")
+
+
 class OutputSchemaViolationError(InternalError):
     """The adapter's output is not JSON or breaks the schema: report it, or pick another adapter."""
 
@@ -629,8 +768,10 @@ __all__ = [
     "DelegationDepthExceededError",
     "FailedPreconditionError",
     "Gap",
+    "GatesNotApprovedError",
     "InternalError",
     "InvalidArgumentError",
+    "NoSeedFoundError",
     "NotFoundError",
     "OutputSchemaViolationError",
     "PermissionDeniedError",
@@ -638,8 +779,11 @@ __all__ = [
     "ResourceExhaustedError",
     "RevisionConflictError",
     "SchemaViolation",
+    "SeedChoiceRequiredError",
+    "SeedCommandError",
     "SeedMalformedError",
     "SeedNotFoundError",
+    "SeedNotVerifiedError",
     "SidecarError",
     "StoreUnavailableError",
     "UnauthenticatedError",

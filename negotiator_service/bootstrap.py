@@ -564,15 +564,22 @@ class Bootstrapper:
         record: "accepted" (candidates only), "succeeded" (the command ran,
         whatever its exit code), "refused" (nothing was started) or "failed"
         (the command started, then timed out, overflowed or was cancelled).
+        The record names the seed once one was chosen to run.
         """
         progress = _Progress()
         try:
             result = await self._bootstrap(call, _Clock(time_budget), progress)
         except BaseException as error:
-            self._emit(caller, delegation_depth, *_failure_outcome(error, started=progress.started))
+            self._emit(
+                caller, delegation_depth, progress.seed, *_failure_outcome(error, started=progress.started)
+            )
             raise
         self._emit(
-            caller, delegation_depth, AuditOutcome.SUCCEEDED if call.run else AuditOutcome.ACCEPTED, ""
+            caller,
+            delegation_depth,
+            progress.seed,
+            AuditOutcome.SUCCEEDED if call.run else AuditOutcome.ACCEPTED,
+            "",
         )
         return result
 
@@ -589,6 +596,7 @@ class Bootstrapper:
         if not call.run:
             return result
         choice = choose(call, outcome)
+        progress.seed = choice.candidate.ref
         # The gates the search reported are checked before anything else is read or run.
         check_gates(choice.candidate.ref, choice.candidate.required_gates, call.approved_gates)
         candidate = choice.candidate
@@ -653,7 +661,9 @@ class Bootstrapper:
             evidence=tuple(evidence),
         )
 
-    def _emit(self, caller: str, delegation_depth: int, outcome: AuditOutcome, error_reason: str) -> None:
+    def _emit(
+        self, caller: str, delegation_depth: int, seed: str, outcome: AuditOutcome, error_reason: str
+    ) -> None:
         if self._audit is None:
             return
         self._audit.emit(
@@ -664,15 +674,17 @@ class Bootstrapper:
                 outcome=outcome,
                 error_reason=error_reason,
                 delegation_depth=delegation_depth,
+                seed=seed,
             )
         )
 
 
 @dataclass(slots=True)
 class _Progress:
-    """Whether the seed's process was started: after that, a failure is "failed", not "refused"."""
+    """How far a bootstrap got, for its audit record."""
 
-    started: bool = False
+    seed: str = ""  # the chosen seed's "<domain>/<id>", once chosen
+    started: bool = False  # the seed's process was started: a failure is "failed", not "refused"
 
 
 def _failure_outcome(error: BaseException, *, started: bool) -> tuple[AuditOutcome, str]:

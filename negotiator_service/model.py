@@ -387,6 +387,7 @@ class AuditRecord:
     error_reason: str = ""  # ErrorInfo reason of a refusal or failure
     conversation_id: str = ""
     delegation_depth: int = 0
+    seed: str = ""  # bootstrap: "<domain>/<id>" of the seed chosen to run, once one was chosen
 
     @property
     def allowed_unknown(self) -> tuple[Capability, ...]:

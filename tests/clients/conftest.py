@@ -7,7 +7,9 @@
 * `fake_negotiator`: a `sidecars.FakeNegotiator` (ToolSession, Bootstrap).
 * `remote_adapter`: examples/remote_adapter.py as a process ("echo-remote").
 
-All servers share one `server_loop` thread; see sidecars.py.
+All servers share one `server_loop` thread; see sidecars.py. No test writes
+under the real home: XDG_STATE_HOME points at a session temp dir (inherited by
+`serve` processes), and `negotiator` keeps its conversations in its own temp dir.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import grpc.aio
 import pytest
 
 from negotiator_service import server as negotiator_server
+from negotiator_service.conversations import ConversationStore
 from seedstore_service import server as seedstore_server
 from tests.clients.sidecars import (
     NEGOTIATOR_CONFIG,
@@ -36,6 +39,15 @@ from tests.clients.sidecars import (
     start_process,
     stop_process,
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """XDG_STATE_HOME for the whole session, so module-scoped `serve` processes inherit it too."""
+    path = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(path))
+        yield path
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +84,9 @@ def seedstore(server_loop: ServerLoop, socket_dir: Path, tmp_path: Path) -> Iter
 
 
 @pytest.fixture
-def negotiator(server_loop: ServerLoop, socket_dir: Path, tmp_path: Path) -> Iterator[ServerHandle]:
+def negotiator(
+    server_loop: ServerLoop, socket_dir: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerHandle]:
     config = tmp_path / "negotiator.yaml"
     config.write_text(NEGOTIATOR_CONFIG)
     settings = negotiator_server.Settings(
@@ -80,7 +94,8 @@ def negotiator(server_loop: ServerLoop, socket_dir: Path, tmp_path: Path) -> Ite
         config_path=config,
         grace_seconds=0.5,
     )
-    running = server_loop.run(negotiator_server.create_server(settings))
+    conversations = ConversationStore(tmp_path_factory.mktemp("conversations"))
+    running = server_loop.run(negotiator_server.create_server(settings, conversation_store=conversations))
     try:
         yield ServerHandle(running.bound)
     finally:

@@ -32,7 +32,7 @@ from negotiator_service.model import (
 )
 from seedstore_service import errors as serrors
 from seedstore_service import status as sstatus
-from sidecar_runtime import auth, limits
+from sidecar_runtime import auth, handlers, limits
 from sidecar_runtime.richstatus import DecodedError, RichError
 
 
@@ -138,6 +138,59 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
         errors.DelegationDepthExceededError,
     ),
     nerrors.AuditWatcherDropped: (nerrors.AuditWatcherDropped(1000), errors.AuditWatcherDroppedError),
+    nerrors.SeedstoreNotConfigured: (nerrors.SeedstoreNotConfigured(), errors.FailedPreconditionError),
+    nerrors.SeedstoreUnavailable: (
+        nerrors.SeedstoreUnavailable("unix:/run/seedstore.sock", "UNAVAILABLE: connection refused"),
+        errors.UnavailableError,
+    ),
+    nerrors.SeedstoreRefused: (
+        nerrors.SeedstoreRefused("unix:/run/seedstore.sock", "FAILED_PRECONDITION", "SEED_MALFORMED", "bad"),
+        errors.FailedPreconditionError,
+    ),
+    nerrors.NoSeedFound: (
+        nerrors.NoSeedFound(
+            "say", "voice", [("say", "voice"), ("speak", "voice"), ("say", None)], "ask first"
+        ),
+        errors.NoSeedFoundError,
+    ),
+    nerrors.SeedNotACandidate: (
+        nerrors.SeedNotACandidate("voice/other", "say", ["voice/say", "voice/espeak"]),
+        errors.FailedPreconditionError,
+    ),
+    nerrors.AskPolicyRequiresChoice: (
+        nerrors.AskPolicyRequiresChoice(
+            "say", "top_candidates_within_10_points", [("voice/say", 90), ("voice/espeak", 85)]
+        ),
+        errors.SeedChoiceRequiredError,
+    ),
+    nerrors.GatesNotApproved: (
+        nerrors.GatesNotApproved(
+            "voice/cloud-tts",
+            ["provider_cost_approval", "secret_use_approval"],
+            ["secret_use_approval"],
+        ),
+        errors.GatesNotApprovedError,
+    ),
+    nerrors.SeedNotVerified: (
+        nerrors.SeedNotVerified("voice/say", "unverified"),
+        errors.SeedNotVerifiedError,
+    ),
+    nerrors.SeedHasNoCommand: (
+        nerrors.SeedHasNoCommand("voice/say", "the seed has no command"),
+        errors.SeedCommandError,
+    ),
+    nerrors.SeedCommandNotFound: (
+        nerrors.SeedCommandNotFound("voice/say", "say-it", "not on PATH"),
+        errors.SeedCommandError,
+    ),
+    nerrors.SeedCommandFailed: (
+        nerrors.SeedCommandFailed("voice/say", "permission denied"),
+        errors.SeedCommandError,
+    ),
+    nerrors.SeedCommandTimeout: (
+        nerrors.SeedCommandTimeout("voice/say", 2.5, "the caller's deadline"),
+        errors.DeadlineExceededError,
+    ),
 }
 
 SEEDSTORE_CASES: dict[type[serrors.SeedStoreError], tuple[serrors.SeedStoreError, type[SidecarError]]] = {
@@ -164,9 +217,33 @@ SEEDSTORE_CASES: dict[type[serrors.SeedStoreError], tuple[serrors.SeedStoreError
 }
 
 
+# What the runtime layers (auth, limits, request decoding) send on behalf of either sidecar.
+RUNTIME_CASES: list[tuple[RichError, type[SidecarError]]] = [
+    (auth.missing_token("AddSeed"), errors.UnauthenticatedError),
+    (auth.invalid_token("AddSeed"), errors.PermissionDeniedError),
+    (limits.too_many_calls(64), errors.ResourceExhaustedError),
+    (limits.default_timeout_exceeded(30), errors.DeadlineExceededError),
+    (
+        handlers.malformed_request(
+            "/agentsidecar.negotiator.v1.NegotiatorService/Invoke",
+            "agentsidecar.negotiator.v1.InvokeRequest",
+            ValueError("Error parsing message"),
+        ),
+        errors.InvalidArgumentError,
+    ),
+]
+
+
 def test_the_cases_cover_every_row_of_both_status_tables() -> None:
     assert set(NEGOTIATOR_CASES) == set(nstatus.STATUS_TABLE)
     assert set(SEEDSTORE_CASES) == set(sstatus.STATUS_TABLE)
+    assert {(rich.domain, rich.reason) for rich, _ in RUNTIME_CASES} == {
+        (auth.DOMAIN, auth.TOKEN_MISSING),
+        (auth.DOMAIN, auth.TOKEN_INVALID),
+        (limits.DOMAIN, limits.TOO_MANY_CALLS),
+        (limits.DOMAIN, limits.DEFAULT_TIMEOUT_EXCEEDED),
+        (handlers.DOMAIN, handlers.MALFORMED_REQUEST),
+    }
 
 
 @pytest.mark.parametrize(
@@ -198,21 +275,13 @@ def test_every_seedstore_reason_maps_to_its_own_class(
     assert class_for(rich.code, rich.reason) is expected
 
 
-@pytest.mark.parametrize(
-    ("rich", "expected"),
-    [
-        (auth.missing_token("AddSeed"), errors.UnauthenticatedError),
-        (auth.invalid_token("AddSeed"), errors.PermissionDeniedError),
-        (limits.too_many_calls(64), errors.ResourceExhaustedError),
-        (limits.default_timeout_exceeded(30), errors.DeadlineExceededError),
-    ],
-    ids=lambda v: getattr(v, "reason", ""),
-)
+@pytest.mark.parametrize(("rich", "expected"), RUNTIME_CASES, ids=lambda v: getattr(v, "reason", ""))
 def test_the_runtime_reasons_shared_by_both_sidecars_map_too(
     rich: RichError, expected: type[SidecarError]
 ) -> None:
     raised = sent(rich)
     assert type(raised) is expected
+    assert (raised.domain, raised.reason) == (rich.domain, rich.reason)
     assert class_for(rich.code, rich.reason) is expected
     assert rich.reason in expected.reasons
 
@@ -255,6 +324,11 @@ def test_typed_details_of_the_other_errors() -> None:
     assert isinstance(invalid, errors.InvalidArgumentError)
     assert invalid.fields == ("id",)
 
+    malformed_request = sent(RUNTIME_CASES[-1][0])
+    assert isinstance(malformed_request, errors.InvalidArgumentError)
+    assert malformed_request.fields == ("request",)
+    assert malformed_request.metadata["messageType"] == "agentsidecar.negotiator.v1.InvokeRequest"
+
     limited = sent(nstatus.to_rich_error(NEGOTIATOR_CASES[nerrors.AdapterRateLimited][0]))
     assert isinstance(limited, errors.ResourceExhaustedError)
     assert isinstance(limited, AdapterFailureError)
@@ -275,6 +349,11 @@ def test_typed_details_of_the_other_errors() -> None:
         "sha256:old",
         "sha256:new",
     )
+
+    busy = sent(nstatus.to_rich_error(NEGOTIATOR_CASES[nerrors.ConversationBusy][0]))
+    assert isinstance(busy, errors.ConversationBusyError)
+    assert isinstance(busy, errors.AbortedError)  # retried like any other conflict
+    assert busy.conversation_id == "c1"
 
     other = sent(nstatus.to_rich_error(NEGOTIATOR_CASES[nerrors.ConversationAdapterMismatch][0]))
     assert isinstance(other, errors.ConversationAdapterMismatchError)
@@ -333,3 +412,57 @@ def test_the_docstring_tree_names_every_class_and_the_package_exports_them() -> 
         "negotiator",
         "seedstore",
     }
+
+
+def bootstrap_error(cls: type[nerrors.NegotiatorError]) -> SidecarError:
+    return sent(nstatus.to_rich_error(NEGOTIATOR_CASES[cls][0]))
+
+
+def test_bootstrap_refusals_carry_what_the_caller_asks_the_user_about() -> None:
+    nothing = bootstrap_error(nerrors.NoSeedFound)
+    assert isinstance(nothing, errors.NoSeedFoundError)
+    assert (nothing.capability, nothing.domain, nothing.fallback_policy) == ("say", "voice", "ask first")
+    assert nothing.searches == ("say@voice", "speak@voice", "say")
+
+    tied = bootstrap_error(nerrors.AskPolicyRequiresChoice)
+    assert isinstance(tied, errors.SeedChoiceRequiredError)
+    assert tied.candidates == ("voice/say", "voice/espeak")
+    assert (tied.capability, tied.ask_policy) == ("say", "top_candidates_within_10_points")
+
+    gated = bootstrap_error(nerrors.GatesNotApproved)
+    assert isinstance(gated, errors.GatesNotApprovedError)
+    assert gated.seed == "voice/cloud-tts"
+    assert gated.required_gates == ("provider_cost_approval", "secret_use_approval")
+    assert gated.missing_gates == ("secret_use_approval",)
+
+    unverified = bootstrap_error(nerrors.SeedNotVerified)
+    assert isinstance(unverified, errors.SeedNotVerifiedError)
+    assert (unverified.seed, unverified.verification_status) == ("voice/say", "unverified")
+
+
+def test_the_seed_command_errors_share_a_class_and_differ_by_reason() -> None:
+    raised = {
+        cls: bootstrap_error(cls)
+        for cls in (nerrors.SeedHasNoCommand, nerrors.SeedCommandNotFound, nerrors.SeedCommandFailed)
+    }
+    assert {error.reason for error in raised.values()} == set(errors.SeedCommandError.reasons)
+    missing = raised[nerrors.SeedCommandNotFound]
+    assert isinstance(missing, errors.SeedCommandError)
+    assert (missing.seed, missing.program, missing.cause) == ("voice/say", "say-it", "not on PATH")
+    failed = raised[nerrors.SeedCommandFailed]
+    assert isinstance(failed, errors.SeedCommandError)
+    assert (failed.program, failed.cause) == ("", "permission denied")
+
+    timeout = bootstrap_error(nerrors.SeedCommandTimeout)
+    assert (timeout.reason, timeout.metadata["seed"], timeout.metadata["timeoutSeconds"]) == (
+        "SEED_COMMAND_TIMEOUT",
+        "voice/say",
+        "2.5",
+    )
+    # The seedstore's own unavailability is retried like any other.
+    assert isinstance(bootstrap_error(nerrors.SeedstoreUnavailable), errors.UnavailableError)
+    refused = bootstrap_error(nerrors.SeedstoreRefused)
+    assert (refused.metadata["seedstoreCode"], refused.metadata["seedstoreReason"]) == (
+        "FAILED_PRECONDITION",
+        "SEED_MALFORMED",
+    )

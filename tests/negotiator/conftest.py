@@ -3,6 +3,10 @@
 Tests add FakeAdapters (which record every call) with `add_fake`, and decode
 failures with `call_error`. `remote_adapter` starts examples/remote_adapter.py
 as a separate process.
+
+No test writes under the real home: every test runs with XDG_STATE_HOME in a
+temp dir (`state_home`, inherited by `negotiator serve` children), and the
+`negotiator` fixture keeps its conversations in `state_home / "conversations"`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import FakeAdapter, make_declaration
 
+from negotiator_service.conversations import ConversationStore
 from negotiator_service.model import Capability, Declaration
 from negotiator_service.registry import RegisteredAdapter
 from negotiator_service.server import RunningNegotiator, Settings, create_server
@@ -93,6 +98,15 @@ EVERYTHING = make_declaration(
 )
 
 
+@pytest.fixture(autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XDG_STATE_HOME for this test: the conversation state default never lands in the real home."""
+    # Its own directory, not one inside tmp_path, so tests that list tmp_path see only their files.
+    path = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(path))
+    return path
+
+
 @pytest.fixture
 def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Not tmp_path: its name grows with the test id, and sun_path holds ~107 bytes.
@@ -107,13 +121,17 @@ def config_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def negotiator(socket_dir: Path, config_file: Path) -> AsyncIterator[RunningNegotiator]:
+async def negotiator(
+    socket_dir: Path, config_file: Path, state_home: Path
+) -> AsyncIterator[RunningNegotiator]:
     settings = Settings(
         listen=(f"unix:{socket_dir / 'negotiator.sock'}", "127.0.0.1:0"),
         config_path=config_file,
         grace_seconds=1.0,
     )
-    running = await create_server(settings)
+    running = await create_server(
+        settings, conversation_store=ConversationStore(state_home / "conversations")
+    )
     try:
         yield running
     finally:

@@ -102,6 +102,7 @@ def line_of(record: pb.AuditRecord) -> dict[str, Any]:
         ],
         "conversation_id": record.conversation_id,
         "delegation_depth": record.delegation_depth,
+        "seed": record.seed,
     }
 
 

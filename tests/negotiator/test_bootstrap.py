@@ -7,6 +7,7 @@ Each script touches a marker file first, so "nothing ran" is checked on disk, no
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 import shutil
 import subprocess
@@ -507,6 +508,67 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+# --- the audit record ---------------------------------------------------------------------
+
+
+async def test_the_audit_record_names_the_seed_chosen_to_run_on_the_stream_and_in_the_log(
+    short_dir: Path,
+    config_file: Path,
+    seedstore: SeedStoreServer,
+    seeds: AsyncSeedStoreClient,
+    tmp_path: Path,
+) -> None:
+    hello = Script(tmp_path, "hello", "echo hello")
+    await add_seed(seeds, "hello", "voice", hello.command, provides=["greeting"])
+    await add_seed(
+        seeds, "fresh", "voice", Script(tmp_path, "f", "").command, provides=["farewell"], verify=False
+    )
+    audit_log = tmp_path / "audit.jsonl"
+    running = await create_server(
+        Settings(
+            listen=(f"unix:{short_dir / 'audited.sock'}",),
+            config_path=config_file,
+            grace_seconds=1.0,
+            seedstore_target=seedstore.bound[0],
+            audit_log=audit_log,
+        )
+    )
+    try:
+        async with grpc.aio.insecure_channel(running.bound[0]) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            watch = stub.WatchAudit(pb.WatchAuditRequest())
+            await asyncio.wait_for(watch.initial_metadata(), 5)
+
+            await stub.Bootstrap(request("greeting"), timeout=10)  # candidates only: nothing chosen
+            await stub.Bootstrap(request("greeting", run=True), timeout=10)
+            await call_error(
+                stub.Bootstrap(request("farewell", run=True), timeout=10)
+            )  # chosen, then refused
+            await call_error(stub.Bootstrap(request("lament", run=True), timeout=10))  # nothing to choose
+
+            streamed = []
+            async with asyncio.timeout(5):
+                for _ in range(4):
+                    response = await watch.read()
+                    assert isinstance(response, pb.WatchAuditResponse)
+                    streamed.append(response.record)
+            watch.cancel()
+    finally:
+        await running.stop()
+
+    assert hello.ran
+    expected = [
+        ("accepted", "", ""),
+        ("succeeded", "", "voice/hello"),
+        ("refused", "SEED_NOT_VERIFIED", "voice/fresh"),
+        ("refused", "NO_SEED_FOUND", ""),
+    ]
+    assert [(r.outcome, r.error_reason, r.seed) for r in streamed] == expected
+    assert {r.operation for r in streamed} == {"bootstrap"}
+    logged = [json.loads(line) for line in audit_log.read_text(encoding="utf-8").splitlines()]
+    assert [(line["outcome"], line["error_reason"], line["seed"]) for line in logged] == expected
 
 
 # --- requests and the seedstore itself ----------------------------------------------------
