@@ -23,6 +23,14 @@ but only scores the seeds that can match:
 
 A requested term that canonicalises to "" matches nearly everything; that case
 goes to the linear reference implementation.
+
+Each indexed seed keeps a `ranking.PreparedSeed` (its canonical forms, computed
+when the file is read), so scoring a match costs set lookups, not canonicalisation.
+
+`refresh_paths()` re-reads named files only: the service calls it for the file it
+has just written, so a write does not pay for a walk of the whole store. For
+writes, `candidate_paths()` names the files that can decide a lookup by id, and
+`lookup()` answers one from memory.
 """
 
 from __future__ import annotations
@@ -44,8 +52,11 @@ from seedstore_service.store import (
     ParsedFile,
     SeedStore,
     StoredSeed,
+    domain_dir_of,
     domain_mismatch_problem,
+    file_stem,
     read_seed_file,
+    scope_from_files,
     walk_seed_files,
 )
 
@@ -78,30 +89,6 @@ class _Entry:
     parsed: ParsedFile
     # Read too soon after its last modification to trust the signature.
     racy: bool
-
-
-@dataclass(frozen=True)
-class _MatchKeys:
-    provides: frozenset[str]
-    texts: frozenset[str]
-
-
-def _match_keys(seed: Seed) -> _MatchKeys:
-    texts = {canonical(alias) for alias in seed.aliases}
-    for evidence in seed.evidence:
-        if evidence.command is not None:
-            texts.add(canonical(evidence.command))
-        if evidence.detail is not None:
-            texts.add(canonical(evidence.detail))
-    return _MatchKeys(frozenset(canonical(value) for value in seed.provides), frozenset(texts))
-
-
-def _file_stem(path: str) -> str:
-    name = os.path.basename(path)
-    for suffix in (".yml", ".yaml"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
 
 
 def _without_verification(seed: Seed) -> Seed:
@@ -146,7 +133,12 @@ class SeedIndex:
         self._entries: dict[str, _Entry] = {}
         self._walk_problems: tuple[Problem, ...] = ()
         # Search structures, maintained incrementally; keys are seed file paths.
-        self._seeds: dict[str, tuple[StoredSeed, str | None, _MatchKeys]] = {}
+        self._seeds: dict[str, tuple[StoredSeed, str | None, ranking.PreparedSeed]] = {}
+        # Lookup by id: the files holding each id, and every file by its name's stem.
+        self._paths_by_id: dict[str, set[str]] = {}
+        self._paths_by_stem: dict[str, set[str]] = {}
+        # Files that are a problem, or hold a seed declaring another domain than its directory.
+        self._problem_paths: set[str] = set()
         self._by_provides: dict[str, set[str]] = {}
         self._by_text: dict[str, set[str]] = {}
         self._texts_by_bigram: dict[str, set[str]] = {}
@@ -172,19 +164,40 @@ class SeedIndex:
                 old = self._entries.get(ref.path)
                 if old is not None and not old.racy and old.signature == _signature_of(ref.path):
                     continue
-                parsed = read_seed_file(ref.path, ref.domain_dir)
-                stat_result = parsed.stat_result
-                signature = None
-                racy = True
-                if stat_result is not None:
-                    signature = (stat_result.st_mtime_ns, stat_result.st_size, stat_result.st_ino)
-                    racy = stat_result.st_mtime_ns + _RACY_WINDOW_NS >= started_ns
-                fresh[ref.path] = _Entry(signature, ref.domain_dir, parsed, racy)
+                fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns)
             vanished = [path for path in self._entries if path not in seen]
             with self._state_lock:
                 events, changed = self._apply(fresh, vanished)
                 if changed or tuple(walk_problems) != self._walk_problems:
                     self._walk_problems = tuple(walk_problems)
+                    self._scope_cache.clear()
+                    self._problem_cache.clear()
+            return events
+
+    def refresh_paths(self, paths: Collection[str]) -> list[ChangeEvent]:
+        """Bring only these files up to date (each read again, or dropped when gone); return what changed.
+
+        For a file just written through the store: the next read sees it at once,
+        without a walk of the whole store. Files elsewhere wait for `refresh()`.
+        A path a walk of the store would not give is ignored.
+        """
+        with self._refresh_lock:
+            started_ns = time.time_ns()
+            fresh: dict[str, _Entry] = {}
+            vanished: list[str] = []
+            for path in sorted(set(paths)):
+                try:
+                    domain_dir = domain_dir_of(self.store.root, path)
+                except ValueError:
+                    continue
+                if not os.path.lexists(path) or os.path.isdir(path):
+                    if path in self._entries:
+                        vanished.append(path)
+                    continue
+                fresh[path] = _read_entry(path, domain_dir, started_ns)
+            with self._state_lock:
+                events, changed = self._apply(fresh, vanished)
+                if changed:
                     self._scope_cache.clear()
                     self._problem_cache.clear()
             return events
@@ -195,10 +208,13 @@ class SeedIndex:
         for path in vanished:
             gone = self._entries.pop(path)
             self._unindex(path)
+            self._forget_name(path)
             events.append((path, self._removed_event(path, gone)))
         for path, entry in fresh.items():
             old = self._entries.get(path)
             self._entries[path] = entry
+            if old is None:
+                self._paths_by_stem.setdefault(file_stem(path), set()).add(path)
             if (
                 old is not None
                 and old.parsed.revision == entry.parsed.revision
@@ -210,6 +226,12 @@ class SeedIndex:
             stored = entry.parsed.stored
             if stored is not None:
                 self._index(path, stored, entry.domain_dir)
+            if entry.parsed.problem is not None or (
+                stored is not None and stored.seed.domain != entry.domain_dir
+            ):
+                self._problem_paths.add(path)
+            else:
+                self._problem_paths.discard(path)
             events.extend((path, event) for event in self._change_events(path, old, entry))
         events.sort(key=lambda item: item[0])
         return [event for _path, event in events], changed
@@ -219,7 +241,7 @@ class SeedIndex:
         if old.parsed.stored is not None:
             seed = old.parsed.stored.seed
             return ChangeEvent("removed", path, seed.id, seed.domain, "", None, None)
-        return ChangeEvent("removed", path, _file_stem(path), old.domain_dir or "", "", None, None)
+        return ChangeEvent("removed", path, file_stem(path), old.domain_dir or "", "", None, None)
 
     def _change_events(self, path: str, old: _Entry | None, new: _Entry) -> list[ChangeEvent]:
         stored = new.parsed.stored
@@ -229,7 +251,7 @@ class SeedIndex:
                 return []
             domain = new.domain_dir or ""
             return [
-                ChangeEvent("malformed", path, _file_stem(path), domain, new.parsed.revision, None, problem)
+                ChangeEvent("malformed", path, file_stem(path), domain, new.parsed.revision, None, problem)
             ]
         seed = stored.seed
         added = ChangeEvent("added", path, seed.id, seed.domain, stored.revision, seed, None)
@@ -246,9 +268,18 @@ class SeedIndex:
         kind = "verified" if only_verdict else "updated"
         return [ChangeEvent(kind, path, seed.id, seed.domain, stored.revision, seed, None)]
 
+    def _forget_name(self, path: str) -> None:
+        self._problem_paths.discard(path)
+        stem = file_stem(path)
+        holders = self._paths_by_stem[stem]
+        holders.discard(path)
+        if not holders:
+            del self._paths_by_stem[stem]
+
     def _index(self, path: str, stored: StoredSeed, domain_dir: str | None) -> None:
-        keys = _match_keys(stored.seed)
+        keys = ranking.prepare_seed(stored.seed, stored.path)
         self._seeds[path] = (stored, domain_dir, keys)
+        self._paths_by_id.setdefault(stored.seed.id, set()).add(path)
         for value in keys.provides:
             self._by_provides.setdefault(value, set()).add(path)
         for text in keys.texts:
@@ -266,6 +297,11 @@ class SeedIndex:
         record = self._seeds.pop(path, None)
         if record is None:
             return
+        seed_id = record[0].seed.id
+        id_holders = self._paths_by_id[seed_id]
+        id_holders.discard(path)
+        if not id_holders:
+            del self._paths_by_id[seed_id]
         keys = record[2]
         for value in keys.provides:
             holders = self._by_provides[value]
@@ -304,6 +340,33 @@ class SeedIndex:
             self._scope_cache[domain] = scope
             return scope
 
+    def problems(self, domain: str | None) -> tuple[Problem, ...]:
+        """What `scope(domain).problems` holds, without building the scope."""
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        with self._state_lock:
+            return self._problems(domain)
+
+    def candidate_paths(self, seed_id: str, domain: str | None) -> tuple[str, ...]:
+        """The files of the scope that can decide a lookup of `seed_id`, sorted.
+
+        Those holding a seed with that id, and those named after it (a broken file
+        may be that seed). `locate_in_scope` over just these answers as it would over the whole scope.
+        """
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        with self._state_lock:
+            paths = self._paths_by_id.get(seed_id, set()) | self._paths_by_stem.get(seed_id, set())
+            return tuple(
+                sorted(path for path in paths if domain is None or self._entries[path].domain_dir == domain)
+            )
+
+    def lookup(self, seed_id: str, domain: str | None) -> LoadedScope:
+        """The part of `scope(domain)` made of the candidate files of `seed_id` (as of the last refresh)."""
+        with self._state_lock:
+            paths = self.candidate_paths(seed_id, domain)
+            return scope_from_files((self._entries[path].parsed for path in paths), domain)
+
     def _problems(self, domain: str | None) -> tuple[Problem, ...]:
         cached = self._problem_cache.get(domain)
         if cached is not None:
@@ -318,7 +381,8 @@ class SeedIndex:
                 for problem in self._walk_problems
                 if problem.path == domain_path or problem.path.startswith(domain_path + os.sep)
             )
-        for entry in self._entries.values():
+        for path in self._problem_paths:
+            entry = self._entries[path]
             if domain is not None and entry.domain_dir != domain:
                 continue
             parsed = entry.parsed
@@ -345,10 +409,10 @@ class SeedIndex:
             candidates: list[ranking.RankedCandidate] = []
             # Path order, as the reference iterates: finish_search's sort is stable.
             for path in sorted(matched):
-                stored, domain_dir, _keys = self._seeds[path]
+                stored, domain_dir, prepared = self._seeds[path]
                 if query.domain is not None and not _in_domain(stored, domain_dir, query.domain):
                     continue
-                candidate = ranking.score_seed(stored.seed, stored.path, query)
+                candidate = ranking.score_prepared(prepared, requested, query)
                 if candidate is not None:
                     candidates.append(candidate)
             return ranking.finish_search(candidates, query), problems
@@ -393,6 +457,16 @@ class SeedIndex:
 def _in_domain(stored: StoredSeed, domain_dir: str | None, domain: str) -> bool:
     """Whether `load(domain)` would return the seed: stored under that domain and declaring it."""
     return domain_dir == domain and stored.seed.domain == domain
+
+
+def _read_entry(path: str, domain_dir: str | None, started_ns: int) -> _Entry:
+    parsed = read_seed_file(path, domain_dir)
+    stat_result = parsed.stat_result
+    if stat_result is None:
+        return _Entry(None, domain_dir, parsed, True)
+    signature = (stat_result.st_mtime_ns, stat_result.st_size, stat_result.st_ino)
+    racy = stat_result.st_mtime_ns + _RACY_WINDOW_NS >= started_ns
+    return _Entry(signature, domain_dir, parsed, racy)
 
 
 def _signature_of(path: str) -> Signature | None:

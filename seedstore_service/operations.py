@@ -1,10 +1,13 @@
 """The seedstore operations both front ends share: the local CLI and the gRPC service.
 
 `SeedOperations` wraps a `SeedStore` (disk) and, in the service, a `SeedIndex`
-(memory). Without an index every read loads the scope from disk, as SkillSpec
-does; with one, reads come from memory and every write is followed by an
-index refresh, so the next read sees it and watchers hear about it. Results are
-core values that `render.py` turns into the CLI's JSON and `convert.py` into protos.
+(memory). Without an index every read and every write loads the scope from disk,
+as SkillSpec does. With one, reads come from memory; a write finds its target
+through the index (the store re-reads just the candidate files under its lock)
+and is followed by a refresh of the file it wrote, so the next read sees it and
+watchers hear about it. Edits by other programs reach the index through
+`refresh_index()`, which the service runs periodically. Results are core values
+that `render.py` turns into the CLI's JSON and `convert.py` into protos.
 
 Everything but `verify` is blocking (files, the store lock): the service runs
 those methods in worker threads.
@@ -16,7 +19,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +46,14 @@ from seedstore_service.runner import (
     check_seeds,
 )
 from seedstore_service.seedfile import validate_identifier
-from seedstore_service.store import LoadedScope, SeedStore, StoredSeed, locate_in_scope, os_error_text
+from seedstore_service.store import (
+    LoadedScope,
+    Locator,
+    SeedStore,
+    StoredSeed,
+    locate_in_scope,
+    os_error_text,
+)
 from seedstore_service.verification import build_verification
 
 EQUIVALENTS_FILE_NAME = "equivalents.yml"
@@ -188,12 +198,15 @@ class SeedOperations:
 
     # -- the index -------------------------------------------------------
 
-    def refresh_index(self) -> list[ChangeEvent]:
-        """Bring the index up to date and hand the changes to the listener; no-op without an index."""
+    def refresh_index(self, paths: Collection[str] | None = None) -> list[ChangeEvent]:
+        """Bring the index up to date and hand the changes to the listener; no-op without an index.
+
+        With `paths`, only those files are looked at (after a write through this object).
+        """
         if self.index is None:
             return []
         with self._refresh_lock:
-            events = self.index.refresh()
+            events = self.index.refresh() if paths is None else self.index.refresh_paths(paths)
             if events and self._on_changes is not None:
                 self._on_changes(events)
         return events
@@ -205,41 +218,76 @@ class SeedOperations:
 
     def _locate(self, seed_id: str, domain: str | None) -> tuple[StoredSeed, tuple[Problem, ...]]:
         validate_identifier(seed_id, "capability id")
-        scope = self._scope(domain)
-        try:
+        index = self.index
+        if index is None:
+            scope = self.store.load(domain)
             return locate_in_scope(scope, seed_id), scope.problems
+        # The candidate files decide a lookup exactly as the whole scope would, without building it.
+        try:
+            return locate_in_scope(index.lookup(seed_id, domain), seed_id), index.problems(domain)
         except errors.SeedNotFound:
-            if self.index is None:
-                raise
+            pass
         # Another program may have added it since the last background refresh.
         self.refresh_index()
-        scope = self._scope(domain)
-        return locate_in_scope(scope, seed_id), scope.problems
+        return locate_in_scope(index.lookup(seed_id, domain), seed_id), index.problems(domain)
+
+    def _write_locator(self) -> Locator | None:
+        """How the store finds a write's target: through the index when there is one."""
+        return self._candidate_paths if self.index is not None else None
+
+    def _candidate_paths(self, seed_id: str, domain: str | None) -> tuple[str, ...]:
+        # Called by the store under its lock.
+        assert self.index is not None
+        paths = self.index.candidate_paths(seed_id, domain)
+        if not paths:
+            # Another program may have added it since the last background refresh.
+            self.refresh_index()
+            paths = self.index.candidate_paths(seed_id, domain)
+        return paths
+
+    def _after_write(
+        self, path: str, domain: str | None, problems: tuple[Problem, ...]
+    ) -> tuple[Problem, ...]:
+        """Refresh the written file in the index; the scope's problems, from the index when there is one.
+
+        (With a locator the store saw only the candidate files' problems.)
+        """
+        if self.index is None:
+            return problems
+        self.refresh_index((path,))
+        return self.index.problems(domain)
 
     # -- writes ----------------------------------------------------------
 
     def add(self, spec: AddSpec) -> SeedView:
         stored = self.store.add(spec)
-        self.refresh_index()
+        self.refresh_index((stored.path,))
         return SeedView(self.seed_store, stored)
 
     def update(
         self, seed_id: str, domain: str | None, patch: UpdatePatch, *, expected_revision: str | None = None
     ) -> SeedView:
         stored, problems = self.store.update(
-            seed_id, domain, patch, expected_revision=expected_revision, now_unix=self._clock()
+            seed_id,
+            domain,
+            patch,
+            expected_revision=expected_revision,
+            now_unix=self._clock(),
+            locate=self._write_locator(),
         )
-        self.refresh_index()
+        problems = self._after_write(stored.path, domain, problems)
         return SeedView(self.seed_store, stored, problems)
 
     def prefer(self, seed_id: str, domain: str | None, for_capability: str, priority: int | None) -> SeedView:
-        stored, problems = self.store.prefer(seed_id, domain, for_capability, priority)
-        self.refresh_index()
+        stored, problems = self.store.prefer(
+            seed_id, domain, for_capability, priority, locate=self._write_locator()
+        )
+        problems = self._after_write(stored.path, domain, problems)
         return SeedView(self.seed_store, stored, problems)
 
     def remove(self, seed_id: str, domain: str | None) -> SeedRemoved:
-        path, problems = self.store.remove(seed_id, domain)
-        self.refresh_index()
+        path, problems = self.store.remove(seed_id, domain, locate=self._write_locator())
+        problems = self._after_write(path, domain, problems)
         return SeedRemoved(self.seed_store, seed_id, path, problems)
 
     # -- reads -----------------------------------------------------------
@@ -330,7 +378,7 @@ class SeedOperations:
         stored = await asyncio.to_thread(
             self.store.write_verification, checked.path, checked.seed_id, verification
         )
-        await asyncio.to_thread(self.refresh_index)
+        await asyncio.to_thread(self.refresh_index, (stored.path,))
         return SeedVerified(
             id=stored.seed.id,
             domain=stored.seed.domain,

@@ -1,8 +1,10 @@
 """Deterministic seed ranking, exactly as SkillSpec's `capability search` scores (§4).
 
-Pure: seeds and a query in, ranked candidates with reasons out. The index calls
-`score_seed` and `finish_search` on the seeds it narrowed down; `search` is the
-plain linear reference over a whole scope, and both must agree.
+Pure: seeds and a query in, ranked candidates with reasons out. `score_seed` and
+`search` are the plain reference: every call canonicalises every text of the seed.
+The index keeps a `PreparedSeed` per file (those canonical forms, computed once)
+and calls `score_prepared` and `finish_search` on the seeds it narrowed down; the
+two scorers must agree exactly.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ __all__ = [
     "ASK_REASON",
     "ASK_WITHIN_POINTS",
     "SELECTION_POLICY",
+    "PreparedSeed",
     "RankedCandidate",
     "SearchQuery",
     "SearchResult",
     "finish_search",
+    "prepare_seed",
+    "score_prepared",
     "score_seed",
     "search",
     "seed_gates",
@@ -190,6 +195,105 @@ def _text_match(seed: Seed, capability: str) -> bool:
             if text is not None and text_matches(text, capability):
                 return True
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSeed:
+    """A seed with everything scoring compares computed once: canonical forms, risks, gates."""
+
+    seed: Seed
+    path: str
+    provides: frozenset[str]
+    # Canonical aliases and evidence command/detail texts.
+    texts: frozenset[str]
+    preferred_for: frozenset[str]
+    avoid_for: frozenset[str]
+    risks: tuple[str, ...]
+    required_gates: tuple[str, ...]
+
+
+def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
+    texts = {canonical(alias) for alias in seed.aliases}
+    for entry in seed.evidence:
+        for text in (entry.command, entry.detail):
+            if text is not None:
+                texts.add(canonical(text))
+    return PreparedSeed(
+        seed=seed,
+        path=path,
+        provides=frozenset(canonical(value) for value in seed.provides),
+        texts=frozenset(texts),
+        preferred_for=frozenset(canonical(value) for value in seed.rank.preferred_for),
+        avoid_for=frozenset(canonical(value) for value in seed.rank.avoid_for),
+        risks=seed_risks(seed),
+        required_gates=seed_gates(seed),
+    )
+
+
+def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -> RankedCandidate | None:
+    """`score_seed(prepared.seed, prepared.path, query)`, given `requested = canonical(query.capability)`.
+
+    Same components, points and reasons in the same order; set lookups and
+    precomputed texts replace the per-call canonicalisation.
+    """
+    seed = prepared.seed
+    status = seed.verification_status
+    if status is VerificationStatus.FAILED:
+        return None
+    score = 0
+    reasons: list[str] = []
+
+    if requested in prepared.provides:
+        score += DIRECT_MATCH_POINTS
+        reasons.append(f"direct provides match: {query.capability}")
+    elif any(requested in text or text in requested for text in prepared.texts):
+        score += TEXT_MATCH_POINTS
+        reasons.append("alias or evidence text match")
+    else:
+        return None
+
+    if status is VerificationStatus.VERIFIED:
+        score += VERIFIED_POINTS
+        reasons.append("verified evidence")
+    else:
+        score += UNVERIFIED_POINTS
+        reasons.append("missing verification")
+
+    if requested in prepared.preferred_for:
+        score += PREFERRED_FOR_POINTS
+        reasons.append(f"preferred_for {query.capability}")
+    if requested in prepared.avoid_for:
+        score += AVOID_FOR_POINTS
+        reasons.append(f"avoid_for {query.capability}")
+
+    priority = seed.rank.default_priority
+    if priority is not None:
+        bonus = priority // 10
+        score += bonus
+        reasons.append(f"rank.default_priority {priority} -> +{bonus}")
+
+    if query.preferred_seed is not None and query.preferred_seed == seed.id:
+        score += PREFERRED_SEED_POINTS
+        reasons.append("explicit preferred seed")
+
+    if query.local_only:
+        if seed.risk.external_service:
+            return None
+        score += LOCAL_ONLY_POINTS
+        reasons.append("local-only constraint satisfied")
+    elif seed.risk.external_service or seed.risk.may_cost_money:
+        score += RISK_POINTS
+        reasons.append("external or paid risk requires gate")
+
+    return RankedCandidate(
+        id=seed.id,
+        domain=seed.domain,
+        path=prepared.path,
+        score=score,
+        reasons=tuple(reasons),
+        risks=prepared.risks,
+        required_gates=prepared.required_gates,
+    )
 
 
 def _rank_key(candidate: RankedCandidate) -> tuple[int, str, str, str]:

@@ -15,6 +15,13 @@ with the durability SkillSpec lacks (§7):
   `Problem`, and it is never overwritten.
 * Every id and domain argument is checked with the identifier rule before a
   path is built from it; that rule is what keeps paths inside the store.
+
+Finding the seed a write targets follows SkillSpec: load the whole scope, then
+apply the ambiguity and malformed-file rules. A caller that keeps an index (the
+service) passes a `Locator` instead; then only the candidate files it names (plus
+the files named after the id where SkillSpec would put them) are read again under
+the lock, and any sign that the index is out of date sends the write back to the
+whole-scope load.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +58,13 @@ _TEMP_MARKER = ".tmp-"
 _LOCK_POLL_SECONDS = 0.002
 _DEFAULT_LOCK_TIMEOUT_SECONDS = 30.0
 _DOMAIN_KEY_LINE = re.compile(r"""^["']?domain["']?\s*:""")
+
+Locator = Callable[[str, str | None], Sequence[str]]
+"""(seed id, domain or None) -> the seed files of that scope that hold the id or are named after it.
+
+As far as the caller knows: the store reads each one again under its lock, and
+falls back to loading the whole scope when one has vanished or no longer fits.
+"""
 
 
 def resolve_store_root(env: Mapping[str, str]) -> Path:
@@ -121,6 +135,36 @@ def is_seed_file_name(name: str) -> bool:
     return name.endswith(SEED_SUFFIXES)
 
 
+def join_path(directory: str, name: str) -> str:
+    """`str(Path(directory) / name)` for a plain entry name, without pathlib's cost.
+
+    A walk of 10,000 files spent most of its time building Path objects.
+    """
+    if directory == ".":
+        return name
+    return directory + name if directory.endswith(os.sep) else directory + os.sep + name
+
+
+def domain_dir_of(root: Path, path: str) -> str | None:
+    """The domain directory a walk reports for `path`, spelled as the walk spells paths; None in the root.
+
+    Raises:
+        ValueError: `path` is not a file below `root` in that spelling.
+    """
+    root_text = str(root)
+    prefix = "" if root_text == "." else root_text.rstrip(os.sep) + os.sep
+    if not path.startswith(prefix):
+        raise ValueError(f"{path} is not in {root_text}")
+    parts = path[len(prefix) :].split(os.sep)
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{path} is not in {root_text}")
+    return parts[0] if len(parts) > 1 else None
+
+
+def _identity(stat_result: os.stat_result) -> tuple[int, int]:
+    return (stat_result.st_dev, stat_result.st_ino)
+
+
 def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], list[Problem]]:
     """Seed files of the whole store, or of `<root>/<domain>` only, sorted by path.
 
@@ -131,6 +175,7 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
     scope; an unreadable directory is a problem.
     """
     start = root if domain is None else root / domain
+    start_path = str(start)
     files: list[SeedFileRef] = []
     problems: list[Problem] = []
     try:
@@ -148,17 +193,17 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
             root_stat = root.stat()
             ancestors |= {(root_stat.st_dev, root_stat.st_ino)}
     # (directory, the domain directory of the files in it, identities of it and its ancestors)
-    pending: list[tuple[Path, str | None, frozenset[tuple[int, int]]]] = [(start, domain, ancestors)]
+    pending: list[tuple[str, str | None, frozenset[tuple[int, int]]]] = [(start_path, domain, ancestors)]
     while pending:
         directory, domain_dir, chain = pending.pop()
         try:
             with os.scandir(directory) as entries:
                 listing = sorted(entries, key=lambda entry: entry.name)
         except OSError as err:
-            problems.append(Problem(str(directory), 0, f"failed to read {directory}: {os_error_text(err)}"))
+            problems.append(Problem(directory, 0, f"failed to read {directory}: {os_error_text(err)}"))
             continue
         for entry in listing:
-            path = directory / entry.name
+            path = join_path(directory, entry.name)
             try:
                 is_dir = entry.is_dir()  # follows symlinks
             except OSError:
@@ -167,7 +212,7 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
                 try:
                     entry_stat = entry.stat()
                 except OSError as err:
-                    problems.append(Problem(str(path), 0, f"failed to read {path}: {os_error_text(err)}"))
+                    problems.append(Problem(path, 0, f"failed to read {path}: {os_error_text(err)}"))
                     continue
                 identity = (entry_stat.st_dev, entry_stat.st_ino)
                 if identity in chain:
@@ -175,7 +220,7 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
                 child_domain_dir = entry.name if domain_dir is None else domain_dir
                 pending.append((path, child_domain_dir, chain | {identity}))
             elif is_seed_file_name(entry.name):
-                files.append(SeedFileRef(str(path), domain_dir))
+                files.append(SeedFileRef(path, domain_dir))
     files.sort(key=lambda ref: ref.path)
     problems.sort(key=lambda problem: problem.path)
     return files, problems
@@ -263,13 +308,14 @@ def locate_in_scope(scope: LoadedScope, seed_id: str) -> StoredSeed:
     if matches:
         return matches[0]
     for problem in scope.problems:
-        if _file_stem(problem.path) == seed_id:
+        if file_stem(problem.path) == seed_id:
             # The broken file may well be this seed: never guess, never overwrite it.
             raise malformed_error(problem)
     raise errors.SeedNotFound(seed_id)
 
 
-def _file_stem(path: str) -> str:
+def file_stem(path: str) -> str:
+    """The file name without its seed suffix: what a broken file is taken to be named after."""
     name = os.path.basename(path)
     for suffix in SEED_SUFFIXES:
         if name.endswith(suffix):
@@ -363,6 +409,79 @@ class SeedStore:
         scope = self.load(domain)
         return locate_in_scope(scope, seed_id), scope.problems
 
+    def _locate_for_write(
+        self, seed_id: str, domain: str | None, locate: Locator | None
+    ) -> tuple[StoredSeed, tuple[Problem, ...]]:
+        """The seed a write targets, read from disk now (the caller holds the lock).
+
+        Without a locator: the whole scope, as SkillSpec loads it. With one: the
+        candidate files only, and the problems returned are those among them.
+        """
+        if locate is None:
+            return self.locate(seed_id, domain)
+        located = self._locate_among(seed_id, domain, locate(seed_id, domain))
+        if located is None:
+            return self.locate(seed_id, domain)
+        return located
+
+    def _locate_among(
+        self, seed_id: str, domain: str | None, candidates: Iterable[str]
+    ) -> tuple[StoredSeed, tuple[Problem, ...]] | None:
+        """`locate` over the candidate files, or None when they show the locator is out of date.
+
+        The rules are the whole-scope ones (`scope_from_files`, `locate_in_scope`),
+        so the answer is the same as long as no other file of the scope holds the
+        id or is named after it.
+        """
+        parsed_files: list[ParsedFile] = []
+        for path in sorted({*candidates, *self._files_named_after(seed_id, domain)}):
+            try:
+                domain_dir = domain_dir_of(self.root, path)
+            except ValueError:
+                return None  # not a path a walk of this store gives
+            if domain is not None and domain_dir != domain:
+                continue  # outside the scope
+            parsed = read_seed_file(path, domain_dir)
+            if parsed.unreadable and (not os.path.lexists(path) or os.path.isdir(path)):
+                return None  # vanished (or never a file): the seed may have moved
+            holds_id = parsed.stored is not None and parsed.stored.seed.id == seed_id
+            if not holds_id and file_stem(path) != seed_id:
+                return None  # now holds another seed: the seed may have moved
+            parsed_files.append(parsed)
+        scope = scope_from_files(parsed_files, domain)
+        return locate_in_scope(scope, seed_id), scope.problems
+
+    def _files_named_after(self, seed_id: str, domain: str | None) -> list[str]:
+        """`<id>.yml` / `<id>.yaml` in the scope's domain directories (and the root, for the whole store).
+
+        Where SkillSpec and `add` put a seed: so a seed another program added since
+        the locator last looked still counts, for ambiguity too. Directories are
+        taken as the walk takes them (symlinks followed, a link back to the root skipped).
+        """
+        root = str(self.root)
+        directories: list[str] = []
+        if domain is not None:
+            directories.append(join_path(root, domain))
+        else:
+            directories.append(root)
+            try:
+                root_stat = os.stat(root)
+                root_identity = (root_stat.st_dev, root_stat.st_ino)
+                with os.scandir(root) as entries:
+                    for entry in entries:
+                        with contextlib.suppress(OSError):
+                            if entry.is_dir() and _identity(entry.stat()) != root_identity:
+                                directories.append(join_path(root, entry.name))
+            except OSError:
+                pass  # no readable root: nothing named after the id either
+        found: list[str] = []
+        for directory in directories:
+            for suffix in SEED_SUFFIXES:
+                path = join_path(directory, seed_id + suffix)
+                if os.path.lexists(path) and not os.path.isdir(path):
+                    found.append(path)
+        return found
+
     # -- writing ---------------------------------------------------------
 
     def add(self, spec: AddSpec) -> StoredSeed:
@@ -385,12 +504,18 @@ class SeedStore:
         *,
         expected_revision: str | None,
         now_unix: int,
+        locate: Locator | None = None,
     ) -> tuple[StoredSeed, tuple[Problem, ...]]:
+        """Patch the seed and write it back to its file.
+
+        Returns the written seed and the problems of the scope (with `locate`:
+        only those among the candidate files).
+        """
         self._validate_target(seed_id, domain)
         validate_patch(patch)
         self._require_root(seed_id)
         with self._locked():
-            current, problems = self.locate(seed_id, domain)
+            current, problems = self._locate_for_write(seed_id, domain, locate)
             self._check_revision(current, expected_revision)
             updated = self._rewrite(current, apply_patch(current.seed, patch, now_unix))
         return updated, problems
@@ -403,22 +528,25 @@ class SeedStore:
         priority: int | None,
         *,
         expected_revision: str | None = None,
+        locate: Locator | None = None,
     ) -> tuple[StoredSeed, tuple[Problem, ...]]:
         self._validate_target(seed_id, domain)
         validate_prefer(for_capability, priority)
         self._require_root(seed_id)
         with self._locked():
-            current, problems = self.locate(seed_id, domain)
+            current, problems = self._locate_for_write(seed_id, domain, locate)
             self._check_revision(current, expected_revision)
             updated = self._rewrite(current, apply_prefer(current.seed, for_capability, priority))
         return updated, problems
 
-    def remove(self, seed_id: str, domain: str | None) -> tuple[str, tuple[Problem, ...]]:
+    def remove(
+        self, seed_id: str, domain: str | None, *, locate: Locator | None = None
+    ) -> tuple[str, tuple[Problem, ...]]:
         """Delete the seed's file; the (possibly empty) domain directory stays, as in SkillSpec."""
         self._validate_target(seed_id, domain)
         self._require_root(seed_id)
         with self._locked():
-            current, problems = self.locate(seed_id, domain)
+            current, problems = self._locate_for_write(seed_id, domain, locate)
             path = Path(current.path)
             try:
                 path.unlink()
