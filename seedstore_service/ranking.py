@@ -1,10 +1,9 @@
 """Deterministic seed ranking, exactly as SkillSpec's `capability search` scores (§4).
 
-Pure: seeds and a query in, ranked candidates with reasons out. `score_seed` and
-`search` are the plain reference: every call canonicalises every text of the seed.
-The index keeps a `PreparedSeed` per file (those canonical forms, computed once)
-and calls `score_prepared` and `finish_search` on the seeds it narrowed down; the
-two scorers must agree exactly.
+Pure: seeds and a query in, ranked candidates with reasons out. `search` is the
+plain linear reference; the index keeps a `PreparedSeed` per file (canonical
+forms computed once) and calls `score_prepared` and `finish_search` only on the
+seeds its lookups narrowed down, so its results must equal `search`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from seedstore_service.model import Seed, VerificationStatus
-from seedstore_service.seedfile import canonical, text_matches, validate_identifier
+from seedstore_service.seedfile import canonical, validate_identifier
 
 __all__ = [
     "ASK_REASON",
@@ -126,75 +125,7 @@ def score_seed(seed: Seed, path: str, query: SearchQuery) -> RankedCandidate | N
     Excluded: verification failed; no provides, alias or evidence match; external
     under local-only. Components are added, and their reasons appended, in SkillSpec's order.
     """
-    status = seed.verification_status
-    if status is VerificationStatus.FAILED:
-        return None
-    requested = canonical(query.capability)
-    score = 0
-    reasons: list[str] = []
-
-    if any(canonical(provided) == requested for provided in seed.provides):
-        score += DIRECT_MATCH_POINTS
-        reasons.append(f"direct provides match: {query.capability}")
-    elif _text_match(seed, query.capability):
-        score += TEXT_MATCH_POINTS
-        reasons.append("alias or evidence text match")
-    else:
-        return None
-
-    if status is VerificationStatus.VERIFIED:
-        score += VERIFIED_POINTS
-        reasons.append("verified evidence")
-    else:
-        score += UNVERIFIED_POINTS
-        reasons.append("missing verification")
-
-    if any(canonical(preferred) == requested for preferred in seed.rank.preferred_for):
-        score += PREFERRED_FOR_POINTS
-        reasons.append(f"preferred_for {query.capability}")
-    if any(canonical(avoided) == requested for avoided in seed.rank.avoid_for):
-        score += AVOID_FOR_POINTS
-        reasons.append(f"avoid_for {query.capability}")
-
-    priority = seed.rank.default_priority
-    if priority is not None:
-        bonus = priority // 10
-        score += bonus
-        reasons.append(f"rank.default_priority {priority} -> +{bonus}")
-
-    if query.preferred_seed is not None and query.preferred_seed == seed.id:
-        score += PREFERRED_SEED_POINTS
-        reasons.append("explicit preferred seed")
-
-    if query.local_only:
-        if seed.risk.external_service:
-            return None
-        score += LOCAL_ONLY_POINTS
-        reasons.append("local-only constraint satisfied")
-    elif seed.risk.external_service or seed.risk.may_cost_money:
-        score += RISK_POINTS
-        reasons.append("external or paid risk requires gate")
-
-    return RankedCandidate(
-        id=seed.id,
-        domain=seed.domain,
-        path=path,
-        score=score,
-        reasons=tuple(reasons),
-        risks=seed_risks(seed),
-        required_gates=seed_gates(seed),
-    )
-
-
-def _text_match(seed: Seed, capability: str) -> bool:
-    # Substring containment either way, so short or empty aliases match widely (SkillSpec quirk).
-    if any(text_matches(alias, capability) for alias in seed.aliases):
-        return True
-    for entry in seed.evidence:
-        for text in (entry.command, entry.detail):
-            if text is not None and text_matches(text, capability):
-                return True
-    return False
+    return score_prepared(prepare_seed(seed, path), canonical(query.capability), query)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +162,12 @@ def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
 
 
 def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -> RankedCandidate | None:
-    """`score_seed(prepared.seed, prepared.path, query)`, given `requested = canonical(query.capability)`.
+    """Score a prepared seed, given `requested = canonical(query.capability)`.
 
-    Same components, points and reasons in the same order; set lookups and
-    precomputed texts replace the per-call canonicalisation.
+    The one implementation of §4's arithmetic: `score_seed` prepares and calls
+    it, the index calls it with forms prepared once per file. An alias or
+    evidence text matches by substring containment either way, so short or
+    empty texts match widely (SkillSpec's quirk).
     """
     seed = prepared.seed
     status = seed.verification_status

@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seedstore_service import errors, ranking, seedfile
+from seedstore_service import errors, ranking
 from seedstore_service.index import ChangeEvent, SeedIndex
 from seedstore_service.model import (
     Evidence,
@@ -43,8 +43,7 @@ from seedstore_service.store import (
     walk_seed_files,
 )
 
-from .test_index import CAPABILITIES, DOMAINS, IDS, QUERIES, stores
-from .test_index import seeds as vocabulary_seeds
+from .test_index import DOMAINS, IDS, QUERIES, stores
 
 WRITER = Path(__file__).with_name("writer_process.py")
 
@@ -257,18 +256,6 @@ scoring_queries = st.builds(
     local_only=st.booleans(),
     preferred_seed=st.none() | st.sampled_from(IDS),
 )
-
-
-@settings(max_examples=600, deadline=None)
-@given(
-    seed=vocabulary_seeds() | seeds_of(st.sampled_from(CAPABILITIES) | st.text(max_size=8), identifiers),
-    query=scoring_queries,
-)
-def test_score_prepared_equals_score_seed(seed: Seed, query: ranking.SearchQuery) -> None:
-    path = f"/store/{seed.domain}/{seed.id}.yml"
-    prepared = ranking.prepare_seed(seed, path)
-    requested = seedfile.canonical(query.capability)
-    assert ranking.score_prepared(prepared, requested, query) == ranking.score_seed(seed, path, query)
 
 
 # --- writes located through the index -------------------------------------------------------------
