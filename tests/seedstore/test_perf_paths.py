@@ -43,7 +43,7 @@ from seedstore_service.store import (
     walk_seed_files,
 )
 
-from .test_index import DOMAINS, IDS, QUERIES, stores
+from .test_index import DOMAINS, IDS, stores
 
 WRITER = Path(__file__).with_name("writer_process.py")
 
@@ -245,17 +245,6 @@ def test_values_the_direct_writer_cannot_handle_go_to_the_emitter(seed: Seed) ->
         written = dump_seed(seed)
     assert emit.call_count == 1
     assert parse_seed(written, "x.yml") == seed
-
-
-# --- prepared scoring -----------------------------------------------------------------------------
-
-identifiers = st.from_regex(r"[a-z0-9_-][a-z0-9_.-]{0,8}", fullmatch=True)
-scoring_queries = st.builds(
-    ranking.SearchQuery,
-    capability=st.sampled_from(QUERIES) | identifiers,
-    local_only=st.booleans(),
-    preferred_seed=st.none() | st.sampled_from(IDS),
-)
 
 
 # --- writes located through the index -------------------------------------------------------------
