@@ -56,6 +56,7 @@ def record_json(record: AuditRecord) -> dict[str, JsonValue]:
         "allowed_unknown": [c.value for c in record.allowed_unknown],
         "conversation_id": record.conversation_id,
         "delegation_depth": record.delegation_depth,
+        "seed": record.seed,
     }
 
 
@@ -142,6 +143,11 @@ class AuditLog:
     @property
     def watcher_count(self) -> int:
         return len(self._subscriptions)
+
+    @property
+    def listening(self) -> bool:
+        """Whether an emitted record goes anywhere (a file or a watcher); if not, emitters may skip it."""
+        return self._file is not None or bool(self._subscriptions)
 
     def emit(self, record: AuditRecord) -> None:
         """Write the record to the file and offer it to every watcher; never waits on a watcher."""

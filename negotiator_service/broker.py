@@ -44,6 +44,7 @@ from negotiator_service.model import (
     AuditRecord,
     CallKind,
     CallRequest,
+    Capability,
     Decision,
     JsonValue,
     Profile,
@@ -53,6 +54,7 @@ from negotiator_service.registry import AdapterRegistry
 from sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("negotiator_service.broker")
+MAX_CACHED_DECISION_LINES = 1024
 
 
 class Broker:
@@ -74,6 +76,8 @@ class Broker:
         self.max_depth = max_depth
         self.audit = audit if audit is not None else AuditLog()
         self._logger = logger or _LOGGER
+        # (operation, id(decision), allow_unknown) -> (decision, its log line); see _log_decision.
+        self._decision_lines: dict[tuple[str, int, frozenset[Capability]], tuple[Decision, str]] = {}
 
     def negotiate(self, request: CallRequest, *, caller: str = "") -> Decision:
         """The dry run: the decision a call would get. Runs no adapter code.
@@ -143,7 +147,7 @@ class Broker:
             )
             dispatched = True
             reply = await self._run(entry.adapter, decision.adapter, request.kind, adapter_call)
-            if not request.options.stream_events:
+            if not request.options.stream_events and reply.events:
                 # Events were not negotiated; returning them anyway would be an
                 # undeclared surface.
                 reply = AdapterReply(text=reply.text, conversation_state=reply.conversation_state)
@@ -223,34 +227,55 @@ class Broker:
         return reply
 
     def _log_decision(self, operation: str, decision: Decision, request: CallRequest) -> None:
-        allowed: list[str] = []
-        for verdict in decision.allowed_unknowns:
-            if verdict.requirement.capability.value not in allowed:
-                allowed.append(verdict.requirement.capability.value)
-        record: dict[str, JsonValue] = {
-            "event": "negotiator.decision",
-            "operation": operation,
-            "adapter": decision.adapter,
-            "declaration_version": decision.declaration_version,
-            "outcome": "accepted" if decision.accepted else "refused",
-            "requirements": [
-                {"requirement": v.requirement.describe(), "request_field": v.requirement.request_field}
-                for v in decision.verdicts
-            ],
-            "verdicts": [
-                {
-                    "requirement": v.requirement.describe(),
-                    "state": v.state.value,
-                    "allowed_unknown": v.allowed_unknown,
-                }
-                for v in decision.verdicts
-            ],
-            "gaps": [v.requirement.describe() for v in decision.gaps],
-            # Capabilities the caller let through although the declaration is silent on them.
-            "allowed_unknown": allowed,
-            "allow_unknown_requested": sorted(c.value for c in request.options.allow_unknown),
-        }
-        self._logger.info(json.dumps(record))
+        if not self._logger.isEnabledFor(logging.INFO):
+            return
+        allow_unknown = request.options.allow_unknown
+        # Decisions come from negotiation.judge's cache, so the same object
+        # recurs call after call, and with it the same line.
+        key = (operation, id(decision), frozenset(allow_unknown))
+        cached = self._decision_lines.get(key)
+        if cached is not None and cached[0] is decision:
+            line = cached[1]
+        else:
+            line = json.dumps(decision_record(operation, decision, key[2]))
+            if len(self._decision_lines) >= MAX_CACHED_DECISION_LINES:
+                self._decision_lines.clear()
+            self._decision_lines[key] = (decision, line)
+        self._logger.info(line)
+
+
+def decision_record(
+    operation: str, decision: Decision, allow_unknown: frozenset[Capability]
+) -> dict[str, JsonValue]:
+    """The `negotiator.decision` log record of one judged call."""
+    allowed: list[str] = []
+    for verdict in decision.allowed_unknowns:
+        if verdict.requirement.capability.value not in allowed:
+            allowed.append(verdict.requirement.capability.value)
+    record: dict[str, JsonValue] = {
+        "event": "negotiator.decision",
+        "operation": operation,
+        "adapter": decision.adapter,
+        "declaration_version": decision.declaration_version,
+        "outcome": "accepted" if decision.accepted else "refused",
+        "requirements": [
+            {"requirement": v.requirement.describe(), "request_field": v.requirement.request_field}
+            for v in decision.verdicts
+        ],
+        "verdicts": [
+            {
+                "requirement": v.requirement.describe(),
+                "state": v.state.value,
+                "allowed_unknown": v.allowed_unknown,
+            }
+            for v in decision.verdicts
+        ],
+        "gaps": [v.requirement.describe() for v in decision.gaps],
+        # Capabilities the caller let through although the declaration is silent on them.
+        "allowed_unknown": allowed,
+        "allow_unknown_requested": sorted(c.value for c in allow_unknown),
+    }
+    return record
 
 
 class _AuditDraft:
@@ -277,6 +302,8 @@ class _AuditDraft:
             self.emit(AuditOutcome.FAILED, "CANCELLED")
 
     def emit(self, outcome: AuditOutcome, error_reason: str = "") -> None:
+        if not self._log.listening:
+            return  # nobody would see the record: do not build it
         request, decision = self._request, self.decision
         named = request.adapter or request.agent or ""
         self._log.emit(

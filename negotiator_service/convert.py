@@ -141,44 +141,56 @@ def _target(
     return None, None  # validate_request names the missing target
 
 
+_NO_SETTINGS: Mapping[str, JsonValue] = MappingProxyType({})
+
+
 def call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
+    # One ListFields() instead of a HasField() and a getter per field: it holds
+    # exactly the fields that are present (set `optional` ones even when "",
+    # plain scalars only when not their default), which is what each needs.
+    present = {field.name: value for field, value in message.ListFields()}
     problems: list[tuple[str, str]] = []
-    allow_unknown: set[Capability] = set()
-    for index, value in enumerate(message.allow_unknown):
-        capability = CAPABILITY_FROM_PROTO.get(int(value))
-        if capability is None:
-            problems.append(
-                (f"options.allow_unknown[{index}]", f"is not a capability (enum value {int(value)})")
-            )
-        else:
-            allow_unknown.add(capability)
-    settings: Mapping[str, JsonValue] = MappingProxyType({})
-    if message.HasField("settings"):
+    allow_unknown: frozenset[Capability] = frozenset()
+    if "allow_unknown" in present:
+        allowed: set[Capability] = set()
+        for index, value in enumerate(message.allow_unknown):
+            capability = CAPABILITY_FROM_PROTO.get(int(value))
+            if capability is None:
+                problems.append(
+                    (f"options.allow_unknown[{index}]", f"is not a capability (enum value {int(value)})")
+                )
+            else:
+                allowed.add(capability)
+        allow_unknown = frozenset(allowed)
+    settings = _NO_SETTINGS
+    if "settings" in present:
         try:
-            settings = MappingProxyType(struct_to_dict(message.settings))
+            settings = MappingProxyType(struct_to_dict(present["settings"]))
         except ValueError as exc:
             problems.append(("options.settings", str(exc)))
     if problems:
         raise InvalidRequest(problems)
+    depth_message = present.get("max_depth")
+    filter_message = present.get("tool_filter")
     return CallOptions(
-        model=message.model if message.HasField("model") else None,
-        effort=message.effort if message.HasField("effort") else None,
+        model=present.get("model"),
+        effort=present.get("effort"),
         settings=settings,
-        profile=message.profile if message.HasField("profile") else None,
-        mcp_servers=tuple(mcp_server(s) for s in message.mcp_servers),
-        max_depth=max_depth(message.max_depth) if message.HasField("max_depth") else None,
+        profile=present.get("profile"),
+        mcp_servers=tuple(map(mcp_server, present["mcp_servers"])) if "mcp_servers" in present else (),
+        max_depth=max_depth(depth_message) if depth_message is not None else None,
         tool_filter=(
-            ToolFilter(allow=tuple(message.tool_filter.allow), deny=tuple(message.tool_filter.deny))
-            if message.HasField("tool_filter")
+            ToolFilter(allow=tuple(filter_message.allow), deny=tuple(filter_message.deny))
+            if filter_message is not None
             else None
         ),
-        persona=message.persona if message.HasField("persona") else None,
-        stream_events=message.stream_events,
-        allow_unknown=frozenset(allow_unknown),
+        persona=present.get("persona"),
+        stream_events=present.get("stream_events", False),
+        allow_unknown=allow_unknown,
         # proto3 has no presence for a plain string: "" is no conversation.
-        conversation_id=message.conversation_id or None,
-        no_wait=message.no_wait,
-        new_conversation=message.new_conversation,
+        conversation_id=present.get("conversation_id") or None,
+        no_wait=present.get("no_wait", False),
+        new_conversation=present.get("new_conversation", False),
     )
 
 
@@ -296,29 +308,61 @@ def verdict_to_proto(verdict: Verdict) -> negotiator_pb2.Verdict:
 
 
 def decision_to_proto(decision: Decision) -> negotiator_pb2.Decision:
-    return negotiator_pb2.Decision(
+    message = negotiator_pb2.Decision()
+    message.CopyFrom(_shared_decision_proto(decision))
+    return message
+
+
+# Decisions recur call after call (negotiation.judge hands out the same
+# object for the same judgement), and building a decision's proto field by
+# field costs more than the rest of a reply: the proto of each recent
+# decision is built once and copied into every reply that carries it.
+MAX_CACHED_DECISION_PROTOS = 256
+_DECISION_PROTOS: dict[int, tuple[Decision, negotiator_pb2.Decision]] = {}
+
+
+def _shared_decision_proto(decision: Decision) -> negotiator_pb2.Decision:
+    """The decision's proto, shared between calls: copy it, never change it."""
+    cached = _DECISION_PROTOS.get(id(decision))
+    if cached is not None and cached[0] is decision:  # holding the decision keeps its id() unique
+        return cached[1]
+    message = negotiator_pb2.Decision(
         adapter=decision.adapter,
         declaration_version=decision.declaration_version,
         accepted=decision.accepted,
         verdicts=[verdict_to_proto(v) for v in decision.verdicts],
         gaps=[verdict_to_proto(v) for v in decision.gaps],
     )
+    if len(_DECISION_PROTOS) >= MAX_CACHED_DECISION_PROTOS:
+        _DECISION_PROTOS.clear()
+    _DECISION_PROTOS[id(decision)] = (decision, message)
+    return message
 
 
 def events_to_proto(events: Sequence[StreamEvent]) -> list[negotiator_pb2.StreamEvent]:
     return [negotiator_pb2.StreamEvent(type=e.type, text=e.text) for e in events]
 
 
+def negotiate_response(decision: Decision) -> negotiator_pb2.NegotiateResponse:
+    response = negotiator_pb2.NegotiateResponse()
+    response.decision.CopyFrom(_shared_decision_proto(decision))
+    return response
+
+
 def produce_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.ProduceResponse:
-    return negotiator_pb2.ProduceResponse(
-        output_json=reply.text, decision=decision_to_proto(decision), events=events_to_proto(reply.events)
-    )
+    response = negotiator_pb2.ProduceResponse(output_json=reply.text)
+    response.decision.CopyFrom(_shared_decision_proto(decision))
+    if reply.events:
+        response.events.extend(events_to_proto(reply.events))
+    return response
 
 
 def invoke_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.InvokeResponse:
-    return negotiator_pb2.InvokeResponse(
-        text=reply.text, decision=decision_to_proto(decision), events=events_to_proto(reply.events)
-    )
+    response = negotiator_pb2.InvokeResponse(text=reply.text)
+    response.decision.CopyFrom(_shared_decision_proto(decision))
+    if reply.events:
+        response.events.extend(events_to_proto(reply.events))
+    return response
 
 
 # --- audit ---------------------------------------------------------------------------
@@ -339,6 +383,7 @@ def audit_record_to_proto(record: AuditRecord) -> negotiator_pb2.AuditRecord:
         allowed_unknown=[CAPABILITY_TO_PROTO[c] for c in record.allowed_unknown],
         conversation_id=record.conversation_id,
         delegation_depth=record.delegation_depth,
+        seed=record.seed,
     )
 
 

@@ -26,9 +26,10 @@ a choice the operator makes in the config:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -162,33 +163,54 @@ def _nesting_depth(value: Any) -> int:
     return deepest
 
 
+# Callers send the same few schemas over and over; checking one (metaschema,
+# $ref crawl) costs far more than parsing it, and depends on the text alone.
+# Only texts up to a size are kept, so the cache stays small in memory.
+SCHEMA_CHECK_CACHE_SIZE = 256
+MAX_CACHED_SCHEMA_CHARS = 64 * 1024
+
+
 def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, str]]]:
-    too_deep = [("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep")]
+    if len(text) <= MAX_CACHED_SCHEMA_CHARS:
+        problems = _cached_schema_text_problems(text)
+    else:
+        problems = _schema_text_problems(text)
+    if problems:
+        return None, list(problems)
+    # Parsed afresh for every call: the schema goes to the adapter, which must
+    # not be able to change what the next call gets.
+    parsed = json.loads(text)
+    if isinstance(parsed, bool):
+        parsed = {} if parsed else {"not": {}}
+    return parsed, []
+
+
+def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
+    """Everything wrong with a schema's text (empty when it is usable); a pure function of the text."""
+    too_deep = (("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep"),)
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
-        return None, [("output_schema", f"is not valid JSON: {exc}")]
+        return (("output_schema", f"is not valid JSON: {exc}"),)
     except RecursionError:
-        return None, too_deep
+        return too_deep
     if _nesting_depth(parsed) > MAX_SCHEMA_NESTING:
-        return None, too_deep
+        return too_deep
     if isinstance(parsed, bool):
         parsed = {} if parsed else {"not": {}}
     if not isinstance(parsed, dict):
-        return None, [("output_schema", f"must be a JSON object or boolean, not {_json_type_name(parsed)}")]
+        return (("output_schema", f"must be a JSON object or boolean, not {_json_type_name(parsed)}"),)
     try:
         Draft202012Validator.check_schema(parsed)
     except SchemaError as exc:
         where = json_pointer(exc.absolute_path) or "/"
-        return None, [
-            ("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {exc.message}")
-        ]
+        return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {exc.message}"),)
     base_uri = parsed["$id"] if isinstance(parsed.get("$id"), str) else ""
     registry: Registry[Any] = Registry().with_resource(base_uri, DRAFT202012.create_resource(parsed))
-    ref_problems = list(_ref_problems(parsed, registry.crawl().resolver(base_uri=base_uri), ""))
-    if ref_problems:
-        return None, ref_problems
-    return parsed, []
+    return tuple(_ref_problems(parsed, registry.crawl().resolver(base_uri=base_uri), ""))
+
+
+_cached_schema_text_problems = functools.lru_cache(maxsize=SCHEMA_CHECK_CACHE_SIZE)(_schema_text_problems)
 
 
 def _json_type_name(value: object) -> str:
@@ -354,14 +376,50 @@ def expand_profile(
 
 def relabel(requirements: Sequence[Requirement], fields: Mapping[str, str]) -> tuple[Requirement, ...]:
     """Requirements pointing at the fields the caller wrote (profile fields by their profile)."""
+    if not fields:
+        return tuple(requirements)  # the same tuple when given one, which keeps judge's cache hitting
     return tuple(
         replace(r, request_field=fields[r.request_field]) if r.request_field in fields else r
         for r in requirements
     )
 
 
+# Without an output schema, the requirements depend only on which options a
+# call sets (not their values, bar setting names and MCP transports), so
+# calls alike share one derived tuple. Bounded: past the limit it starts over.
+MAX_CACHED_DERIVATIONS = 1024
+_DERIVED: dict[tuple[object, ...], tuple[Requirement, ...]] = {}
+
+
 def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
     """Everything the call needs from the adapter, in request order."""
+    if schema is not None:
+        return _derive_requirements(request, schema)
+    options = request.options
+    max_depth = options.max_depth
+    shape = (
+        options.model is not None,
+        options.effort is not None,
+        tuple(options.settings),
+        options.profile is not None,
+        tuple(server.transport for server in options.mcp_servers),
+        None if max_depth is None else max_depth.provider_managed,
+        options.tool_filter is not None,
+        options.persona is not None,
+        options.stream_events,
+        options.conversation_id is not None,
+        bool(request.tools),
+    )
+    requirements = _DERIVED.get(shape)
+    if requirements is None:
+        requirements = _derive_requirements(request, None)
+        if len(_DERIVED) >= MAX_CACHED_DERIVATIONS:
+            _DERIVED.clear()
+        _DERIVED[shape] = requirements
+    return requirements
+
+
+def _derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
     options = request.options
     requirements: list[Requirement] = []
     if schema is not None:
@@ -472,20 +530,79 @@ def json_pointer(path: Iterable[object]) -> str:
     return "".join(f"/{_escape(part)}" for part in path)
 
 
+# A decision is a pure function of (declaration, requirements, allow_unknown),
+# and a declaration is an immutable value whose `version` hashes its JSON form:
+# both are kept per declaration object instead of being recomputed per call.
+# Bounded: past the limit a cache starts over.
+MAX_CACHED_DECLARATIONS = 64
+MAX_CACHED_DECISIONS = 1024
+
+_JudgementKey = tuple[tuple[Requirement, ...], frozenset[Capability]]
+
+
+@dataclass(slots=True)
+class _DeclarationFacts:
+    declaration: Declaration  # held, so its id() cannot be reused while this entry lives
+    version: str
+    decisions: dict[_JudgementKey, Decision] = field(default_factory=dict)
+    # The same, keyed by the identity of the requirements tuple (derive_requirements
+    # hands out shared tuples), which spares hashing every requirement on each call.
+    by_identity: dict[tuple[int, frozenset[Capability]], tuple[tuple[Requirement, ...], Decision]] = field(
+        default_factory=dict
+    )
+
+
+_FACTS: dict[int, _DeclarationFacts] = {}
+
+
+def _facts(declaration: Declaration) -> _DeclarationFacts:
+    facts = _FACTS.get(id(declaration))
+    if facts is None or facts.declaration is not declaration:
+        if len(_FACTS) >= MAX_CACHED_DECLARATIONS:
+            _FACTS.clear()
+        facts = _DeclarationFacts(declaration, declaration.version)
+        _FACTS[id(declaration)] = facts
+    return facts
+
+
 def judge(
     declaration: Declaration, requirements: Sequence[Requirement], allow_unknown: frozenset[Capability]
 ) -> Decision:
-    """The verdict on each requirement. UNKNOWN passes only where the caller allows it."""
+    """The verdict on each requirement. UNKNOWN passes only where the caller allows it.
+
+    The same judgement of the same declaration object is answered from a cache.
+    """
+    facts = _facts(declaration)
+    allowed = frozenset(allow_unknown)
+    identity_key = (id(requirements), allowed)
+    known = facts.by_identity.get(identity_key)
+    if known is not None and known[0] is requirements:  # the entry holds the tuple: its id() is unique
+        return known[1]
+    key: _JudgementKey = (tuple(requirements), allowed)
+    decision = facts.decisions.get(key)
+    if decision is None:
+        decision = _judge(declaration, facts.version, *key)
+    if len(facts.decisions) >= MAX_CACHED_DECISIONS or len(facts.by_identity) >= MAX_CACHED_DECISIONS:
+        facts.decisions.clear()
+        facts.by_identity.clear()
+    facts.decisions[key] = decision
+    if isinstance(requirements, tuple):
+        facts.by_identity[identity_key] = (requirements, decision)
+    return decision
+
+
+def _judge(
+    declaration: Declaration,
+    version: str,
+    requirements: tuple[Requirement, ...],
+    allow_unknown: frozenset[Capability],
+) -> Decision:
     verdicts = []
     for requirement in requirements:
         state = _state(declaration, requirement)
         allowed = state is CapabilityState.UNKNOWN and requirement.capability in allow_unknown
         verdicts.append(Verdict(requirement, state, allowed_unknown=allowed))
-    return Decision(
-        adapter=declaration.shortname,
-        declaration_version=declaration.version,
-        verdicts=tuple(verdicts),
-    )
+    return Decision(adapter=declaration.shortname, declaration_version=version, verdicts=tuple(verdicts))
 
 
 def _state(declaration: Declaration, requirement: Requirement) -> CapabilityState:

@@ -199,7 +199,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                 if which is None:
                     raise
                 raise InvalidRequest([(f"{which}.{f}", d) for f, d in error.violations]) from error
-            return negotiator_pb2.NegotiateResponse(decision=convert.decision_to_proto(decision))
+            return convert.negotiate_response(decision)
 
         return await self._guard(context, "Negotiate", work())
 

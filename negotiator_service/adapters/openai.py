@@ -94,6 +94,7 @@ IMPLEMENTED = frozenset(
     }
 )
 _QUOTE_LIMIT = 500  # characters of a provider's body quoted in an error
+
 # Rounds of tool calls one call may take before it counts as a runaway loop.
 MAX_TOOL_ROUNDS = 16
 
@@ -380,6 +381,8 @@ class OpenAIAdapter:
             implementation="openai",
         )
         self._url = f"{self._options.base_url}/chat/completions"
+        # Parsed once: httpx parses a string URL again on every request.
+        self._endpoint = httpx.URL(self._url)
         self._client = httpx.AsyncClient(follow_redirects=False)
         self._closed = False
 
@@ -481,7 +484,7 @@ class OpenAIAdapter:
             # httpx times each phase separately; the outer timeout bounds the whole exchange.
             async with asyncio.timeout(deadline.seconds):
                 response = await self._client.post(
-                    self._url, json=body, headers=headers, timeout=httpx.Timeout(deadline.seconds)
+                    self._endpoint, json=body, headers=headers, timeout=httpx.Timeout(deadline.seconds)
                 )
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise deadline.expired(shortname) from exc

@@ -1,0 +1,187 @@
+"""Where a Negotiate / Invoke call spends its time inside the negotiator (a profiling aid, not a benchmark).
+
+    python bench/profile_negotiator.py [--calls N] [--cprofile] [--top K]
+
+Starts the negotiator in this process (`negotiator_service.server.create_server`
+on a Unix socket, the bench config of bench_negotiator.py, decision log to a
+file at INFO as `negotiator serve` logs to stderr), then:
+
+* times the server-side per-call work piece by piece, without gRPC
+  (convert, validate_request, profile expansion, derive/judge, the decision
+  log, the audit record, the adapter's own check, response conversion),
+  each as µs per call;
+* with --cprofile, profiles this process (the server) while a client
+  process makes N Negotiate and then N Invoke calls, and prints the
+  functions with the most own time, then the negotiator's (and logging's)
+  functions by cumulative time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import logging
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+
+from bench.bench_negotiator import bench_config, scripted_invoke_request
+from negotiator_service import convert, negotiation
+from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
+from negotiator_service.broker import _AuditDraft
+from negotiator_service.model import AdapterCall, AdapterReply, AuditOutcome, CallKind
+from negotiator_service.server import Settings, create_server
+
+REPEATS = 7  # the machine is noisy: the fastest of several batches is the work itself
+
+
+def per_call_us(label: str, work: Callable[[], object], calls: int) -> None:
+    for _ in range(min(calls, 200)):
+        work()
+    batch = max(calls // REPEATS, 1)
+    best = float("inf")
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        for _ in range(batch):
+            work()
+        best = min(best, (time.perf_counter() - started) / batch)
+    print(f"  {label:<46} {best * 1e6:8.1f} µs")
+
+
+async def breakdown(running: object, calls: int) -> None:
+    from negotiator_service.server import RunningNegotiator
+
+    assert isinstance(running, RunningNegotiator)
+    broker = running.broker
+    invoke_message = scripted_invoke_request()
+    negotiate_message = negotiator_pb2.NegotiateRequest(invoke=invoke_message)
+    request = convert.invoke_request(invoke_message)
+    decision, schema, expanded = broker._judge(request)
+    adapter = running.registry.get("bench-scripted").adapter
+    declaration = adapter.declaration
+    adapter_call = AdapterCall(prompt=expanded.prompt, options=expanded.options, output_schema=schema)
+    reply = AdapterReply(text=expanded.prompt)
+    requirements = negotiation.derive_requirements(expanded, schema)
+
+    def audit_emit() -> None:
+        draft = _AuditDraft(broker, "invoke", "unix:", request, delegation_depth=0)
+        draft.decision = decision
+        draft.emit(AuditOutcome.SUCCEEDED)
+
+    print(f"server-side pieces, {calls} calls each (no gRPC):")
+    per_call_us("convert.negotiate_request", lambda: convert.negotiate_request(negotiate_message), calls)
+    per_call_us("convert.invoke_request", lambda: convert.invoke_request(invoke_message), calls)
+    per_call_us(
+        "negotiation.validate_request", lambda: negotiation.validate_request(request, broker.profiles), calls
+    )
+    per_call_us(
+        "negotiation.expand_profile", lambda: negotiation.expand_profile(request, broker.profiles), calls
+    )
+    per_call_us(
+        "registry.declaration + select",
+        lambda: negotiation.select(expanded, broker.registry.declaration),
+        calls,
+    )
+    per_call_us(
+        "negotiation.derive_requirements", lambda: negotiation.derive_requirements(expanded, schema), calls
+    )
+    per_call_us("negotiation.judge", lambda: negotiation.judge(declaration, requirements, frozenset()), calls)
+    per_call_us("declaration.version", lambda: declaration.version, calls)
+    per_call_us("broker._judge (all of the above)", lambda: broker._judge(request), calls)
+    per_call_us("broker._log_decision", lambda: broker._log_decision("invoke", decision, request), calls)
+    per_call_us("audit draft + emit (no watchers, no file)", audit_emit, calls)
+    per_call_us("broker.negotiate (judge + log + audit)", lambda: broker.negotiate(request), calls)
+    per_call_us(
+        "adapters._calls.check_call",
+        lambda: check_call(declaration, adapter_call, CallKind.INVOKE, implemented=ALL_CAPABILITIES),
+        calls,
+    )
+    per_call_us("convert.decision_to_proto", lambda: convert.decision_to_proto(decision), calls)
+    per_call_us("convert.invoke_response", lambda: convert.invoke_response(reply, decision), calls)
+
+    async def brokered() -> None:
+        await broker.call(request, time_budget=None, caller="unix:")
+
+    started = time.perf_counter()
+    for _ in range(calls):
+        await brokered()
+    per_call = (time.perf_counter() - started) / calls
+    print(f"  {'broker.call (await, scripted adapter)':<46} {per_call * 1e6:8.1f} µs")
+
+
+async def client(target: str, calls: int, method: str) -> None:
+    """The load for --cprofile, run in its own process so the profile shows the server alone."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        invoke_message = scripted_invoke_request()
+        negotiate_message = negotiator_pb2.NegotiateRequest(invoke=invoke_message)
+        for _ in range(calls):
+            if method == "Negotiate":
+                await stub.Negotiate(negotiate_message)
+            else:
+                await stub.Invoke(invoke_message)
+
+
+async def through_grpc(target: str, calls: int, top: int) -> None:
+    """Profile the server (this process) while a client process makes `calls` calls of each method."""
+
+    async def load(count: int, method: str) -> float:
+        started = time.perf_counter()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--client", target, "--calls", str(count), "--method", method
+        )
+        if await process.wait() != 0:
+            raise RuntimeError(f"the {method} client failed")
+        return time.perf_counter() - started
+
+    for method in ("Negotiate", "Invoke"):
+        await load(200, method)  # warm-up (includes the client's start-up)
+        profile = cProfile.Profile()
+        profile.enable()
+        elapsed = await load(calls, method)
+        profile.disable()
+        print(f"\n== {method}: {calls} calls from a client process in {elapsed:.2f} s (profiled server) ==")
+        stats = pstats.Stats(profile, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats("negotiator_service|logging", top)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="profile-negotiator-") as tmp:
+        workdir = Path(tmp)
+        config = workdir / "negotiator.yaml"
+        config.write_text(bench_config("http://127.0.0.1:9/v1"))
+        # As `negotiator serve`: decision records at INFO, here to a file rather than the terminal.
+        logging.basicConfig(
+            filename=str(workdir / "decisions.log"), level=logging.INFO, format="%(message)s", force=True
+        )
+        running = await create_server(
+            Settings(listen=(f"unix:{workdir / 'n.sock'}",), config_path=config, state_dir=workdir / "state")
+        )
+        try:
+            await breakdown(running, args.calls)
+            if args.cprofile:
+                await through_grpc(running.bound[0], args.calls, args.top)
+        finally:
+            await running.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--client", metavar="TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("--method", default="Invoke", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.client:
+        asyncio.run(client(arguments.client, arguments.calls, arguments.method))
+    else:
+        asyncio.run(main(arguments))
