@@ -40,8 +40,8 @@ from typing import Any, Protocol
 import grpc
 
 from sidecar_runtime.addresses import Address
-from sidecar_runtime.handlers import Continuation, Handler, rejecting
-from sidecar_runtime.richstatus import RichError
+from sidecar_runtime.handlers import Behavior, MethodInfo
+from sidecar_runtime.richstatus import RichError, abort_with
 
 DOMAIN = "auth.agentsidecar"
 TOKEN_MISSING = "TOKEN_MISSING"
@@ -273,20 +273,32 @@ def judge(
     return invalid_token(method)
 
 
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Checks the bearer token of calls to `mutating_methods` (full names: `/pkg.Service/Method`)."""
+class TokenCheck:
+    """The bearer token check on `mutating_methods` (full names: `/pkg.Service/Method`), as a layer.
+
+    The check runs when the call starts, before the servicer: a refused call
+    never reaches it, and its request stream is never read.
+    """
 
     def __init__(self, source: TokenSource, mutating_methods: Collection[str]) -> None:
         self._source = source
         self._mutating = frozenset(mutating_methods)
 
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> Handler:
-        # None (an unknown method, answered UNIMPLEMENTED) although the stubs say otherwise.
-        handler: Handler | None = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or method not in self._mutating:
-            return handler  # type: ignore[return-value]
-        error = judge(method, handler_call_details.invocation_metadata, self._source.tokens())
-        return handler if error is None else rejecting(handler, error)
+    def wrap(self, method: MethodInfo, inner: Behavior) -> Behavior:
+        if method.full_name not in self._mutating:
+            return inner
+        full_method, source = method.full_name, self._source
+
+        async def authorized(request: Any, context: Any) -> Any:
+            error = judge(full_method, context.invocation_metadata(), source.tokens())
+            if error is not None:
+                await abort_with(context, error)
+            return await inner(request, context)
+
+        return authorized
+
+    def refusal(self, full_method: str, metadata: Iterable[tuple[str, Any]] | None) -> RichError | None:
+        """For a synchronous behaviour, which no layer wraps: the error ending the call, if any."""
+        if full_method not in self._mutating:
+            return None
+        return judge(full_method, metadata, self._source.tokens())

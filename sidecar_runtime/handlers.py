@@ -1,21 +1,40 @@
 """Rebuilding grpc.aio method handlers around the application's behaviours.
 
-The runtime's interceptors (auth, limits, observability) each wrap the
-handler grpc found for a call. Two rules keep their stacking predictable:
+One interceptor, `RuntimeInterceptor`, wraps every method the server knows
+in the runtime's layers (call log and metrics, bearer tokens, the concurrent
+call limit, the default timeout: each a `Layer`, installed only when its
+option is on) and in the check that turns undecodable request bytes into
+INVALID_ARGUMENT. The wrapped handler is built once per method and reused:
+grpc asks the interceptor for a handler on every call, and hands it the same
+handler object each time, so the per-call cost of the runtime is one dict
+lookup plus what the layers do while the call runs.
+
+Rules that keep the layers' stacking predictable:
 
 * every wrapped behaviour is a coroutine function: a response-streaming
   behaviour written as an async generator is driven with `context.write`
-  and closed explicitly, so each wrapper's `finally` runs when the call
-  ends rather than whenever the generator is garbage-collected;
-* a rebuilt handler keeps the method's shape and (de)serializers, so a
+  and closed explicitly, so each layer's `finally` runs when the call ends
+  rather than whenever the generator is garbage-collected;
+* a rebuilt handler keeps the method's shape and serializers, so a
   replacement that only aborts still reads the request as grpc expects.
+
+Undecodable requests: grpc.aio deserializes a request before any handler
+code runs and answers UNKNOWN ("Unexpected DecodeError") when that fails.
+The rebuilt handler's deserializer returns an `Undecodable` marker instead,
+and the innermost layer ends the call with INVALID_ARGUMENT, ErrorInfo
+reason MALFORMED_REQUEST (domain runtime.agentsidecar) and a BadRequest
+violation on `request` naming the expected message type. In a request
+stream, the marker ends the call when the servicer reaches it. A servicer
+reading its request stream with `context.read()` instead of iterating it
+gets the marker itself (no servicer here does).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 
@@ -25,12 +44,45 @@ from sidecar_runtime.richstatus import RichError, abort_with
 Behavior = Callable[[Any, Any], Awaitable[Any]]
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 Continuation: TypeAlias = "Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]]"
+Metadata: TypeAlias = "Sequence[tuple[str, Any]] | None"
+
+DOMAIN = "runtime.agentsidecar"
+MALFORMED_REQUEST = "MALFORMED_REQUEST"
+MAX_DECODE_ERROR_CHARS = 200
 
 
 def service_and_method(full_method: str) -> tuple[str, str]:
     """`/pkg.Service/Method` -> (`pkg.Service`, `Method`)."""
     service, _, method = full_method.lstrip("/").partition("/")
     return service, method
+
+
+@dataclass(frozen=True, slots=True)
+class MethodInfo:
+    """What a layer may want to know about the method it wraps."""
+
+    full_name: str  # /pkg.Service/Method
+    service: str
+    name: str
+    request_streaming: bool
+    response_streaming: bool
+
+    @classmethod
+    def of(cls, full_name: str, handler: Handler) -> MethodInfo:
+        service, name = service_and_method(full_name)
+        return cls(full_name, service, name, handler.request_streaming, handler.response_streaming)
+
+
+class Layer(Protocol):
+    def wrap(self, method: MethodInfo, inner: Behavior) -> Behavior:
+        """`inner` with this layer around it, or `inner` itself when the layer does not apply."""
+        ...
+
+
+class SyncRefusal(Protocol):
+    def refusal(self, full_method: str, metadata: Metadata) -> RichError | None:
+        """The error ending a call to a synchronous behaviour, or None to let it run."""
+        ...
 
 
 def current_behavior(handler: Handler) -> Callable[..., Any]:
@@ -63,9 +115,16 @@ def as_coroutine(behavior: Callable[..., Any]) -> Behavior | None:
     return None
 
 
-def rebuild(handler: Handler, behavior: Behavior) -> Handler:
-    """A handler of the same shape and serializers as `handler`, running `behavior`."""
-    deserialize, serialize = handler.request_deserializer, handler.response_serializer
+def rebuild(
+    handler: Handler, behavior: Behavior, deserialize: Callable[[bytes], Any] | None = None
+) -> Handler:
+    """A handler of the same shape and serializers as `handler`, running `behavior`.
+
+    `deserialize` replaces the request deserializer when given.
+    """
+    if deserialize is None:
+        deserialize = handler.request_deserializer
+    serialize = handler.response_serializer
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(behavior, deserialize, serialize)
     if handler.request_streaming:
@@ -75,36 +134,6 @@ def rebuild(handler: Handler, behavior: Behavior) -> Handler:
     return grpc.unary_unary_rpc_method_handler(behavior, deserialize, serialize)
 
 
-def wrap(handler: Handler, make: Callable[[Behavior], Behavior]) -> Handler:
-    """`handler` with its behaviour replaced by `make(behaviour)`; sync handlers are returned as is."""
-    inner = as_coroutine(current_behavior(handler))
-    if inner is None:
-        return handler
-    return rebuild(handler, make(inner))
-
-
-class WrapCache:
-    """Wrapped handlers by method, rebuilt only when the inner handler changes.
-
-    grpc hands an interceptor the same handler object for every call of a
-    method, so wrapping once per method (not per call) keeps the per-call
-    cost of an interceptor to its behaviour. A per-call inner handler (a
-    refusal from an interceptor further in) simply replaces the entry.
-    """
-
-    def __init__(self, make: Callable[[str, Behavior], Behavior]) -> None:
-        self._make = make
-        self._entries: dict[str, tuple[Handler, Handler]] = {}
-
-    def get(self, method: str, handler: Handler) -> Handler:
-        entry = self._entries.get(method)
-        if entry is not None and entry[0] is handler:
-            return entry[1]
-        wrapped = wrap(handler, lambda inner: self._make(method, inner))
-        self._entries[method] = (handler, wrapped)
-        return wrapped
-
-
 def rejecting(handler: Handler, error: RichError) -> Handler:
     """A handler of the same shape as `handler` that ends every call with `error`."""
 
@@ -112,3 +141,151 @@ def rejecting(handler: Handler, error: RichError) -> Handler:
         await abort_with(context, error)
 
     return rebuild(handler, reject)
+
+
+# --- undecodable requests ----------------------------------------------------
+
+
+class Undecodable:
+    """What a guarded deserializer returns for bytes it cannot parse."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def guarded(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """`deserialize`, returning an `Undecodable` instead of raising."""
+
+    def guarded_deserialize(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as exc:  # DecodeError, and whatever else a parser meets in hostile bytes
+            return Undecodable(exc)
+
+    return guarded_deserialize
+
+
+def message_type(deserialize: Callable[[bytes], Any]) -> str | None:
+    """The full protobuf name of what `deserialize` parses (`Message.FromString`), if it tells."""
+    descriptor = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
+    name = getattr(descriptor, "full_name", None)
+    return name if isinstance(name, str) else None
+
+
+def malformed_request(full_method: str, type_name: str | None, error: Exception) -> RichError:
+    expected = type_name or "request message"
+    detail = (str(error) or type(error).__name__)[:MAX_DECODE_ERROR_CHARS]
+    metadata = {"method": full_method}
+    if type_name is not None:
+        metadata["messageType"] = type_name
+    return RichError(
+        code=grpc.StatusCode.INVALID_ARGUMENT,
+        message=f"{full_method}: the request bytes are not a valid {expected} ({detail})",
+        reason=MALFORMED_REQUEST,
+        domain=DOMAIN,
+        metadata=metadata,
+        field_violations=(("request", f"cannot be decoded as {expected} in protobuf binary encoding"),),
+    )
+
+
+def checking_requests(
+    full_method: str, type_name: str | None, inner: Behavior, *, streaming: bool
+) -> Behavior:
+    """`inner`, ending the call with MALFORMED_REQUEST when a request is `Undecodable`."""
+    if streaming:
+
+        async def checked_requests(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            async for request in requests:
+                if type(request) is Undecodable:
+                    await abort_with(context, malformed_request(full_method, type_name, request.error))
+                yield request
+
+        async def check_stream(requests: AsyncIterator[Any], context: Any) -> Any:
+            return await inner(checked_requests(requests, context), context)
+
+        return check_stream
+
+    async def check(request: Any, context: Any) -> Any:
+        if type(request) is Undecodable:
+            await abort_with(context, malformed_request(full_method, type_name, request.error))
+        return await inner(request, context)
+
+    return check
+
+
+# --- the interceptor -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    source: Handler  # the handler grpc found; a different one means the entry is stale
+    handler: Handler  # what the call runs
+    synchronous: bool  # a synchronous behaviour, served as registered
+
+
+class RuntimeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Every method wrapped in `layers` (outermost first) and the undecodable-request check.
+
+    `on_unknown(full_method, metadata)` hears of calls to methods no handler
+    serves (grpc answers them UNIMPLEMENTED). Synchronous behaviours (none
+    in the sidecars) run as registered, apart from `sync_refusal`, which is
+    checked per call as it can end a call before it runs.
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[Layer] = (),
+        *,
+        on_unknown: Callable[[str, Metadata], None] | None = None,
+        sync_refusal: SyncRefusal | None = None,
+    ) -> None:
+        self._layers = tuple(layers)
+        self._on_unknown = on_unknown
+        self._sync_refusal = sync_refusal
+        self._entries: dict[str, _Entry] = {}
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> Handler:
+        # None (an unknown method, answered UNIMPLEMENTED) although the stubs say otherwise.
+        handler: Handler | None = await continuation(handler_call_details)
+        full_method: str = handler_call_details.method
+        if handler is None:
+            if self._on_unknown is not None:
+                self._on_unknown(full_method, handler_call_details.invocation_metadata)
+            return handler  # type: ignore[return-value]
+        entry = self._entries.get(full_method)
+        if entry is None or entry.source is not handler:
+            # A handler that differs from the cached one (a refusal from an
+            # interceptor further in, made per call) simply replaces the entry.
+            entry = self._entries[full_method] = self._compose(full_method, handler)
+        if entry.synchronous and self._sync_refusal is not None:
+            error = self._sync_refusal.refusal(full_method, handler_call_details.invocation_metadata)
+            if error is not None:
+                return self._compose(full_method, rejecting(handler, error)).handler
+        return entry.handler
+
+    def wrap(self, full_method: str, handler: Handler) -> Handler:
+        """What calls to `full_method` run when grpc finds `handler` for them."""
+        return self._compose(full_method, handler).handler
+
+    def _compose(self, full_method: str, handler: Handler) -> _Entry:
+        innermost = as_coroutine(current_behavior(handler))
+        if innermost is None:
+            return _Entry(handler, handler, synchronous=True)
+        behavior = innermost
+        deserialize = handler.request_deserializer
+        guarded_deserialize = None
+        if deserialize is not None:
+            guarded_deserialize = guarded(deserialize)
+            behavior = checking_requests(
+                full_method, message_type(deserialize), behavior, streaming=handler.request_streaming
+            )
+        info = MethodInfo.of(full_method, handler)
+        for layer in reversed(self._layers):
+            behavior = layer.wrap(info, behavior)
+        if behavior is innermost:
+            return _Entry(handler, handler, synchronous=False)  # nothing to add: serve it as registered
+        return _Entry(handler, rebuild(handler, behavior, guarded_deserialize), synchronous=False)

@@ -1,12 +1,12 @@
 """How much a sidecar takes on: concurrent calls and default deadlines.
 
-* `ConcurrencyLimitInterceptor`: at most N calls run at once; one more ends
+* `CallLimit`: at most N calls run at once; one more ends
   at once with RESOURCE_EXHAUSTED (ErrorInfo reason TOO_MANY_CALLS, RetryInfo
   0.1 s) instead of queueing. grpc's own `maximum_concurrent_rpcs` answers
   the same code without details, so it is not used. Health calls are never
   counted or refused: probes must keep answering on a busy sidecar. Open
   streams (WatchSeeds, WatchAdapters, VerifySeeds) count while open.
-* `DefaultTimeoutInterceptor`: a call that arrives without a deadline gets
+* `DefaultTimeout`: a call that arrives without a deadline gets
   one. Servicers see it through `context.time_remaining()` (the negotiator
   passes it on to adapters), and a call still running when it expires ends
   with DEADLINE_EXCEEDED (reason DEFAULT_TIMEOUT_EXCEEDED). Only calls with a
@@ -20,13 +20,14 @@ answers RESOURCE_EXHAUSTED before any handler runs.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Collection
 from typing import Any
 
 import grpc
 
-from sidecar_runtime.handlers import Behavior, Continuation, Handler, WrapCache, service_and_method
+from sidecar_runtime.handlers import Behavior, MethodInfo
 from sidecar_runtime.richstatus import RichError, abort_with
 
 DOMAIN = "limits.agentsidecar"
@@ -60,25 +61,20 @@ def default_timeout_exceeded(seconds: float) -> RichError:
     )
 
 
-class ConcurrencyLimitInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class CallLimit:
+    """At most `max_calls` calls at once, as a layer; `exempt_services` are neither counted nor refused."""
+
     def __init__(self, max_calls: int, exempt_services: Collection[str] = (HEALTH_SERVICE,)) -> None:
         if max_calls < 1:
             raise ValueError("the concurrent call limit must be at least 1")
         self.max_calls = max_calls
         self.in_flight = 0
         self._exempt = frozenset(exempt_services)
-        self._wrapped = WrapCache(lambda method, inner: self._limited(inner))
 
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> Handler:
-        handler: Handler | None = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or service_and_method(method)[0] in self._exempt:
-            return handler  # type: ignore[return-value]
-        return self._wrapped.get(method, handler)
+    def wrap(self, method: MethodInfo, inner: Behavior) -> Behavior:
+        if method.service in self._exempt:
+            return inner
 
-    def _limited(self, inner: Behavior) -> Behavior:
         async def limited(request: Any, context: Any) -> Any:
             # Checked and counted when the handler starts, with no await in
             # between, so calls arriving together cannot all slip under the limit.
@@ -107,33 +103,86 @@ class _ContextWithDeadline:
         return getattr(self._context, name)
 
 
-class DefaultTimeoutInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class _Bounded:
+    """One call running under the default deadline."""
+
+    __slots__ = ("deadline", "expired", "finished", "task")
+
+    def __init__(self, deadline: float, task: asyncio.Task[Any]) -> None:
+        self.deadline = deadline
+        self.task: asyncio.Task[Any] | None = task  # None once finished
+        self.finished = False
+        self.expired = False
+
+
+class DefaultTimeout:
+    """A deadline for unary-response calls sent without one, as a layer.
+
+    Every default deadline is the same length, so the calls expire in the
+    order they started: one queue in start order and one timer, armed for
+    the oldest call still running, replace a timer per call (asyncio.timeout
+    costs several microseconds a call, mostly scheduling and cancelling its
+    timer). Finished calls leave the queue when they reach its head, so a
+    long call at the head holds at most the calls started within one
+    default timeout behind it (small records, no tasks).
+    """
+
     def __init__(self, seconds: float) -> None:
         if not seconds > 0:
             raise ValueError("the default timeout must be positive")
         self.seconds = seconds
-        self._wrapped = WrapCache(lambda method, inner: self._bounded(inner))
+        self._queue: collections.deque[_Bounded] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
 
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> Handler:
-        handler: Handler | None = await continuation(handler_call_details)
-        if handler is None or handler.response_streaming:
-            return handler  # type: ignore[return-value]
-        return self._wrapped.get(handler_call_details.method, handler)
+    def wrap(self, method: MethodInfo, inner: Behavior) -> Behavior:
+        if method.response_streaming:
+            return inner  # streams are meant to stay open
+        seconds, queue = self.seconds, self._queue
 
-    def _bounded(self, inner: Behavior) -> Behavior:
         async def bounded(request: Any, context: Any) -> Any:
             if context.time_remaining() is not None:
                 return await inner(request, context)  # the caller's own deadline governs
-            deadline = time.monotonic() + self.seconds
-            timeout = asyncio.timeout(self.seconds)
+            task = asyncio.current_task()
+            assert task is not None
+            cancelling = task.cancelling()
+            deadline = time.monotonic() + seconds
+            call = _Bounded(deadline, task)
+            queue.append(call)
+            if self._timer is None:
+                self._arm(deadline)
+            uncancelled = False
             try:
-                async with timeout:
-                    return await inner(request, _ContextWithDeadline(context, deadline))
-            except TimeoutError:
-                if not timeout.expired():
-                    raise  # the servicer's own TimeoutError, not our deadline
-                await abort_with(context, default_timeout_exceeded(self.seconds))
+                return await inner(request, _ContextWithDeadline(context, deadline))
+            except asyncio.CancelledError:
+                if call.expired:
+                    uncancelled = True
+                    # Our cancel and no other (a client's) on top of it: the default deadline passed.
+                    if task.uncancel() <= cancelling:
+                        await abort_with(context, default_timeout_exceeded(seconds))
+                raise
+            finally:
+                call.finished = True
+                call.task = None
+                if call.expired and not uncancelled:
+                    task.uncancel()  # the servicer swallowed our cancel and finished anyway
+                while queue and queue[0].finished:
+                    queue.popleft()
 
         return bounded
+
+    def _arm(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        # loop.time() is time.monotonic() unless a loop says otherwise: convert to be safe.
+        self._timer = loop.call_at(loop.time() + (deadline - time.monotonic()), self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        queue = self._queue
+        while queue and (queue[0].finished or queue[0].deadline <= now):
+            call = queue.popleft()
+            if not call.finished and call.task is not None:
+                call.expired = True
+                call.task.cancel()
+        if queue:
+            self._arm(queue[0].deadline)

@@ -5,10 +5,13 @@ NOT_SERVING so probes and balancers stop sending, in-flight calls get
 `grace_seconds` to finish while new calls are refused, then Unix socket files
 are removed so a restarted sidecar binds a clean path.
 
-Interceptors, outermost first: OpenTelemetry (`otel`), observability (call
-log and metrics; it sees every refusal below it), bearer tokens on mutating
-methods, the concurrent call limit, the default timeout, then any the caller
-passes. Each is installed only when its option is set.
+Interceptors, outermost first: OpenTelemetry (`otel`), the runtime's own
+(`handlers.RuntimeInterceptor`), then any the caller passes. The runtime's
+interceptor wraps each method once in its layers, outermost first: the call
+log and metrics (they see every refusal below them), bearer tokens on
+mutating methods, the concurrent call limit, the default timeout, and the
+check that answers undecodable request bytes with INVALID_ARGUMENT. Each
+layer is there only when its option is set; the decode check always is.
 """
 
 from __future__ import annotations
@@ -29,15 +32,16 @@ from grpc_reflection.v1alpha import reflection
 
 from sidecar_runtime.addresses import Address, parse_address
 from sidecar_runtime.auth import (
-    BearerTokenInterceptor,
     TlsFiles,
+    TokenCheck,
     TokenSource,
     check_token_transport,
     listener_credentials,
 )
-from sidecar_runtime.limits import ConcurrencyLimitInterceptor, DefaultTimeoutInterceptor
-from sidecar_runtime.metrics import MetricsEndpoint, start_metrics_endpoint
-from sidecar_runtime.observability import CallLog, ObservabilityInterceptor, open_call_log, otel_interceptor
+from sidecar_runtime.handlers import Layer, RuntimeInterceptor
+from sidecar_runtime.limits import CallLimit, DefaultTimeout
+from sidecar_runtime.metrics import METRICS, MetricsEndpoint, start_metrics_endpoint
+from sidecar_runtime.observability import CallLog, CallObserver, open_call_log, otel_interceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -133,21 +137,41 @@ class RunningServer:
             await self.call_log.close()
 
 
+def build_layers(
+    options: ServerOptions, mutating_methods: Collection[str], call_log: CallLog | None
+) -> tuple[CallObserver | None, TokenCheck | None, list[Layer]]:
+    """The runtime's layers for `options`, outermost first, with the two the interceptor also needs."""
+    layers: list[Layer] = []
+    observer = None
+    if call_log is not None or options.metrics_listen is not None:
+        observer = CallObserver(call_log, METRICS if options.metrics_listen is not None else None)
+        layers.append(observer)
+    token_check = None
+    if options.tokens is not None:
+        token_check = TokenCheck(options.tokens, mutating_methods)
+        layers.append(token_check)
+    if options.max_concurrent_calls is not None:
+        layers.append(CallLimit(options.max_concurrent_calls))
+    if options.default_timeout is not None:
+        layers.append(DefaultTimeout(options.default_timeout))
+    return observer, token_check, layers
+
+
 def build_interceptors(
     options: ServerOptions, mutating_methods: Collection[str], call_log: CallLog | None
 ) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
-    """The runtime's interceptors for `options`, outermost first."""
+    """The runtime's interceptors for `options`, outermost first: OpenTelemetry, then the runtime's own."""
     chain: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
     if options.otel:
         chain.append(otel_interceptor())
-    if call_log is not None or options.metrics_listen is not None:
-        chain.append(ObservabilityInterceptor(call_log))
-    if options.tokens is not None:
-        chain.append(BearerTokenInterceptor(options.tokens, mutating_methods))
-    if options.max_concurrent_calls is not None:
-        chain.append(ConcurrencyLimitInterceptor(options.max_concurrent_calls))
-    if options.default_timeout is not None:
-        chain.append(DefaultTimeoutInterceptor(options.default_timeout))
+    observer, token_check, layers = build_layers(options, mutating_methods, call_log)
+    chain.append(
+        RuntimeInterceptor(
+            layers,
+            on_unknown=observer.unknown if observer is not None else None,
+            sync_refusal=token_check,
+        )
+    )
     return chain
 
 
@@ -231,8 +255,11 @@ async def start_server(
                 bound.append(f"{host}:{port}")
         health_only_server = None
         if health_addresses:
-            # Plaintext and uninstrumented: kubelet gRPC probes speak neither TLS nor tokens.
-            health_only_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            # Plaintext and uninstrumented (kubelet gRPC probes speak neither TLS nor tokens),
+            # with only the check that answers undecodable requests INVALID_ARGUMENT.
+            health_only_server = grpc.aio.server(
+                interceptors=[RuntimeInterceptor()], options=[("grpc.so_reuseport", 0)]
+            )
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_only_server)
             for address in health_addresses:
                 if address.unix_path is not None:

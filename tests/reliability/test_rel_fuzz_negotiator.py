@@ -511,11 +511,6 @@ NEGOTIATOR_METHODS = tuple(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grpc.aio answers a request it cannot deserialize with UNKNOWN before any service code runs "
-    "(reported; needs deserializers that fail into INVALID_ARGUMENT)",
-)
 @pytest.mark.parametrize(
     ("method", "streaming"), NEGOTIATOR_METHODS, ids=[name for name, _ in NEGOTIATOR_METHODS]
 )

@@ -474,11 +474,6 @@ SEEDSTORE_METHODS = tuple(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grpc.aio answers a request it cannot deserialize with UNKNOWN before any service code runs "
-    "(reported; needs deserializers that fail into INVALID_ARGUMENT)",
-)
 @pytest.mark.parametrize(
     ("method", "streaming"), SEEDSTORE_METHODS, ids=[name for name, _ in SEEDSTORE_METHODS]
 )

@@ -116,3 +116,42 @@ async def test_a_second_server_on_the_same_tcp_port_fails() -> None:
 async def test_limits_must_be_positive(start_probe: StartProbe, option: str, value: float) -> None:
     with pytest.raises(ValueError, match="must be"):
         await start_probe(**{option: value})
+
+
+async def test_default_deadlines_count_from_each_call_s_own_start(
+    start_probe: StartProbe, probe: Probe
+) -> None:
+    server = await start_probe(default_timeout=0.4)
+    loop = asyncio.get_running_loop()
+
+    async def timed_sleep(channel: grpc.aio.Channel, seconds: str) -> tuple[float, str]:
+        """How long the call took, and OK or the ErrorInfo reason it failed with."""
+        started = loop.time()
+        try:
+            await unary(channel, "Sleep", seconds.encode())
+        except grpc.aio.AioRpcError as error:
+            return loop.time() - started, decode_error(error).reason
+        return loop.time() - started, "OK"
+
+    async with grpc.aio.insecure_channel(server.bound[0]) as channel:
+        first = asyncio.ensure_future(timed_sleep(channel, "5"))
+        await asyncio.sleep(0.2)
+        later = asyncio.ensure_future(timed_sleep(channel, "5"))
+        short = asyncio.ensure_future(timed_sleep(channel, "0.1"))
+        (first_took, first_end), (later_took, later_end), (_, short_end) = await asyncio.gather(
+            first, later, short
+        )
+        assert (first_end, later_end, short_end) == (
+            "DEFAULT_TIMEOUT_EXCEEDED",
+            "DEFAULT_TIMEOUT_EXCEEDED",
+            "OK",
+        )
+        # Each expired 0.4 s after it started: the later call was not cut at the first one's deadline.
+        assert 0.35 < first_took < 1.5
+        assert 0.35 < later_took < 1.5
+        # Once the queue has drained, a new call still gets (and keeps to) the default.
+        took, end = await timed_sleep(channel, "5")
+        assert end == "DEFAULT_TIMEOUT_EXCEEDED"
+        assert 0.35 < took < 1.5
+        assert await unary(channel, "Sleep", b"0.05") == b"slept"
+    assert probe.finished.count("Sleep") == 2  # the short sleeps; the long ones were cancelled

@@ -219,3 +219,63 @@ async def test_a_failing_log_stream_counts_drops() -> None:
         log.write({"n": n})
     await log.close()
     assert len(drops) == 3
+
+
+def test_call_lines_are_what_json_dumps_makes_of_the_record() -> None:
+    fields = observability.method_fields("pkg.Sérvice", 'Odd"Name')
+    cases = [
+        (grpc.StatusCode.OK, 0.000123456, "unix:", (("x-request-id", 'réq-"1\\'),), None),
+        (
+            grpc.StatusCode.NOT_FOUND,
+            1.5,
+            "ipv4:127.0.0.1:5",
+            (("x-request-id", b"bytes-id"),),
+            "THING_MISSING",
+        ),
+        (grpc.StatusCode.CANCELLED, 0.0, None, (("x-request-id", "x" * 300),), None),
+    ]
+    for code, duration, peer, metadata, reason in cases:
+        line = observability._call_line(
+            (1_796_000_000.123456, fields, code, duration, peer, metadata, reason)
+        )
+        expected: dict[str, Any] = {
+            "ts": "2026-11-30T00:53:20.123Z",
+            "service": "pkg.Sérvice",
+            "method": 'Odd"Name',
+            "status": code.name,
+            "duration_ms": round(duration * 1000, 3),
+            "peer": peer,
+            "request_id": observability._request_id(metadata),
+        }
+        if code is not grpc.StatusCode.OK:
+            expected["error_reason"] = reason
+        assert line == json.dumps(expected, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_timestamps_are_rfc3339_utc_milliseconds_like_datetime() -> None:
+    from datetime import UTC, datetime
+
+    for epoch in (
+        0.0,
+        1_796_000_000.0,
+        1_796_000_000.9994,
+        1_796_000_000.9999996,
+        1_796_000_059.5005,
+        1e9 + 0.001,
+    ):
+        expected = (
+            datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        )
+        assert observability._timestamp(epoch) == expected
+
+
+async def test_request_ids_are_generated_per_line_when_the_caller_sends_none() -> None:
+    sink = io.StringIO()
+    log = CallLog(sink, close_stream=False)
+    fields = observability.method_fields("s", "m")
+    for _ in range(3):
+        log.write_call(fields, grpc.StatusCode.OK, 0.001, "unix:", (), None)
+    await log.close()
+    ids = [json.loads(line)["request_id"] for line in sink.getvalue().splitlines()]
+    assert len(ids) == 3 == len(set(ids))
+    assert all(re.fullmatch(r"[0-9a-f]{16}-\d+", request_id) for request_id in ids)
