@@ -36,6 +36,7 @@ writes, `candidate_paths()` names the files that can decide a lookup by id, and
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import os
 import threading
@@ -322,6 +323,21 @@ class SeedIndex:
                     self._haystacks.pop(bigram, None)
 
     # -- reading ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def held_if_free(self) -> Iterator[bool]:
+        """Hold the index still if no refresh is applying its changes; yields whether it is held.
+
+        Every read below only touches memory, so while this yields True they
+        answer at once: the service then reads on its event loop, and falls back
+        to a worker thread (which may wait for the refresh) when it yields False.
+        """
+        held = self._state_lock.acquire(blocking=False)
+        try:
+            yield held
+        finally:
+            if held:
+                self._state_lock.release()
 
     def scope(self, domain: str | None) -> LoadedScope:
         """What `SeedStore.load(domain)` returns, from memory (as of the last refresh)."""

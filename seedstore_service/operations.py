@@ -10,7 +10,10 @@ watchers hear about it. Edits by other programs reach the index through
 that `render.py` turns into the CLI's JSON and `convert.py` into protos.
 
 Everything but `verify` is blocking (files, the store lock): the service runs
-those methods in worker threads.
+those methods in worker threads. The `*_from_memory` variants answer a read from
+the index alone, without waiting and without touching disk, or return None when
+they cannot (no index, a refresh applying its changes, a seed the index does not
+hold yet); the service runs those on its event loop and saves the thread hop.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from seedstore_service import errors
 from seedstore_service.broadening import (
@@ -61,6 +65,12 @@ DEFAULT_CHECK_TIMEOUT_SECONDS = 10.0
 MAX_CHECK_TIMEOUT_SECONDS = 600.0
 DEFAULT_VERIFY_CONCURRENCY = 4
 MAX_VERIFY_CONCURRENCY = 32
+
+_Read = TypeVar("_Read")
+
+
+class _NotInMemory(Exception):
+    """A read from memory alone met a seed the index does not hold: only a refresh (disk) can tell."""
 
 
 # --- results ----------------------------------------------------------------
@@ -216,7 +226,10 @@ class SeedOperations:
             return self.index.scope(domain)
         return self.store.load(domain)
 
-    def _locate(self, seed_id: str, domain: str | None) -> tuple[StoredSeed, tuple[Problem, ...]]:
+    def _locate(
+        self, seed_id: str, domain: str | None, *, may_refresh: bool = True
+    ) -> tuple[StoredSeed, tuple[Problem, ...]]:
+        """The seed and its scope's problems; without `may_refresh`, `_NotInMemory` instead of disk."""
         validate_identifier(seed_id, "capability id")
         index = self.index
         if index is None:
@@ -226,7 +239,8 @@ class SeedOperations:
         try:
             return locate_in_scope(index.lookup(seed_id, domain), seed_id), index.problems(domain)
         except errors.SeedNotFound:
-            pass
+            if not may_refresh:
+                raise _NotInMemory from None
         # Another program may have added it since the last background refresh.
         self.refresh_index()
         return locate_in_scope(index.lookup(seed_id, domain), seed_id), index.problems(domain)
@@ -292,6 +306,40 @@ class SeedOperations:
 
     # -- reads -----------------------------------------------------------
 
+    def _from_memory(self, read: Callable[[], _Read]) -> _Read | None:
+        """`read()` while the index is held still, or None if that needs a wait or disk.
+
+        `read` must reach the store only through `_locate(..., may_refresh=False)`
+        and the index; with an index, every read below does.
+        """
+        index = self.index
+        if index is None:
+            return None
+        with index.held_if_free() as held:
+            if not held:
+                return None
+            try:
+                return read()
+            except _NotInMemory:
+                return None
+
+    def inspect_from_memory(self, seed_id: str, domain: str | None) -> SeedView | None:
+        """`inspect` from the index alone, or None (see the module docstring)."""
+
+        def read() -> SeedView:
+            stored, problems = self._locate(seed_id, domain, may_refresh=False)
+            return SeedView(self.seed_store, stored, problems)
+
+        return self._from_memory(read)
+
+    def search_from_memory(self, query: SearchQuery, *, broaden_empty: bool = False) -> SearchOutcome | None:
+        """`search` from the index alone, or None (see the module docstring)."""
+        return self._from_memory(lambda: self.search(query, broaden_empty=broaden_empty))
+
+    def verify_targets_from_memory(self, request: VerifyRequest) -> tuple[StoredSeed, ...] | None:
+        """`verify_targets` from the index alone, or None (see the module docstring)."""
+        return self._from_memory(lambda: self.verify_targets(request, may_refresh=False))
+
     def list_seeds(self, domain: str | None) -> SeedListing:
         scope = self._scope(domain)
         entries = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
@@ -334,7 +382,7 @@ class SeedOperations:
 
     # -- verify ----------------------------------------------------------
 
-    def verify_targets(self, request: VerifyRequest) -> tuple[StoredSeed, ...]:
+    def verify_targets(self, request: VerifyRequest, *, may_refresh: bool = True) -> tuple[StoredSeed, ...]:
         """The seeds a verify request names, each once, or the error for the first that cannot be found."""
         _validate_verify_limits(request)
         if request.all_in_domain:
@@ -352,7 +400,7 @@ class SeedOperations:
             validate_identifier(seed_id, "capability id")
         targets: dict[str, StoredSeed] = {}
         for seed_id in request.ids:
-            stored, _problems = self._locate(seed_id, request.domain)
+            stored, _problems = self._locate(seed_id, request.domain, may_refresh=may_refresh)
             targets.setdefault(stored.path, stored)
         return tuple(targets.values())
 
@@ -363,7 +411,10 @@ class SeedOperations:
         verification block; edits made meanwhile are kept), then its SeedVerified is
         yielded. Closing this generator early cancels the running checks.
         """
-        targets = await asyncio.to_thread(self.verify_targets, request)
+        # Located from memory when it can be, so the first CheckStarted waits for no thread.
+        targets = self.verify_targets_from_memory(request)
+        if targets is None:
+            targets = await asyncio.to_thread(self.verify_targets, request)
         settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path)
         items = [(stored.seed, stored.path) for stored in targets]
         async with contextlib.aclosing(check_seeds(items, settings, request.concurrency)) as events:

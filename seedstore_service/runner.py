@@ -283,16 +283,26 @@ async def _reap(process: asyncio.subprocess.Process, reader: asyncio.Task[None] 
 # --- one seed ---------------------------------------------------------------
 
 
-async def check_seed(seed: Seed, path: str, settings: RunnerSettings) -> AsyncGenerator[VerifyEvent, None]:
+def first_check_started(seed: Seed) -> CheckStarted:
+    """The event that opens `seed`'s checks. It needs no work, so it can go out before any starts."""
+    return CheckStarted(seed_id=seed.id, domain=seed.domain, check=plan_checks(seed)[0].name, index=0)
+
+
+async def check_seed(
+    seed: Seed, path: str, settings: RunnerSettings, *, first_started_sent: bool = False
+) -> AsyncGenerator[VerifyEvent, None]:
     """Run `seed`'s checks one after another, yielding events as they happen.
 
-    The PATH lookup (and a relative program in an evidence command) is
-    resolved against the service's current directory, as SkillSpec does.
+    With `first_started_sent` the caller has already yielded `first_check_started(seed)`,
+    so it is not yielded again. The PATH lookup (and a relative program in an
+    evidence command) is resolved against the service's current directory, as
+    SkillSpec does.
     """
     lookup_cwd = Path.cwd()
     outcomes: list[Outcome] = []
     for index, check in enumerate(plan_checks(seed)):
-        yield CheckStarted(seed_id=seed.id, domain=seed.domain, check=check.name, index=index)
+        if index > 0 or not first_started_sent:
+            yield CheckStarted(seed_id=seed.id, domain=seed.domain, check=check.name, index=index)
         finished = await _run_check(seed, check, index, settings, lookup_cwd)
         outcomes.append(Outcome(check=finished.check, ok=finished.ok, message=finished.message))
         yield finished
@@ -348,20 +358,26 @@ async def check_seeds(
     """Check each `(seed, path)`, at most `concurrency` seeds at a time, yielding all events.
 
     Events of one seed keep their order; events of different seeds
-    interleave as they happen. Stopping early (aclose, break, cancellation)
-    cancels every running check, which kills its process group, before this
-    generator finishes. An unexpected error in one seed's checks stops the
-    rest and is raised here.
+    interleave as they happen. The first seed's first `CheckStarted` needs
+    no work, so it is yielded at once, before the checks' tasks take their
+    first step (they run as soon as the consumer yields to the event loop):
+    a stream's first message waits for no scratch directory or process spawn.
+    Stopping early (aclose, break, cancellation) cancels every running check,
+    which kills its process group, before this generator finishes. An
+    unexpected error in one seed's checks stops the rest and is raised here.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    if not items:
+        return
     queue: asyncio.Queue[VerifyEvent | asyncio.Task[None]] = asyncio.Queue()
-    pending = iter(items)
+    pending = enumerate(items)
 
-    async def worker(work: Iterator[tuple[Seed, str]]) -> None:
+    async def worker(work: Iterator[tuple[int, tuple[Seed, str]]]) -> None:
         # Workers share one iterator, so each takes the next seed when free.
-        for seed, path in work:
-            async with contextlib.aclosing(check_seed(seed, path, settings)) as events:
+        for position, (seed, path) in work:
+            checking = check_seed(seed, path, settings, first_started_sent=position == 0)
+            async with contextlib.aclosing(checking) as events:
                 async for event in events:
                     queue.put_nowait(event)
 
@@ -369,6 +385,7 @@ async def check_seeds(
     for task in workers:
         task.add_done_callback(queue.put_nowait)
     try:
+        yield first_check_started(items[0][0])
         running = len(workers)
         while running:
             item = await queue.get()
