@@ -52,7 +52,7 @@ def alive(pid: int) -> bool:
     """True while `pid` runs (a zombie awaiting its reaper counts as gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # a process gone mid-read
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
 

@@ -505,7 +505,7 @@ async def _gone(pid: int, within: float = 3.0) -> bool:
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # a process gone mid-read
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
 

@@ -70,7 +70,7 @@ def is_running(pid: int) -> bool:
         return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # a process gone mid-read
         return False
     state = stat.rsplit(")", 1)[1].split()[0]
     return state not in ("Z", "X")
