@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from clients import (
 )
 from clients.seedstore import AddSeedFields
 from tests.clients.sidecars import ServerHandle
+from tests.procs import process_alive
 
 
 def say(domain: str = "voice") -> AddSeedFields:
@@ -232,16 +232,7 @@ async def test_leaving_an_async_verify_loop_stops_the_running_check(
                 break  # leaving the loop is all it takes to cancel the call
         pid = int(pid_file.read_text())
         deadline = time.monotonic() + 5
-        while _alive(pid):
+        while process_alive(pid):
             assert time.monotonic() < deadline, "the check outlived its cancelled call"
             await asyncio.sleep(0.02)
         assert not (await client.inspect_seed(id="hang")).seed.HasField("verification")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except (ProcessLookupError, FileNotFoundError):
-        return False

@@ -24,6 +24,7 @@ from negotiator_service.model import (
     CapabilityState,
     DeclarationOverride,
 )
+from tests.procs import process_alive
 
 
 def command(
@@ -48,19 +49,10 @@ def settings(**values: Any) -> MappingProxyType[str, Any]:
     return MappingProxyType(values)
 
 
-def alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie awaiting its reaper counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):  # a process gone mid-read
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 async def wait_gone(pid: int, within: float = 3.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not alive(pid):
+        if not process_alive(pid):
             return True
         await asyncio.sleep(0.02)
     return False
@@ -165,7 +157,7 @@ async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> Non
     script, pidfile = spawner_script(tmp_path, "wait")
     task = asyncio.create_task(command([str(script)]).invoke(call()))
     child = await read_pid(pidfile)
-    assert alive(child)
+    assert process_alive(child)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

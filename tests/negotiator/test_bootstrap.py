@@ -34,6 +34,7 @@ from seedstore_service.server import SeedStoreServer
 from seedstore_service.server import Settings as SeedStoreSettings
 from seedstore_service.server import create_server as create_seedstore
 from seedstore_service.store import resolve_store_root
+from tests.procs import process_alive
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -496,18 +497,10 @@ async def test_the_run_is_bounded_by_the_callers_deadline_and_its_group_is_kille
 async def _gone(pid: int, within: float = 3.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not process_alive(pid):
             return True
         await asyncio.sleep(0.05)
     return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):  # a process gone mid-read
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 # --- the audit record ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from seedstore_service.runner import (
     run_command,
 )
 from seedstore_service.verification import Exited, SpawnFailed
+from tests.procs import process_alive
 
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -61,23 +62,8 @@ async def one_check(seed: Seed, settings: RunnerSettings) -> CheckFinished:
     return finished
 
 
-def is_running(pid: int) -> bool:
-    """Alive and not a zombie. PID 1 in some sandboxes never reaps orphans, so a
-    killed grandchild can linger as a zombie: dead, but still answering kill(pid, 0)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):  # a process gone mid-read
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
-
 def gone(pid: int) -> Callable[[], bool]:
-    return lambda: not is_running(pid)
+    return lambda: not process_alive(pid)
 
 
 def freeze_loop(seconds: float) -> None:
@@ -113,7 +99,7 @@ def pids_running(argv: list[str]) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if cmdline == wanted and is_running(int(entry.name)):
+        if cmdline == wanted and process_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 

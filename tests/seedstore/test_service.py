@@ -17,6 +17,7 @@ from clients.errors import SidecarError
 from clients.seedstore import SeedStoreClient
 from seedstore_service.seedfile import revision_of
 from seedstore_service.status import ERROR_DOMAIN
+from tests.procs import process_alive
 
 from .conftest import ServerThread
 
@@ -412,14 +413,6 @@ def test_cancelling_verify_stops_the_running_check(
         assert time.monotonic() < deadline, "the check outlived its cancelled call"
         time.sleep(0.02)
     assert "verification" not in (home / "capabilities" / "voice" / "hang.yml").read_text()
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # a process gone mid-read
-        return False
 
 
 def test_verify_of_an_unknown_seed_fails_before_any_event(client: SeedStoreClient) -> None:
