@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,16 +66,24 @@ class Broker:
         profiles: Mapping[str, Profile] | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
         audit: AuditLog | None = None,
+        decision_sink: Callable[[str], None] | None = None,
     ) -> None:
         """`profiles` are the config's (None: profile names are the adapters' own);
         `max_depth` is the negotiator's delegation limit (config `limits.max_depth`);
         `audit` receives a record of every decision (default: a stream-only log).
+
+        Each decision's `negotiator.decision` record (one JSON line) goes to
+        `decision_sink` when given, else to `logger` at INFO. `negotiator
+        serve` hands it a batched stderr writer: the logging module's
+        per-record work and flushed write cost more than the rest of a
+        dry run.
         """
         self.registry = registry
         self.profiles = profiles
         self.max_depth = max_depth
         self.audit = audit if audit is not None else AuditLog()
         self._logger = logger or _LOGGER
+        self._decision_sink = decision_sink
         # (operation, id(decision), allow_unknown) -> (decision, its log line); see _log_decision.
         self._decision_lines: dict[tuple[str, int, frozenset[Capability]], tuple[Decision, str]] = {}
 
@@ -227,7 +235,8 @@ class Broker:
         return reply
 
     def _log_decision(self, operation: str, decision: Decision, request: CallRequest) -> None:
-        if not self._logger.isEnabledFor(logging.INFO):
+        sink = self._decision_sink
+        if sink is None and not self._logger.isEnabledFor(logging.INFO):
             return
         allow_unknown = request.options.allow_unknown
         # Decisions come from negotiation.judge's cache, so the same object
@@ -241,7 +250,10 @@ class Broker:
             if len(self._decision_lines) >= MAX_CACHED_DECISION_LINES:
                 self._decision_lines.clear()
             self._decision_lines[key] = (decision, line)
-        self._logger.info(line)
+        if sink is not None:
+            sink(line)
+        else:
+            self._logger.info(line)
 
 
 def decision_record(

@@ -472,7 +472,8 @@ def run_serve(args: argparse.Namespace) -> int:
         options = server_options_from_args(args)
     except ServeArgumentError as exc:
         raise UsageError(str(exc)) from exc
-    # Decision records are JSON lines (the audit trail); keep them unprefixed.
+    # Decision records go to stderr through a batched writer (decisions_to_stderr);
+    # the few other records (adapter registrations, unexpected errors) through logging.
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
     settings = Settings(
         listen=options.listen,
@@ -482,6 +483,7 @@ def run_serve(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         seedstore_target=args.seedstore,
         audit_log=args.audit_log,
+        decisions_to_stderr=True,
     )
     try:
         asyncio.run(serve(settings))

@@ -105,7 +105,7 @@ def produce_request(message: negotiator_pb2.ProduceRequest) -> CallRequest:
         adapter=adapter,
         agent=agent,
         output_schema=message.output_schema or None,
-        options=call_options(message.options) if message.HasField("options") else CallOptions(),
+        options=call_options(message.options) if message.HasField("options") else _NO_OPTIONS,
     )
 
 
@@ -116,7 +116,7 @@ def invoke_request(message: negotiator_pb2.InvokeRequest) -> CallRequest:
         prompt=message.prompt,
         adapter=adapter,
         agent=agent,
-        options=call_options(message.options) if message.HasField("options") else CallOptions(),
+        options=call_options(message.options) if message.HasField("options") else _NO_OPTIONS,
     )
 
 
@@ -142,9 +142,35 @@ def _target(
 
 
 _NO_SETTINGS: Mapping[str, JsonValue] = MappingProxyType({})
+_NO_OPTIONS = CallOptions()
+
+# Callers send the same few option sets call after call, so each distinct
+# encoding is converted once and its CallOptions shared: the value is
+# immutable all the way down, except settings holding lists or objects, which
+# an adapter could change, so those are converted afresh every time. Small
+# encodings only, and bounded: past the limit the cache starts over.
+MAX_CACHED_OPTIONS = 1024
+MAX_CACHED_OPTIONS_BYTES = 4096
+_CONVERTED_OPTIONS: dict[bytes, CallOptions] = {}
 
 
 def call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
+    """The options of a call; raises InvalidRequest naming every field that cannot be converted."""
+    encoding = message.SerializeToString(deterministic=True)  # map (settings) keys sorted
+    options = _CONVERTED_OPTIONS.get(encoding)
+    if options is not None:
+        return options
+    options = _call_options(message)
+    if len(encoding) <= MAX_CACHED_OPTIONS_BYTES and not any(
+        isinstance(value, (dict, list)) for value in options.settings.values()
+    ):
+        if len(_CONVERTED_OPTIONS) >= MAX_CACHED_OPTIONS:
+            _CONVERTED_OPTIONS.clear()
+        _CONVERTED_OPTIONS[encoding] = options
+    return options
+
+
+def _call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
     # One ListFields() instead of a HasField() and a getter per field: it holds
     # exactly the fields that are present (set `optional` ones even when "",
     # plain scalars only when not their default), which is what each needs.

@@ -39,6 +39,7 @@ from negotiator_service.model import Adapter, AdapterSpec
 from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 from negotiator_service.servicer import DEFAULT_DEADLINE_MARGIN_SECONDS, SERVICE_NAME, NegotiatorServicer
 from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.observability import CallLog, open_call_log
 from sidecar_runtime.server import RunningServer, ServerOptions, announce_metrics, start_server
 
 DEFAULT_GRACE_SECONDS = 10.0
@@ -65,6 +66,9 @@ class Settings:
     audit_log: Path | None = None
     # How many records a WatchAudit stream may fall behind before it is dropped.
     audit_watch_queue: int = DEFAULT_WATCH_QUEUE_SIZE
+    # Decision records to stderr through a batched writer (`negotiator serve`),
+    # rather than through the logging module (the default, for embedding).
+    decisions_to_stderr: bool = False
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class RunningNegotiator:
     broker: Broker
     servicer: NegotiatorServicer
     bootstrapper: Bootstrapper | None = None
+    decision_log: CallLog | None = None  # closed here when the server does not own it
     _stopped: bool = field(default=False)
 
     @property
@@ -103,6 +108,8 @@ class RunningNegotiator:
                         await self.bootstrapper.close()
                 finally:
                     self.broker.audit.close()
+                    if self.decision_log is not None:
+                        await self.decision_log.close()
 
 
 def read_config(config_path: Path | None) -> tuple[AdapterSpec, ...]:
@@ -154,7 +161,22 @@ async def create_server(
     registry = AdapterRegistry()
     for adapter in adapters:
         registry.add(RegisteredAdapter(adapter=adapter, source="config"))
-    broker = Broker(registry, profiles=config.profiles, max_depth=config.max_depth, audit=audit)
+    options = replace(
+        settings.server_options or ServerOptions(listen=()),
+        listen=settings.listen,
+        grace_seconds=settings.grace_seconds,
+    )
+    # With the call log on stderr too, both kinds of line share one writer,
+    # so a call's decision line always comes before its call line.
+    decision_log = open_call_log("-") if settings.decisions_to_stderr else None
+    shared_log = decision_log if options.call_log == "-" else None
+    broker = Broker(
+        registry,
+        profiles=config.profiles,
+        max_depth=config.max_depth,
+        audit=audit,
+        decision_sink=decision_log.write_line if decision_log is not None else None,
+    )
     conversations = ConversationManager(
         conversation_store or ConversationStore(settings.state_dir or default_state_dir()), broker.preview
     )
@@ -173,19 +195,23 @@ async def create_server(
         negotiator_pb2_grpc.add_NegotiatorServiceServicer_to_server(servicer, server)
 
     try:
-        options = replace(
-            settings.server_options or ServerOptions(listen=()),
-            listen=settings.listen,
-            grace_seconds=settings.grace_seconds,
+        running = await start_server(
+            register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS, call_log=shared_log
         )
-        running = await start_server(register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS)
     except BaseException:
         await registry.close()
         await bootstrapper.close()
         audit.close()
+        if decision_log is not None and shared_log is None:
+            await decision_log.close()
         raise
     return RunningNegotiator(
-        running=running, registry=registry, broker=broker, servicer=servicer, bootstrapper=bootstrapper
+        running=running,
+        registry=registry,
+        broker=broker,
+        servicer=servicer,
+        bootstrapper=bootstrapper,
+        decision_log=decision_log if shared_log is None else None,
     )
 
 

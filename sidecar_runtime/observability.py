@@ -102,7 +102,7 @@ class CallLog:
         self._on_drop = on_drop
         self._flush_interval = flush_interval
         self._max_pending = max_pending
-        self._pending: collections.deque[dict[str, Any] | _CallRecord] = collections.deque()
+        self._pending: collections.deque[dict[str, Any] | _CallRecord | str] = collections.deque()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sidecar-call-log", daemon=True)
         self._thread.start()
@@ -112,6 +112,13 @@ class CallLog:
             self._on_drop()
             return
         self._pending.append(record)
+
+    def write_line(self, line: str) -> None:
+        """A line the caller has already rendered (one JSON object, no newline), written as it is."""
+        if len(self._pending) >= self._max_pending:
+            self._on_drop()
+            return
+        self._pending.append(line)
 
     def write_call(
         self,
@@ -149,6 +156,9 @@ class CallLog:
             record = self._pending.popleft()
             if isinstance(record, tuple):
                 lines.append(_call_line(record))
+                continue
+            if isinstance(record, str):
+                lines.append(record)
                 continue
             if isinstance(record.get("ts"), float):
                 record["ts"] = _timestamp(record["ts"])

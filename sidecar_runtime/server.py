@@ -200,25 +200,37 @@ async def start_server(
     options: ServerOptions,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),  # type: ignore[type-arg]
     mutating_methods: Collection[str] = (),
+    call_log: CallLog | None = None,
 ) -> RunningServer:
     """Create, bind and start a grpc.aio server with health and reflection.
 
     `register` adds the application servicers. `mutating_methods` (full
     names, `/pkg.Service/Method`) need a bearer token when `options.tokens`
-    is set. Raises RuntimeError when an address cannot be bound (a TCP port
+    is set. `call_log`, when given, is the already open writer for
+    `options.call_log` (a service that writes its own lines to the same
+    stream shares it, so lines keep their order); the server owns it from
+    then on and closes it when it stops or fails to start.
+
+    Raises RuntimeError when an address cannot be bound (a TCP port
     clash fails fast: SO_REUSEPORT is off) or `otel` is set without the
     instrumentation installed, and ValueError (AuthConfigError) for auth
     options that cannot work, such as tokens on a plaintext non-loopback
     TCP listener.
     """
-    if not options.listen:
-        raise ValueError("at least one listen address is required")
-    addresses = tuple(parse_address(a) for a in options.listen)
-    health_addresses = tuple(parse_address(a) for a in options.health_listen)
-    tls = options.tls.server_credentials() if options.tls is not None else None
-    if options.tokens is not None:
-        check_token_transport(addresses, tls=tls is not None)
-    call_log = open_call_log(options.call_log) if options.call_log is not None else None
+    try:
+        if not options.listen:
+            raise ValueError("at least one listen address is required")
+        addresses = tuple(parse_address(a) for a in options.listen)
+        health_addresses = tuple(parse_address(a) for a in options.health_listen)
+        tls = options.tls.server_credentials() if options.tls is not None else None
+        if options.tokens is not None:
+            check_token_transport(addresses, tls=tls is not None)
+    except BaseException:
+        if call_log is not None:
+            await call_log.close()
+        raise
+    if call_log is None and options.call_log is not None:
+        call_log = open_call_log(options.call_log)
     metrics_endpoint: MetricsEndpoint | None = None
     try:
         chain = build_interceptors(options, mutating_methods, call_log)

@@ -12,10 +12,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from negotiator_service.errors import AdapterRefused, AdapterTimeout
-from negotiator_service.model import AdapterCall, CallKind, CallRequest, Capability, Declaration, JsonValue
+from negotiator_service.model import (
+    AdapterCall,
+    CallKind,
+    CallOptions,
+    CallRequest,
+    Capability,
+    Declaration,
+    JsonValue,
+)
 from negotiator_service.negotiation import derive_requirements, judge
 
 ALL_CAPABILITIES = frozenset(Capability)
+
+# Without an output schema or tools, the verdict depends only on the
+# declaration and the options, and the same options object recurs call
+# after call (convert shares it), so the verdict is kept per (declaration,
+# options) pair; each entry holds both, so their id()s cannot be reused while
+# it lives. Bounded: past the limit the cache starts over.
+MAX_CACHED_CHECKS = 1024
+_CheckKey = tuple[int, int, CallKind, frozenset[Capability]]
+_CHECKED: dict[_CheckKey, tuple[Declaration, CallOptions, str | None]] = {}
 
 
 def check_call(
@@ -35,6 +52,26 @@ def check_call(
         raise AdapterRefused(shortname, "Produce needs an output schema")
     if kind is CallKind.INVOKE and call.output_schema is not None:
         raise AdapterRefused(shortname, "Invoke returns plain text; it takes no output schema")
+    if call.output_schema is not None or call.tools is not None:
+        refusal = _refusal(declaration, call, kind, implemented)
+    else:
+        key = (id(declaration), id(call.options), kind, implemented)
+        known = _CHECKED.get(key)
+        if known is not None and known[0] is declaration and known[1] is call.options:
+            refusal = known[2]
+        else:
+            refusal = _refusal(declaration, call, kind, implemented)
+            if len(_CHECKED) >= MAX_CACHED_CHECKS:
+                _CHECKED.clear()
+            _CHECKED[key] = (declaration, call.options, refusal)
+    if refusal is not None:
+        raise AdapterRefused(shortname, refusal)
+
+
+def _refusal(
+    declaration: Declaration, call: AdapterCall, kind: CallKind, implemented: frozenset[Capability]
+) -> str | None:
+    """What `check_call` refuses the call with, or None."""
     tools = call.tools.specs if call.tools is not None else ()
     request = CallRequest(kind=kind, prompt=call.prompt, options=call.options, tools=tools)
     requirements = derive_requirements(request, call.output_schema if kind is CallKind.PRODUCE else None)
@@ -45,7 +82,8 @@ def check_call(
         if not verdict.accepted or verdict.requirement.capability not in implemented
     ]
     if refused:
-        raise AdapterRefused(shortname, "this adapter does not honour " + "; ".join(refused))
+        return "this adapter does not honour " + "; ".join(refused)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

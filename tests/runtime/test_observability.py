@@ -279,3 +279,15 @@ async def test_request_ids_are_generated_per_line_when_the_caller_sends_none() -
     ids = [json.loads(line)["request_id"] for line in sink.getvalue().splitlines()]
     assert len(ids) == 3 == len(set(ids))
     assert all(re.fullmatch(r"[0-9a-f]{16}-\d+", request_id) for request_id in ids)
+
+
+async def test_ready_lines_keep_their_place_among_records_and_calls() -> None:
+    stream = io.StringIO()
+    log = CallLog(stream, close_stream=False)
+    fields = observability.method_fields("pkg.Service", "Call")
+    log.write_line('{"event":"before"}')
+    log.write_call(fields, grpc.StatusCode.OK, 0.001, "unix:", (("x-request-id", "r1"),), None)
+    log.write({"event": "after"})
+    await log.close()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line.get("event", line.get("request_id")) for line in lines] == ["before", "r1", "after"]

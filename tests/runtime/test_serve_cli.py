@@ -315,3 +315,41 @@ def test_seedstore_settings_carry_the_runtime_options() -> None:
     assert settings.verify_concurrency == 2
     assert settings.server_options is not None
     assert settings.server_options.max_concurrent_calls == 3
+
+
+@pytest.mark.parametrize("call_log", [[], ["--no-call-log"]], ids=["with-call-log", "no-call-log"])
+async def test_negotiator_serve_writes_each_decision_on_stderr(
+    env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar], call_log: list[str]
+) -> None:
+    socket = socket_dir / "negotiator.sock"
+    argv = [str(BIN / "negotiator"), "serve", "--listen", f"unix:{socket}", "--grace", "1", *call_log]
+    sidecar = await launch(argv, env)
+    cleanup.append(sidecar)
+    async with grpc.aio.insecure_channel(sidecar.bound[0]) as channel:
+        stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        refused_call = negotiator_pb2.InvokeRequest(
+            adapter="demo", prompt="hi", options=negotiator_pb2.CallOptions(persona="pirate")
+        )
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stub.Invoke(refused_call, timeout=5)
+        await stub.Invoke(negotiator_pb2.InvokeRequest(adapter="demo", prompt="hi"), timeout=5)
+
+    code, stderr = await sidecar.stop()
+    assert code == 0
+    records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    decisions = [r for r in records if r.get("event") == "negotiator.decision"]
+    assert [(d["operation"], d["outcome"], d["gaps"]) for d in decisions] == [
+        ("invoke", "refused", ["persona"]),
+        ("invoke", "accepted", []),
+    ]
+    calls = [(r["method"], r["status"]) for r in records if "method" in r]
+    if call_log:
+        assert calls == []
+    else:
+        # One writer for both: each call's decision line comes before its call line.
+        assert [r.get("event") or r["status"] for r in records] == [
+            "negotiator.decision",
+            "FAILED_PRECONDITION",
+            "negotiator.decision",
+            "OK",
+        ]
