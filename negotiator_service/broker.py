@@ -215,8 +215,11 @@ class Broker:
         method = adapter.produce if kind is CallKind.PRODUCE else adapter.invoke
         deadline = asyncio.timeout(time_budget)
         try:
-            async with deadline:
-                reply = await method(adapter_call)
+            if time_budget is None:
+                reply = await method(adapter_call)  # no deadline to enforce: skip the timeout's bookkeeping
+            else:
+                async with deadline:
+                    reply = await method(adapter_call)
         except TimeoutError as exc:
             # Only our own deadline is a timeout; a TimeoutError the adapter
             # raised by itself is an unmapped adapter failure.

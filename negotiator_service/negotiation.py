@@ -124,7 +124,7 @@ def validate_request(
             problems.extend(schema_problems)
     elif request.output_schema:
         problems.append(("output_schema", "is only for Produce; Invoke returns plain text"))
-    problems.extend(_option_problems(request))
+    problems.extend(_known_option_problems(request.options))
     problems.extend(_profile_problems(request.options, profiles))
     if problems:
         raise InvalidRequest(problems)
@@ -223,8 +223,26 @@ def _json_type_name(value: object) -> str:
     return "a number"
 
 
-def _option_problems(request: CallRequest) -> list[tuple[str, str]]:
-    options = request.options
+# The options' problems depend on the options value alone, and the same
+# CallOptions object recurs call after call (convert shares one per distinct
+# encoding), so they are kept per object; each entry holds its object, so the
+# id() cannot be reused while it lives. Bounded: past the limit it starts over.
+MAX_CACHED_OPTION_CHECKS = 1024
+_OPTION_PROBLEMS: dict[int, tuple[CallOptions, tuple[tuple[str, str], ...]]] = {}
+
+
+def _known_option_problems(options: CallOptions) -> tuple[tuple[str, str], ...]:
+    known = _OPTION_PROBLEMS.get(id(options))
+    if known is not None and known[0] is options:
+        return known[1]
+    problems = tuple(_option_problems(options))
+    if len(_OPTION_PROBLEMS) >= MAX_CACHED_OPTION_CHECKS:
+        _OPTION_PROBLEMS.clear()
+    _OPTION_PROBLEMS[id(options)] = (options, problems)
+    return problems
+
+
+def _option_problems(options: CallOptions) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for name, value in (
         ("model", options.model),

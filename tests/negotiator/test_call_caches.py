@@ -10,10 +10,10 @@ from agentsidecar.negotiator.v1 import negotiator_pb2
 from fakes import make_declaration
 from google.protobuf import struct_pb2
 
-from negotiator_service import convert
+from negotiator_service import convert, negotiation
 from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
 from negotiator_service.errors import AdapterRefused, InvalidRequest
-from negotiator_service.model import AdapterCall, CallKind, Capability
+from negotiator_service.model import AdapterCall, CallKind, CallRequest, Capability
 
 
 def options_message(**settings: Any) -> negotiator_pb2.CallOptions:
@@ -71,3 +71,19 @@ def test_an_adapter_check_is_answered_per_declaration_even_for_shared_options() 
         with pytest.raises(AdapterRefused) as not_implemented:
             check_call(supported, call, CallKind.INVOKE, implemented=ALL_CAPABILITIES - {Capability.SETTINGS})
         assert "options.settings" in not_implemented.value.message
+
+
+def test_option_problems_are_reported_for_every_call_with_those_options() -> None:
+    options = convert.call_options(negotiator_pb2.CallOptions(model=" ", persona="p"))
+    request = CallRequest(kind=CallKind.INVOKE, prompt="hi", adapter="a", options=options)
+    for _ in range(2):
+        with pytest.raises(InvalidRequest) as refused:
+            negotiation.validate_request(request)
+        assert list(refused.value.violations) == [("options.model", "must not be empty when set")]
+    fine = CallRequest(
+        kind=CallKind.INVOKE,
+        prompt="hi",
+        adapter="a",
+        options=convert.call_options(negotiator_pb2.CallOptions(model="m")),
+    )
+    assert negotiation.validate_request(fine) is None
