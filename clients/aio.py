@@ -18,8 +18,8 @@ inside the event loop that uses them (grpc.aio channels belong to a loop).
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from functools import cached_property
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack, overload
 
@@ -33,11 +33,10 @@ from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 
 from clients.channel import (
     CLIENT_TIMEOUT,
-    DEFAULT_TIMEOUT_SECONDS,
+    ChannelClient,
+    ChannelSettings,
     Timeout,
-    TlsConfig,
     open_channel,
-    resolve_timeout,
 )
 from clients.errors import from_rpc_error
 from clients.negotiator import (
@@ -47,10 +46,9 @@ from clients.negotiator import (
     approval_answer,
     bootstrap_request,
     delegation_metadata,
-    invoke_request,
+    invoke_call,
     negotiate_request,
-    produce_request,
-    reject_fields,
+    produce_call,
     session_ended_early,
     session_result,
     session_start,
@@ -70,7 +68,6 @@ from clients.seedstore import (
     verify_event,
     verify_request,
 )
-from sidecar_runtime.addresses import parse_address
 
 _Response = TypeVar("_Response")
 
@@ -90,35 +87,14 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-class AsyncClient:
-    """What the asyncio clients share: a channel (opened or given), a default timeout, closing.
+class AsyncClient(ChannelClient[grpc.aio.Channel]):
+    """What the asyncio clients share: `clients.channel.ChannelClient`, closing, and unary calls.
 
-    A channel passed in stays the caller's: `close()` and leaving an
-    `async with` block close only a channel the client opened itself.
+    Leaving an `async with` block closes the channel only if the client opened it.
     """
 
-    def __init__(
-        self,
-        target: str | None,
-        *,
-        channel: grpc.aio.Channel | None,
-        timeout: float | None,
-        token: str | None,
-        token_file: str | os.PathLike[str] | None,
-        tls: TlsConfig | None,
-        retry: bool,
-    ) -> None:
-        if (target is None) == (channel is None):
-            raise ValueError("pass either a target or a channel")
-        self.timeout = timeout
-        self.target = parse_address(target).target if target is not None else None
-        if channel is None:
-            assert target is not None
-            channel = open_channel(target, token=token, token_file=token_file, tls=tls, retry=retry, aio=True)
-            self._owns_channel = True
-        else:
-            self._owns_channel = False
-        self.channel: grpc.aio.Channel = channel
+    def _open(self, target: str, **settings: Unpack[ChannelSettings]) -> grpc.aio.Channel:
+        return open_channel(target, aio=True, **settings)
 
     async def close(self) -> None:
         if self._owns_channel:
@@ -140,7 +116,7 @@ class AsyncClient:
         metadata: Sequence[tuple[str, str]] = (),
     ) -> _Response:
         try:
-            return await method(request, timeout=resolve_timeout(timeout, self.timeout), metadata=metadata)
+            return await method(request, timeout=self._timeout(timeout), metadata=metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
@@ -148,21 +124,9 @@ class AsyncClient:
 class AsyncNegotiatorClient(AsyncClient):
     """The asyncio twin of `clients.negotiator.NegotiatorClient`; see it for each method."""
 
-    def __init__(
-        self,
-        target: str | None = None,
-        *,
-        channel: grpc.aio.Channel | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls: TlsConfig | None = None,
-        retry: bool = True,
-    ) -> None:
-        super().__init__(
-            target, channel=channel, timeout=timeout, token=token, token_file=token_file, tls=tls, retry=retry
-        )
-        self._stub = negotiator_pb2_grpc.NegotiatorServiceStub(self.channel)
+    @cached_property
+    def _stub(self) -> negotiator_pb2_grpc.NegotiatorServiceAsyncStub:
+        return negotiator_pb2_grpc.NegotiatorServiceStub(self.channel)
 
     async def list_adapters(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> list[npb.Adapter]:
         return list((await self._call(self._stub.ListAdapters, npb.ListAdaptersRequest(), timeout)).adapters)
@@ -219,13 +183,10 @@ class AsyncNegotiatorClient(AsyncClient):
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> npb.ProduceResponse:
-        if request is None:
-            request = produce_request(
-                adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
-            )
-        else:
-            reject_fields(adapter, agent, prompt, output_schema, options)
-        return await self._call(self._stub.Produce, request, timeout, delegation_metadata(delegation_depth))
+        message = produce_call(
+            request, adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+        )
+        return await self._call(self._stub.Produce, message, timeout, delegation_metadata(delegation_depth))
 
     async def invoke(
         self,
@@ -239,11 +200,8 @@ class AsyncNegotiatorClient(AsyncClient):
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> npb.InvokeResponse:
-        if request is None:
-            request = invoke_request(adapter=adapter, agent=agent, prompt=prompt, options=options)
-        else:
-            reject_fields(adapter, agent, prompt, options)
-        return await self._call(self._stub.Invoke, request, timeout, delegation_metadata(delegation_depth))
+        message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
+        return await self._call(self._stub.Invoke, message, timeout, delegation_metadata(delegation_depth))
 
     @overload
     async def tool_session(
@@ -280,7 +238,7 @@ class AsyncNegotiatorClient(AsyncClient):
         delegation_depth: int | None = None,
     ) -> npb.ProduceResponse | npb.InvokeResponse:
         """As `NegotiatorClient.tool_session`; `run_tool` and `approve` may also be coroutine functions."""
-        deadline = resolve_timeout(timeout, self.timeout)
+        deadline = self._timeout(timeout)
         metadata = delegation_metadata(delegation_depth)
         session = self._stub.ToolSession(None, timeout=deadline, metadata=metadata)
         try:
@@ -344,21 +302,9 @@ class AsyncNegotiatorClient(AsyncClient):
 class AsyncSeedStoreClient(AsyncClient):
     """The asyncio twin of `clients.seedstore.SeedStoreClient`; see it for each method."""
 
-    def __init__(
-        self,
-        target: str | None = None,
-        *,
-        channel: grpc.aio.Channel | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls: TlsConfig | None = None,
-        retry: bool = True,
-    ) -> None:
-        super().__init__(
-            target, channel=channel, timeout=timeout, token=token, token_file=token_file, tls=tls, retry=retry
-        )
-        self._stub = seedstore_pb2_grpc.SeedStoreServiceStub(self.channel)
+    @cached_property
+    def _stub(self) -> seedstore_pb2_grpc.SeedStoreServiceAsyncStub:
+        return seedstore_pb2_grpc.SeedStoreServiceStub(self.channel)
 
     async def get_store(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> spb.GetStoreResponse:
         return await self._call(self._stub.GetStore, spb.GetStoreRequest(), timeout)

@@ -36,13 +36,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, Self, TypeAlias, overload
+from typing import Any, Final, Generic, Literal, Self, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 import grpc
 import grpc.aio
 from agentsidecar.negotiator.v1 import negotiator_pb2
 from agentsidecar.seedstore.v1 import seedstore_pb2
 
+from clients.errors import from_rpc_error
 from sidecar_runtime.addresses import parse_address
 
 SEEDSTORE_SERVICE: Final = seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
@@ -216,31 +217,32 @@ class _SyncBearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
         return continuation(self._details(client_call_details), request)
 
 
-def _aio_details(details: grpc.aio.ClientCallDetails, source: _TokenSource) -> grpc.aio.ClientCallDetails:
-    metadata = grpc.aio.Metadata(*(details.metadata or ()), source.header())
-    return grpc.aio.ClientCallDetails(
-        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-    )
+class _AioBearer:
+    """Adds `authorization: Bearer ...` to every call of a plain loopback aio channel.
 
+    One subclass per call kind: grpc.aio files an interceptor under the first kind it implements.
+    """
 
-class _AioBearerUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     def __init__(self, source: _TokenSource) -> None:
         self._source = source
 
-    async def intercept_unary_unary(
+    async def _intercept(
         self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
-        return await continuation(_aio_details(client_call_details, self._source), request)
+        details = client_call_details
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._source.header())
+        with_token = grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+        return await continuation(with_token, request)
 
 
-class _AioBearerUnaryStream(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
-    def __init__(self, source: _TokenSource) -> None:
-        self._source = source
+class _AioBearerUnaryUnary(_AioBearer, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    intercept_unary_unary = _AioBearer._intercept
 
-    async def intercept_unary_stream(
-        self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request: Any
-    ) -> Any:
-        return await continuation(_aio_details(client_call_details, self._source), request)
+
+class _AioBearerUnaryStream(_AioBearer, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    intercept_unary_stream = _AioBearer._intercept
 
 
 @overload
@@ -329,35 +331,62 @@ def open_channel(
     return channel
 
 
-class SyncClient:
-    """What the synchronous clients share: a channel (opened or given), a default timeout, closing.
+class ChannelSettings(TypedDict):
+    """What `open_channel` takes besides the target (and `aio`), as a client passes it on."""
 
-    A channel passed in stays the caller's: `close()` and leaving a `with`
-    block close only a channel the client opened itself.
+    token: str | None
+    token_file: str | os.PathLike[str] | None
+    tls: TlsConfig | None
+    retry: bool
+
+
+_Channel = TypeVar("_Channel", grpc.Channel, grpc.aio.Channel)
+_Response = TypeVar("_Response")
+
+
+class ChannelClient(Generic[_Channel]):
+    """What every client shares, sync or asyncio: a channel (opened or given) and a default timeout.
+
+    `timeout` applies to every unary call unless a method is given its own
+    (None: no deadline); streams have no deadline by default. `token`,
+    `token_file`, `tls` and `retry` are passed to `open_channel`; they are
+    ignored when a channel is given. A channel passed in stays the caller's:
+    closing the client closes only a channel it opened itself.
     """
 
     def __init__(
         self,
-        target: str | None,
+        target: str | None = None,
         *,
-        channel: grpc.Channel | None,
-        timeout: float | None,
-        token: str | None,
-        token_file: str | os.PathLike[str] | None,
-        tls: TlsConfig | None,
-        retry: bool,
+        channel: _Channel | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        tls: TlsConfig | None = None,
+        retry: bool = True,
     ) -> None:
         if (target is None) == (channel is None):
             raise ValueError("pass either a target or a channel")
         self.timeout = timeout
         self.target = parse_address(target).target if target is not None else None
+        self._owns_channel = channel is None
         if channel is None:
             assert target is not None
-            channel = open_channel(target, token=token, token_file=token_file, tls=tls, retry=retry)
-            self._owns_channel = True
-        else:
-            self._owns_channel = False
-        self.channel: grpc.Channel = channel
+            channel = self._open(target, token=token, token_file=token_file, tls=tls, retry=retry)
+        self.channel: _Channel = channel
+
+    def _open(self, target: str, **settings: Unpack[ChannelSettings]) -> _Channel:
+        raise NotImplementedError
+
+    def _timeout(self, timeout: Timeout) -> float | None:
+        return resolve_timeout(timeout, self.timeout)
+
+
+class SyncClient(ChannelClient[grpc.Channel]):
+    """What the synchronous clients share: `ChannelClient`, closing, and one way to make a unary call."""
+
+    def _open(self, target: str, **settings: Unpack[ChannelSettings]) -> grpc.Channel:
+        return open_channel(target, **settings)
 
     def close(self) -> None:
         if self._owns_channel:
@@ -371,8 +400,17 @@ class SyncClient:
     ) -> None:
         self.close()
 
-    def _timeout(self, timeout: Timeout) -> float | None:
-        return resolve_timeout(timeout, self.timeout)
+    def _call(
+        self,
+        method: Callable[..., _Response],
+        request: object,
+        timeout: Timeout,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> _Response:
+        try:
+            return method(request, timeout=self._timeout(timeout), metadata=metadata)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
 
 
 __all__ = [
@@ -382,6 +420,8 @@ __all__ = [
     "NEGOTIATOR_SERVICE",
     "RETRY_POLICY",
     "SEEDSTORE_SERVICE",
+    "ChannelClient",
+    "ChannelSettings",
     "PemSource",
     "SyncClient",
     "Timeout",

@@ -69,9 +69,9 @@ Every error keeps `.original` (the grpc.RpcError, sync or aio) and `.decoded`
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Generic, Never, Self, TypeVar, overload
 
 import grpc
 
@@ -193,6 +193,60 @@ def _whole_number(text: str) -> int:
     return int(text) if text.isascii() and text.isdigit() else 0
 
 
+def _listed(text: str) -> tuple[str, ...]:
+    """A comma-separated metadata value as a tuple; () when empty."""
+    return tuple(text.split(",")) if text else ()
+
+
+_Value = TypeVar("_Value")
+
+
+class _MetadataField(Generic[_Value]):
+    """A read-only error attribute holding one ErrorInfo metadata value, e.g. `adapter = _text("adapter")`.
+
+    `parse` turns the text into the attribute's type; it gets "" when the
+    error does not carry the key.
+    """
+
+    def __init__(self, key: str, parse: Callable[[str], _Value], doc: str | None = None) -> None:
+        self.key = key
+        self.parse = parse
+        self.__doc__ = doc
+        self._name = key
+
+    def __set_name__(self, owner: type[SidecarError], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type[SidecarError]) -> Self: ...
+
+    @overload
+    def __get__(self, instance: SidecarError, owner: type[SidecarError] | None = None) -> _Value: ...
+
+    def __get__(
+        self, instance: SidecarError | None, owner: type[SidecarError] | None = None
+    ) -> Self | _Value:
+        if instance is None:
+            return self
+        return self.parse(instance.metadata.get(self.key, ""))
+
+    def __set__(self, instance: SidecarError, value: Never) -> None:
+        # Read-only like a property without a setter: the value is what the server sent.
+        raise AttributeError(f"{type(instance).__name__}.{self._name} is read-only")
+
+
+def _text(key: str, doc: str | None = None) -> _MetadataField[str]:
+    return _MetadataField(key, str, doc)
+
+
+def _count(key: str, doc: str | None = None) -> _MetadataField[int]:
+    return _MetadataField(key, _whole_number, doc)
+
+
+def _list(key: str, doc: str | None = None) -> _MetadataField[tuple[str, ...]]:
+    return _MetadataField(key, _listed, doc)
+
+
 # --- by status code ---------------------------------------------------------------
 
 
@@ -224,9 +278,7 @@ class AlreadyExistsError(SidecarError):
     grpc_code = grpc.StatusCode.ALREADY_EXISTS
     reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_ALREADY_EXISTS",)
 
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
+    adapter = _text("adapter")
 
 
 class FailedPreconditionError(SidecarError):
@@ -321,9 +373,7 @@ class DataLossError(SidecarError):
 class SeedNotFoundError(NotFoundError):
     reasons: ClassVar[tuple[str, ...]] = ("SEED_NOT_FOUND",)
 
-    @property
-    def seed_id(self) -> str:
-        return self.metadata.get("seedId", "")
+    seed_id = _text("seedId")
 
 
 class SeedMalformedError(FailedPreconditionError):
@@ -331,18 +381,9 @@ class SeedMalformedError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("SEED_MALFORMED",)
 
-    @property
-    def path(self) -> str:
-        return self.metadata.get("path", "")
-
-    @property
-    def line(self) -> int:
-        """1-based line of the problem; 0 when unknown."""
-        return _whole_number(self.metadata.get("line", ""))
-
-    @property
-    def detail(self) -> str:
-        return self.metadata.get("detail", "")
+    path = _text("path")
+    line = _count("line", "1-based line of the problem; 0 when unknown.")
+    detail = _text("detail")
 
 
 class AmbiguousSeedError(FailedPreconditionError):
@@ -350,9 +391,7 @@ class AmbiguousSeedError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("SEED_AMBIGUOUS",)
 
-    @property
-    def seed_id(self) -> str:
-        return self.metadata.get("seedId", "")
+    seed_id = _text("seedId")
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -364,17 +403,9 @@ class RevisionConflictError(AbortedError):
 
     reasons: ClassVar[tuple[str, ...]] = ("REVISION_MISMATCH",)
 
-    @property
-    def seed_id(self) -> str:
-        return self.metadata.get("seedId", "")
-
-    @property
-    def expected(self) -> str:
-        return self.metadata.get("expected", "")
-
-    @property
-    def actual(self) -> str:
-        return self.metadata.get("actual", "")
+    seed_id = _text("seedId")
+    expected = _text("expected")
+    actual = _text("actual")
 
 
 class StoreUnavailableError(UnavailableError):
@@ -428,21 +459,14 @@ def decode_gaps(violations: tuple[PreconditionViolation, ...]) -> tuple[Gap, ...
 class AdapterFailureError(SidecarError):
     """Mixed into the errors of an adapter that failed while running."""
 
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
-
-    @property
-    def cause(self) -> str:
-        return self.metadata.get("cause", "")
+    adapter = _text("adapter")
+    cause = _text("cause")
 
 
 class AdapterNotFoundError(NotFoundError):
     reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_NOT_FOUND",)
 
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
+    adapter = _text("adapter")
 
 
 class UnsupportedCapabilityError(FailedPreconditionError):
@@ -459,19 +483,11 @@ class UnsupportedCapabilityError(FailedPreconditionError):
         super().__init__(decoded, original)
         self.gaps: tuple[Gap, ...] = decode_gaps(decoded.precondition_violations)
 
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
-
-    @property
-    def declaration_version(self) -> str:
-        return self.metadata.get("declarationVersion", "")
-
-    @property
-    def allowed_unknown(self) -> tuple[str, ...]:
-        """Subjects the caller allowed while UNKNOWN (they were not gaps)."""
-        listed = self.metadata.get("allowedUnknown", "")
-        return tuple(listed.split(",")) if listed else ()
+    adapter = _text("adapter")
+    declaration_version = _text("declarationVersion")
+    allowed_unknown = _list(
+        "allowedUnknown", "Subjects the caller allowed while UNKNOWN (they were not gaps)."
+    )
 
 
 class AdapterKindMismatchError(FailedPreconditionError):
@@ -479,37 +495,22 @@ class AdapterKindMismatchError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_KIND_MISMATCH",)
 
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
-
-    @property
-    def kind(self) -> str:
-        return self.metadata.get("kind", "")
-
-    @property
-    def selected_by(self) -> str:
-        return self.metadata.get("selectedBy", "")
+    adapter = _text("adapter")
+    kind = _text("kind")
+    selected_by = _text("selectedBy")
 
 
 class AdapterNotRemovableError(FailedPreconditionError):
     reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_NOT_REMOVABLE",)
 
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
+    adapter = _text("adapter")
 
 
 class AdapterRegistrationFailedError(FailedPreconditionError):
     reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_REGISTRATION_FAILED",)
 
-    @property
-    def target(self) -> str:
-        return self.metadata.get("target", "")
-
-    @property
-    def cause(self) -> str:
-        return self.metadata.get("cause", "")
+    target = _text("target")
+    cause = _text("cause")
 
 
 class AdapterRefusedError(FailedPreconditionError, AdapterFailureError):
@@ -541,18 +542,9 @@ class DelegationDepthExceededError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("DELEGATION_DEPTH_EXCEEDED",)
 
-    @property
-    def attempted_depth(self) -> int:
-        return _whole_number(self.metadata.get("attemptedDepth", ""))
-
-    @property
-    def max_depth(self) -> int:
-        return _whole_number(self.metadata.get("maxDepth", ""))
-
-    @property
-    def limit(self) -> str:
-        """Where the limit comes from: "options.max_depth.depth" or "limits.max_depth"."""
-        return self.metadata.get("limit", "")
+    attempted_depth = _count("attemptedDepth")
+    max_depth = _count("maxDepth")
+    limit = _text("limit", 'Where the limit comes from: "options.max_depth.depth" or "limits.max_depth".')
 
 
 class ConversationBusyError(AbortedError):
@@ -560,9 +552,7 @@ class ConversationBusyError(AbortedError):
 
     reasons: ClassVar[tuple[str, ...]] = ("CONVERSATION_BUSY",)
 
-    @property
-    def conversation_id(self) -> str:
-        return self.metadata.get("conversationId", "")
+    conversation_id = _text("conversationId")
 
 
 class DeclarationChangedError(FailedPreconditionError):
@@ -570,22 +560,10 @@ class DeclarationChangedError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("DECLARATION_CHANGED",)
 
-    @property
-    def conversation_id(self) -> str:
-        return self.metadata.get("conversationId", "")
-
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
-
-    @property
-    def pinned_version(self) -> str:
-        return self.metadata.get("pinnedVersion", "")
-
-    @property
-    def declaration_version(self) -> str:
-        """The declaration the adapter has now."""
-        return self.metadata.get("declarationVersion", "")
+    conversation_id = _text("conversationId")
+    adapter = _text("adapter")
+    pinned_version = _text("pinnedVersion")
+    declaration_version = _text("declarationVersion", "The declaration the adapter has now.")
 
 
 class ConversationAdapterMismatchError(FailedPreconditionError):
@@ -593,17 +571,9 @@ class ConversationAdapterMismatchError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("CONVERSATION_ADAPTER_MISMATCH",)
 
-    @property
-    def conversation_id(self) -> str:
-        return self.metadata.get("conversationId", "")
-
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
-
-    @property
-    def requested_adapter(self) -> str:
-        return self.metadata.get("requestedAdapter", "")
+    conversation_id = _text("conversationId")
+    adapter = _text("adapter")
+    requested_adapter = _text("requestedAdapter")
 
 
 class AuditWatcherDroppedError(ResourceExhaustedError):
@@ -615,11 +585,6 @@ class AuditWatcherDroppedError(ResourceExhaustedError):
 # --- negotiator: bootstrap ----------------------------------------------------------
 
 
-def _listed(text: str) -> tuple[str, ...]:
-    """A comma-separated metadata value as a tuple; () when empty."""
-    return tuple(text.split(",")) if text else ()
-
-
 class NoSeedFoundError(FailedPreconditionError):
     """No seed provides the capability, not even after broadening.
 
@@ -629,23 +594,15 @@ class NoSeedFoundError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("NO_SEED_FOUND",)
 
-    @property
-    def capability(self) -> str:
-        return self.metadata.get("capability", "")
-
-    @property
-    def domain(self) -> str:
-        """The domain searched first; empty for a store-wide search."""
-        return self.metadata.get("domain", "")
+    capability = _text("capability")
+    domain = _text("domain", "The domain searched first; empty for a store-wide search.")
 
     @property
     def searches(self) -> tuple[str, ...]:
         """Every search tried, first included: "<capability>@<domain>", or "<capability>" store-wide."""
         return tuple(v.subject for v in self.precondition_violations if v.type == "SEARCH_FOUND_NOTHING")
 
-    @property
-    def fallback_policy(self) -> str:
-        return self.metadata.get("fallbackPolicy", "")
+    fallback_policy = _text("fallbackPolicy")
 
 
 class SeedChoiceRequiredError(FailedPreconditionError):
@@ -653,18 +610,11 @@ class SeedChoiceRequiredError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("ASK_POLICY_REQUIRES_CHOICE",)
 
-    @property
-    def capability(self) -> str:
-        return self.metadata.get("capability", "")
-
-    @property
-    def ask_policy(self) -> str:
-        return self.metadata.get("askPolicy", "")
-
-    @property
-    def candidates(self) -> tuple[str, ...]:
-        """The tied candidates ("<domain>/<id>", best first): the choices to offer."""
-        return _listed(self.metadata.get("candidates", ""))
+    capability = _text("capability")
+    ask_policy = _text("askPolicy")
+    candidates = _list(
+        "candidates", 'The tied candidates ("<domain>/<id>", best first): the choices to offer.'
+    )
 
 
 class GatesNotApprovedError(FailedPreconditionError):
@@ -672,18 +622,9 @@ class GatesNotApprovedError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("GATES_NOT_APPROVED",)
 
-    @property
-    def seed(self) -> str:
-        return self.metadata.get("seed", "")
-
-    @property
-    def required_gates(self) -> tuple[str, ...]:
-        """Gate names, e.g. "provider_cost_approval"."""
-        return _listed(self.metadata.get("requiredGates", ""))
-
-    @property
-    def missing_gates(self) -> tuple[str, ...]:
-        return _listed(self.metadata.get("missingGates", ""))
+    seed = _text("seed")
+    required_gates = _list("requiredGates", 'Gate names, e.g. "provider_cost_approval".')
+    missing_gates = _list("missingGates")
 
 
 class SeedNotVerifiedError(FailedPreconditionError):
@@ -691,14 +632,8 @@ class SeedNotVerifiedError(FailedPreconditionError):
 
     reasons: ClassVar[tuple[str, ...]] = ("SEED_NOT_VERIFIED",)
 
-    @property
-    def seed(self) -> str:
-        return self.metadata.get("seed", "")
-
-    @property
-    def verification_status(self) -> str:
-        """ "unverified" or "failed"."""
-        return self.metadata.get("verificationStatus", "")
+    seed = _text("seed")
+    verification_status = _text("verificationStatus", '"unverified" or "failed".')
 
 
 class SeedCommandError(FailedPreconditionError):
@@ -714,18 +649,9 @@ class SeedCommandError(FailedPreconditionError):
         "SEED_COMMAND_FAILED",
     )
 
-    @property
-    def seed(self) -> str:
-        return self.metadata.get("seed", "")
-
-    @property
-    def program(self) -> str:
-        """The program not found; empty for the other reasons."""
-        return self.metadata.get("program", "")
-
-    @property
-    def cause(self) -> str:
-        return self.metadata.get("cause", "")
+    seed = _text("seed")
+    program = _text("program", "The program not found; empty for the other reasons.")
+    cause = _text("cause")
 
 
 class OutputSchemaViolationError(InternalError):
@@ -733,9 +659,7 @@ class OutputSchemaViolationError(InternalError):
 
     reasons: ClassVar[tuple[str, ...]] = ("OUTPUT_SCHEMA_VIOLATION",)
 
-    @property
-    def adapter(self) -> str:
-        return self.metadata.get("adapter", "")
+    adapter = _text("adapter")
 
     @property
     def violations(self) -> tuple[SchemaViolation, ...]:

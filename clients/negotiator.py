@@ -23,10 +23,10 @@ approval request with the caller's functions.
 from __future__ import annotations
 
 import json
-import os
 import queue
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, TypeVar, overload
+from functools import cached_property
+from typing import Any, Literal, overload
 
 import grpc
 from agentsidecar.common.v1 import common_pb2
@@ -34,7 +34,7 @@ from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from google.protobuf import json_format, struct_pb2
 
-from clients.channel import CLIENT_TIMEOUT, DEFAULT_TIMEOUT_SECONDS, SyncClient, Timeout, TlsConfig
+from clients.channel import CLIENT_TIMEOUT, SyncClient, Timeout
 from clients.errors import (
     GAP_STATES,
     UNSUPPORTED_CAPABILITY,
@@ -50,8 +50,6 @@ from sidecar_runtime.richstatus import DecodedError
 
 DELEGATION_DEPTH_KEY = "x-delegation-depth"
 PROVIDER_MANAGED = "provider-managed"
-
-_Response = TypeVar("_Response")
 
 JsonSchema = str | bool | Mapping[str, Any]
 """A JSON Schema: JSON text, or the parsed document (a dict, or true/false)."""
@@ -288,6 +286,39 @@ def invoke_request(
     return pb.InvokeRequest(prompt=prompt, options=options, **_target(adapter, agent))
 
 
+def produce_call(
+    request: pb.ProduceRequest | None,
+    *,
+    adapter: str | None,
+    agent: str | None,
+    prompt: str,
+    output_schema: JsonSchema,
+    options: pb.CallOptions | None,
+) -> pb.ProduceRequest:
+    """What `produce(...)` sends: `request` itself (then no keyword may be set), or the keywords' request."""
+    if request is None:
+        return produce_request(
+            adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+        )
+    reject_fields(adapter, agent, prompt, output_schema, options)
+    return request
+
+
+def invoke_call(
+    request: pb.InvokeRequest | None,
+    *,
+    adapter: str | None,
+    agent: str | None,
+    prompt: str,
+    options: pb.CallOptions | None,
+) -> pb.InvokeRequest:
+    """What `invoke(...)` sends: `request` itself (then no keyword may be set), or the keywords' request."""
+    if request is None:
+        return invoke_request(adapter=adapter, agent=agent, prompt=prompt, options=options)
+    reject_fields(adapter, agent, prompt, options)
+    return request
+
+
 def negotiate_request(
     call: pb.ProduceRequest | pb.InvokeRequest | None,
     *,
@@ -327,26 +358,12 @@ class NegotiatorClient(SyncClient):
     """`NegotiatorClient("unix:run/negotiator.sock")`, `NegotiatorClient("127.0.0.1:50062")`,
     or `NegotiatorClient(channel=existing_channel)`.
 
-    `timeout` applies to every unary call unless a method is given its own
-    (None: no deadline); watching has no deadline by default. `token`,
-    `token_file`, `tls` and `retry` are passed to `clients.channel.open_channel`.
+    The arguments (timeout, token, TLS, retry) are `clients.channel.ChannelClient`'s.
     """
 
-    def __init__(
-        self,
-        target: str | None = None,
-        *,
-        channel: grpc.Channel | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls: TlsConfig | None = None,
-        retry: bool = True,
-    ) -> None:
-        super().__init__(
-            target, channel=channel, timeout=timeout, token=token, token_file=token_file, tls=tls, retry=retry
-        )
-        self._stub = negotiator_pb2_grpc.NegotiatorServiceStub(self.channel)
+    @cached_property
+    def _stub(self) -> negotiator_pb2_grpc.NegotiatorServiceStub:
+        return negotiator_pb2_grpc.NegotiatorServiceStub(self.channel)
 
     # -- adapters --------------------------------------------------------
 
@@ -417,13 +434,10 @@ class NegotiatorClient(SyncClient):
         delegation_depth: int | None = None,
     ) -> pb.ProduceResponse:
         """Structured output, validated against `output_schema`; `output_json` holds it."""
-        if request is None:
-            request = produce_request(
-                adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
-            )
-        else:
-            reject_fields(adapter, agent, prompt, output_schema, options)
-        return self._call(self._stub.Produce, request, timeout, delegation_metadata(delegation_depth))
+        message = produce_call(
+            request, adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+        )
+        return self._call(self._stub.Produce, message, timeout, delegation_metadata(delegation_depth))
 
     def invoke(
         self,
@@ -438,11 +452,8 @@ class NegotiatorClient(SyncClient):
         delegation_depth: int | None = None,
     ) -> pb.InvokeResponse:
         """Plain text; `text` holds it."""
-        if request is None:
-            request = invoke_request(adapter=adapter, agent=agent, prompt=prompt, options=options)
-        else:
-            reject_fields(adapter, agent, prompt, options)
-        return self._call(self._stub.Invoke, request, timeout, delegation_metadata(delegation_depth))
+        message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
+        return self._call(self._stub.Invoke, message, timeout, delegation_metadata(delegation_depth))
 
     # -- tools, audit, bootstrap ------------------------------------------
 
@@ -557,20 +568,6 @@ class NegotiatorClient(SyncClient):
         )
         return self._call(self._stub.Bootstrap, message, timeout)
 
-    # -- plumbing --------------------------------------------------------
-
-    def _call(
-        self,
-        method: Callable[..., _Response],
-        request: object,
-        timeout: Timeout,
-        metadata: Sequence[tuple[str, str]] = (),
-    ) -> _Response:
-        try:
-            return method(request, timeout=self._timeout(timeout), metadata=metadata)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
-
 
 __all__ = [
     "DELEGATION_DEPTH_KEY",
@@ -588,8 +585,10 @@ __all__ = [
     "capability",
     "delegation_metadata",
     "gate",
+    "invoke_call",
     "invoke_request",
     "negotiate_request",
+    "produce_call",
     "produce_request",
     "refusal_gaps",
     "reject_fields",

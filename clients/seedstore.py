@@ -17,20 +17,18 @@ A failed call, also mid-stream, raises the `clients.errors` tree.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Generator, Mapping, Sequence
+from functools import cached_property
 from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack
 
-import grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from google.protobuf import duration_pb2
 
-from clients.channel import CLIENT_TIMEOUT, DEFAULT_TIMEOUT_SECONDS, SyncClient, Timeout, TlsConfig
-from clients.errors import from_rpc_error, mapped_stream
+from clients.channel import CLIENT_TIMEOUT, SyncClient, Timeout
+from clients.errors import mapped_stream
 
 _Request = TypeVar("_Request")
-_Response = TypeVar("_Response")
 
 VerifyEvent: TypeAlias = pb.CheckStarted | pb.CheckFinished | pb.SeedVerified
 """One verification event: a check began, a check ended, or a seed's verdict was written."""
@@ -173,26 +171,12 @@ class SeedStoreClient(SyncClient):
     """`SeedStoreClient("unix:run/seedstore.sock")`, `SeedStoreClient("127.0.0.1:50061")`,
     or `SeedStoreClient(channel=existing_channel)`.
 
-    `timeout` applies to every unary call unless a method is given its own
-    (None: no deadline); streams have no deadline by default. `token`,
-    `token_file`, `tls` and `retry` are passed to `clients.channel.open_channel`.
+    The arguments (timeout, token, TLS, retry) are `clients.channel.ChannelClient`'s.
     """
 
-    def __init__(
-        self,
-        target: str | None = None,
-        *,
-        channel: grpc.Channel | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls: TlsConfig | None = None,
-        retry: bool = True,
-    ) -> None:
-        super().__init__(
-            target, channel=channel, timeout=timeout, token=token, token_file=token_file, tls=tls, retry=retry
-        )
-        self._stub = seedstore_pb2_grpc.SeedStoreServiceStub(self.channel)
+    @cached_property
+    def _stub(self) -> seedstore_pb2_grpc.SeedStoreServiceStub:
+        return seedstore_pb2_grpc.SeedStoreServiceStub(self.channel)
 
     # -- unary calls -----------------------------------------------------
 
@@ -332,14 +316,6 @@ class SeedStoreClient(SyncClient):
     ) -> Generator[pb.WatchSeedsResponse, None, None]:
         """`watch_seeds` by keyword: every change, optionally of one domain only."""
         return self.watch_seeds(domain=domain, timeout=timeout)
-
-    # -- plumbing --------------------------------------------------------
-
-    def _call(self, method: Callable[..., _Response], request: object, timeout: Timeout) -> _Response:
-        try:
-            return method(request, timeout=self._timeout(timeout))
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
 
 
 __all__ = [

@@ -1,8 +1,47 @@
-"""Process liveness for tests that check a killed process is really gone."""
+"""Processes in tests: starting a `serve`-style process that prints a READY line, stopping it, and
+checking that a killed process is really gone."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_process(argv: list[str], env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start a process (in the repository, with this environment plus `env`) that prints a READY line
+    first; return it and that line."""
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith("READY"):
+        process.kill()
+        _, err = process.communicate(timeout=5)
+        raise AssertionError(f"{argv} did not start: {line!r} {err}")
+    return process, line.strip()
+
+
+def stop_process(process: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL after 5 s; reaps the process and drains its pipes."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+    process.communicate()
 
 
 def process_alive(pid: int) -> bool:

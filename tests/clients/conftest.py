@@ -36,9 +36,8 @@ from tests.clients.sidecars import (
     FakeServer,
     ServerHandle,
     ServerLoop,
-    start_process,
-    stop_process,
 )
+from tests.procs import start_process, stop_process
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,16 +9,12 @@
   request metadata, and serves streams that send one event and then wait,
   recording when the client cancels.
 * `FakeNegotiator`: one scripted ToolSession and an echoing Bootstrap.
-* `start_process`/`stop_process`: `serve` processes that print a READY line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -190,36 +186,6 @@ class FakeServer:
     unix: str
     tcp: str
     tls_tcp: str | None
-
-
-def start_process(argv: list[str], env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """Start a process that prints a READY line first; return it and that line."""
-    process = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line.startswith("READY"):
-        process.kill()
-        _, err = process.communicate(timeout=5)
-        raise AssertionError(f"{argv} did not start: {line!r} {err}")
-    return process, line.strip()
-
-
-def stop_process(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-    process.communicate()
 
 
 # --- a fake negotiator: one scripted ToolSession, and Bootstrap echoing its request ---------------

@@ -466,3 +466,43 @@ def test_the_seed_command_errors_share_a_class_and_differ_by_reason() -> None:
         "FAILED_PRECONDITION",
         "SEED_MALFORMED",
     )
+
+
+def test_metadata_attributes_fall_back_to_empty_values_and_are_read_only() -> None:
+    # An older server may leave a key out, or send a count that is not one: the attribute is
+    # then the type's empty value, never an exception while handling the error.
+    bare = from_decoded(DecodedError(grpc.StatusCode.FAILED_PRECONDITION, "?", reason="SEED_MALFORMED"))
+    assert isinstance(bare, errors.SeedMalformedError)
+    assert (bare.path, bare.line, bare.detail) == ("", 0, "")
+    odd = from_decoded(
+        DecodedError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "?",
+            reason="GATES_NOT_APPROVED",
+            metadata={"seed": "voice/say", "requiredGates": "", "missingGates": "secret_use_approval"},
+        )
+    )
+    assert isinstance(odd, errors.GatesNotApprovedError)
+    assert (odd.seed, odd.required_gates, odd.missing_gates) == ("voice/say", (), ("secret_use_approval",))
+    deep = from_decoded(
+        DecodedError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "?",
+            reason="DELEGATION_DEPTH_EXCEEDED",
+            metadata={"attemptedDepth": "three", "maxDepth": "-1"},
+        )
+    )
+    assert isinstance(deep, errors.DelegationDepthExceededError)
+    assert (deep.attempted_depth, deep.max_depth, deep.limit) == (0, 0, "")
+
+    with pytest.raises(AttributeError):
+        setattr(odd, "seed", "voice/other")  # noqa: B010 - the static checker already forbids the plain form
+    assert odd.seed == "voice/say"
+    # An attribute read on a subclass comes from the same metadata as on its mixin.
+    refused = from_decoded(
+        DecodedError(
+            grpc.StatusCode.FAILED_PRECONDITION, "?", reason="ADAPTER_REFUSED", metadata={"adapter": "a"}
+        )
+    )
+    assert isinstance(refused, errors.AdapterRefusedError)
+    assert (refused.adapter, refused.cause) == ("a", "")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.sidecars import REPO, stop_process
+from tests.clients.sidecars import REPO
+from tests.procs import stop_process
 
 
 @pytest.fixture(scope="module")

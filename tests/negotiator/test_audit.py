@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,9 +19,9 @@ import pytest
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import NEGOTIATOR_BIN, add_fake, call_error, start_process, stop_process
 from fakes import Hang, make_declaration
 from google.protobuf import timestamp_pb2
+from negotiator_testkit import NEGOTIATOR_BIN, add_fake, call_error
 
 from negotiator_service import cli
 from negotiator_service.audit import AuditLog, record_json
@@ -32,6 +31,7 @@ from negotiator_service.model import AuditOutcome, AuditRecord, Capability
 from negotiator_service.server import RunningNegotiator, Settings, create_server
 from negotiator_service.servicer import caller_identity
 from sidecar_runtime.richstatus import decode_error
+from tests.procs import start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 Watch: TypeAlias = "grpc.aio.UnaryStreamCall[pb.WatchAuditRequest, pb.WatchAuditResponse]"
@@ -314,8 +314,7 @@ async def test_serve_audit_log_writes_the_trail(tmp_path: Path, socket_dir: Path
     audit = tmp_path / "trail.jsonl"
     socket = socket_dir / "cli.sock"
     process, _ = start_process(
-        [str(NEGOTIATOR_BIN), "serve", "--listen", f"unix:{socket}", "--audit-log", str(audit)],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [str(NEGOTIATOR_BIN), "serve", "--listen", f"unix:{socket}", "--audit-log", str(audit)]
     )
     try:
         async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:

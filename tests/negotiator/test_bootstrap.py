@@ -23,7 +23,7 @@ from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
-from conftest import NEGOTIATOR_BIN, call_error, start_process, stop_process
+from negotiator_testkit import NEGOTIATOR_BIN, call_error
 
 from clients.aio import AsyncSeedStoreClient
 from negotiator_service import bootstrap
@@ -34,7 +34,7 @@ from seedstore_service.server import SeedStoreServer
 from seedstore_service.server import Settings as SeedStoreSettings
 from seedstore_service.server import create_server as create_seedstore
 from seedstore_service.store import resolve_store_root
-from tests.procs import process_alive
+from tests.procs import process_alive, start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION

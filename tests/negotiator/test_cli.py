@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NEGOTIATOR_BIN, TEST_CONFIG, add_fake
 from fakes import make_declaration
+from negotiator_testkit import NEGOTIATOR_BIN, TEST_CONFIG, add_fake
 
 from negotiator_service.cli import main
 from negotiator_service.config import load_config

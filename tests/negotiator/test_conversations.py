@@ -21,9 +21,9 @@ import grpc
 import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import NEGOTIATOR_BIN, add_fake, call_error, start_process, stop_process
 from fakes import FakeAdapter, make_declaration
 from mock_openai import MockOpenAI
+from negotiator_testkit import NEGOTIATOR_BIN, add_fake, call_error
 
 from negotiator_service import errors
 from negotiator_service.adapters import openai
@@ -48,6 +48,7 @@ from negotiator_service.model import (
 )
 from negotiator_service.registry import RegisteredAdapter
 from negotiator_service.server import RunningNegotiator, Settings, create_server
+from tests.procs import start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 StartServer: TypeAlias = Callable[..., Awaitable[RunningNegotiator]]

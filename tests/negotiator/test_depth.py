@@ -8,7 +8,6 @@ a call coming back through a negotiator arrives one deeper.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,13 +17,14 @@ import grpc
 import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import EVERYTHING, REPO, TEST_CONFIG, add_fake, call_error, start_process, stop_process
 from fakes import make_declaration
+from negotiator_testkit import EVERYTHING, REMOTE_ADAPTER, TEST_CONFIG, add_fake, call_error
 
 from negotiator_service.depth import DEFAULT_MAX_DEPTH, NEGOTIATOR_LIMIT, REQUEST_LIMIT, check_depth
 from negotiator_service.errors import DelegationDepthExceeded
 from negotiator_service.model import CallOptions, Capability, MaxDepth
 from negotiator_service.server import RunningNegotiator, Settings, create_server
+from tests.procs import start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 DEPTH_KEY = "x-delegation-depth"
@@ -192,13 +192,12 @@ def delegating_adapter(socket_dir: Path) -> Iterator[str]:
     process, _ = start_process(
         [
             sys.executable,
-            str(REPO / "examples" / "remote_adapter.py"),
+            str(REMOTE_ADAPTER),
             "--listen",
             target,
             "--shortname",
             "hop",
-        ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        ]
     )
     try:
         yield target

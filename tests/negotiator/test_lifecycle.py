@@ -13,14 +13,15 @@ import grpc
 import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import NEGOTIATOR_BIN, add_fake, call_error, start_process, stop_process
 from fakes import Hang
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from negotiator_testkit import NEGOTIATOR_BIN, add_fake, call_error
 
 from negotiator_service.cli import main
 from negotiator_service.server import RunningNegotiator, Settings, create_server
 from negotiator_service.servicer import SERVICE_NAME
+from tests.procs import start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 

@@ -15,9 +15,9 @@ import grpc
 import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import EVERYTHING, TEST_CONFIG, add_fake, call_error
 from fakes import make_declaration
 from google.protobuf import struct_pb2
+from negotiator_testkit import EVERYTHING, TEST_CONFIG, add_fake, call_error
 
 from negotiator_service import negotiation
 from negotiator_service.config import load_negotiator_config

@@ -12,9 +12,9 @@ import pytest
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import ERROR_KINDS, EVERYTHING, add_fake, call_error
 from fakes import Hang, make_declaration
 from google.protobuf import struct_pb2
+from negotiator_testkit import ERROR_KINDS, EVERYTHING, add_fake, call_error
 
 from negotiator_service.model import AdapterKind, Capability, MaxDepth, McpServer, ToolFilter
 from negotiator_service.server import RunningNegotiator

@@ -12,8 +12,8 @@ import pytest
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import EVERYTHING, add_fake, call_error
 from fakes import make_declaration
+from negotiator_testkit import EVERYTHING, add_fake, call_error
 
 from negotiator_service.convert import CAPABILITY_TO_PROTO
 from negotiator_service.model import AdapterKind, Capability, Declaration

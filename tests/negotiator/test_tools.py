@@ -14,8 +14,8 @@ import pytest
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from conftest import TEST_CONFIG, add_fake
 from fakes import ReplyFn, make_declaration
+from negotiator_testkit import TEST_CONFIG, add_fake
 
 from negotiator_service.adapters import build_adapter
 from negotiator_service.errors import ConfigError
