@@ -130,12 +130,13 @@ class Broker:
         adapter, else "succeeded" or "failed" (cancelled calls too).
         Cancelling the task cancels the adapter's work.
         """
+        operation = request.kind.value
         audit = _AuditDraft(
-            self, audit_operation or request.kind.value, caller, request, delegation_depth=delegation_depth
+            self, audit_operation or operation, caller, request, delegation_depth=delegation_depth
         )
         dispatched = False
         try:
-            decision, schema, expanded = self._decide(request, operation=request.kind.value)
+            decision, schema, expanded = self._decide(request, operation=operation)
             audit.decision = decision
             # Before the capability verdict: no adapter could serve a call this deep.
             check_depth(delegation_depth, expanded.options, self.max_depth)

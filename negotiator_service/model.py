@@ -214,14 +214,14 @@ class Decision:
     adapter: str
     declaration_version: str
     verdicts: tuple[Verdict, ...]
+    # Derived once: a decision is judged once and then read on every call that shares it.
+    gaps: tuple[Verdict, ...] = field(init=False, repr=False, compare=False)
+    accepted: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def gaps(self) -> tuple[Verdict, ...]:
-        return tuple(v for v in self.verdicts if not v.accepted)
-
-    @property
-    def accepted(self) -> bool:
-        return not self.gaps
+    def __post_init__(self) -> None:
+        gaps = tuple(v for v in self.verdicts if not v.accepted)
+        object.__setattr__(self, "gaps", gaps)
+        object.__setattr__(self, "accepted", not gaps)
 
     @property
     def allowed_unknowns(self) -> tuple[Verdict, ...]:

@@ -31,7 +31,7 @@ ALL_CAPABILITIES = frozenset(Capability)
 # options) pair; each entry holds both, so their id()s cannot be reused while
 # it lives. Bounded: past the limit the cache starts over.
 MAX_CACHED_CHECKS = 1024
-_CheckKey = tuple[int, int, CallKind, frozenset[Capability]]
+_CheckKey = tuple[int, int, bool, frozenset[Capability]]
 _CHECKED: dict[_CheckKey, tuple[Declaration, CallOptions, str | None]] = {}
 
 
@@ -55,7 +55,7 @@ def check_call(
     if call.output_schema is not None or call.tools is not None:
         refusal = _refusal(declaration, call, kind, implemented)
     else:
-        key = (id(declaration), id(call.options), kind, implemented)
+        key = (id(declaration), id(call.options), kind is CallKind.PRODUCE, implemented)
         known = _CHECKED.get(key)
         if known is not None and known[0] is declaration and known[1] is call.options:
             refusal = known[2]
