@@ -383,7 +383,11 @@ class OpenAIAdapter:
         self._url = f"{self._options.base_url}/chat/completions"
         # Parsed once: httpx parses a string URL again on every request.
         self._endpoint = httpx.URL(self._url)
-        self._client = httpx.AsyncClient(follow_redirects=False)
+        # No httpx timeouts: `_post` bounds the whole exchange with one asyncio.timeout.
+        # httpx would give each phase (pool, connect, write, read) that same budget,
+        # so a phase timer could never fire first; it would only cost a timer per
+        # phase per request.
+        self._client = httpx.AsyncClient(follow_redirects=False, timeout=None)
         self._closed = False
 
     @property
@@ -481,11 +485,8 @@ class OpenAIAdapter:
     ) -> tuple[int, Mapping[str, str], bytes]:
         shortname = self._declaration.shortname
         try:
-            # httpx times each phase separately; the outer timeout bounds the whole exchange.
             async with asyncio.timeout(deadline.seconds):
-                response = await self._client.post(
-                    self._endpoint, json=body, headers=headers, timeout=httpx.Timeout(deadline.seconds)
-                )
+                response = await self._client.post(self._endpoint, json=body, headers=headers)
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise deadline.expired(shortname) from exc
         except httpx.TransportError as exc:

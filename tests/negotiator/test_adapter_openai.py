@@ -242,6 +242,48 @@ async def test_a_hanging_provider_times_out_at_timeout_seconds(server: MockOpenA
     assert time.monotonic() - started < 2.0
 
 
+async def test_one_deadline_bounds_the_whole_exchange_while_bytes_keep_arriving(api_key: str) -> None:
+    # A body trickling in a byte every 50 ms never lets a per-read timer expire;
+    # only a bound on the whole exchange ends the call at the caller's deadline.
+    handlers: list[asyncio.Task[Any]] = []
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+            )
+            for _ in range(200):
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        except ConnectionError:
+            pass  # the adapter gave up and dropped the connection
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    adapter = await built(openai_spec(f"http://127.0.0.1:{port}/v1"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(errors.AdapterTimeout, match="time budget"):
+            await adapter.invoke(call(time_budget=0.5))
+        elapsed = time.monotonic() - started
+    finally:
+        await adapter.close()
+        server.close()
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+    assert handlers, "the request never reached the server"
+    assert 0.4 < elapsed < 2.0
+
+
 async def test_cancellation_abandons_the_request(adapter: OpenAIAdapter, server: MockOpenAI) -> None:
     server.mode = "hang"
     task = asyncio.create_task(adapter.invoke(call()))
