@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator.v1 import negotiator_pb2
 
 from negotiator_service.adapters import build_adapters, connect_remote
 from negotiator_service.audit import DEFAULT_WATCH_QUEUE_SIZE, AuditLog
@@ -40,7 +40,7 @@ from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 from negotiator_service.servicer import DEFAULT_DEADLINE_MARGIN_SECONDS, SERVICE_NAME, NegotiatorServicer
 from sidecar_runtime.addresses import parse_address
 from sidecar_runtime.observability import CallLog, open_call_log
-from sidecar_runtime.server import RunningServer, ServerOptions, announce_metrics, start_server
+from sidecar_runtime.server import RunningServer, ServerOptions, add_service, announce_metrics, start_server
 
 DEFAULT_GRACE_SECONDS = 10.0
 # What a bearer token guards when one is configured (`--token-file`/`--token-env`).
@@ -192,7 +192,7 @@ async def create_server(
     )
 
     def register(server: grpc.aio.Server) -> None:
-        negotiator_pb2_grpc.add_NegotiatorServiceServicer_to_server(servicer, server)
+        add_service(server, servicer, negotiator_pb2.DESCRIPTOR.services_by_name["NegotiatorService"])
 
     try:
         running = await start_server(

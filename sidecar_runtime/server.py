@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import _async as health_aio  # the public alias `health.aio` is invisible to mypy
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -173,6 +175,38 @@ def build_interceptors(
         )
     )
     return chain
+
+
+_HANDLER_FACTORIES = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescriptor) -> None:
+    """Serve every method of `service` from the like-named method of `servicer`, as a generic handler.
+
+    What the generated `add_*Servicer_to_server` does, minus its second
+    registration of each method with `add_registered_method_handlers`:
+    with that, grpcio 1.85's asyncio server spent about 85,000 more
+    instructions per unary call (callgrind, the negotiator's Invoke behind
+    the runtime's interceptor: ~600k with it, ~510k without), more than the
+    negotiator's own work on the call. The handlers are the same: the
+    generated message classes' FromString and SerializeToString.
+    """
+    handlers = {}
+    for method in service.methods:
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        make_handler = _HANDLER_FACTORIES[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make_handler(
+            getattr(servicer, method.name),
+            request_deserializer=request_class.FromString,
+            response_serializer=response_class.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
 @contextlib.contextmanager
