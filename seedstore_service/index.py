@@ -165,7 +165,8 @@ class SeedIndex:
                 old = self._entries.get(ref.path)
                 if old is not None and not old.racy and old.signature == _signature_of(ref.path):
                     continue
-                fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns)
+                known = old.parsed.stored if old is not None else None
+                fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns, known)
             vanished = [path for path in self._entries if path not in seen]
             with self._state_lock:
                 events, changed = self._apply(fresh, vanished)
@@ -175,13 +176,15 @@ class SeedIndex:
                     self._problem_cache.clear()
             return events
 
-    def refresh_paths(self, paths: Collection[str]) -> list[ChangeEvent]:
+    def refresh_paths(self, paths: Collection[str], known: Collection[StoredSeed] = ()) -> list[ChangeEvent]:
         """Bring only these files up to date (each read again, or dropped when gone); return what changed.
 
         For a file just written through the store: the next read sees it at once,
         without a walk of the whole store. Files elsewhere wait for `refresh()`.
-        A path a walk of the store would not give is ignored.
+        A path a walk of the store would not give is ignored. `known` are seeds
+        as just written: a file still holding those bytes is not parsed again.
         """
+        known_by_path = {stored.path: stored for stored in known}
         with self._refresh_lock:
             started_ns = time.time_ns()
             fresh: dict[str, _Entry] = {}
@@ -195,7 +198,9 @@ class SeedIndex:
                     if path in self._entries:
                         vanished.append(path)
                     continue
-                fresh[path] = _read_entry(path, domain_dir, started_ns)
+                old = self._entries.get(path)
+                earlier = known_by_path.get(path) or (old.parsed.stored if old is not None else None)
+                fresh[path] = _read_entry(path, domain_dir, started_ns, earlier)
             with self._state_lock:
                 events, changed = self._apply(fresh, vanished)
                 if changed:
@@ -475,8 +480,9 @@ def _in_domain(stored: StoredSeed, domain_dir: str | None, domain: str) -> bool:
     return domain_dir == domain and stored.seed.domain == domain
 
 
-def _read_entry(path: str, domain_dir: str | None, started_ns: int) -> _Entry:
-    parsed = read_seed_file(path, domain_dir)
+def _read_entry(path: str, domain_dir: str | None, started_ns: int, known: StoredSeed | None) -> _Entry:
+    # `known`: an earlier parse, reused when the bytes are unchanged (a racy or just-written file).
+    parsed = read_seed_file(path, domain_dir, known)
     stat_result = parsed.stat_result
     if stat_result is None:
         return _Entry(None, domain_dir, parsed, True)

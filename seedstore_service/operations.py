@@ -9,7 +9,7 @@ watchers hear about it. Edits by other programs reach the index through
 `refresh_index()`, which the service runs periodically. Results are core values
 that `render.py` turns into the CLI's JSON and `convert.py` into protos.
 
-Everything but `verify` is blocking (files, the store lock): the service runs
+Everything but `verify` and `run_verify` is blocking (files, the store lock): the service runs
 those methods in worker threads. The `*_from_memory` variants answer a read from
 the index alone, without waiting and without touching disk, or return None when
 they cannot (no index, a refresh applying its changes, a seed the index does not
@@ -37,7 +37,7 @@ from seedstore_service.broadening import (
     parse_user_table,
 )
 from seedstore_service.index import ChangeEvent, SeedIndex
-from seedstore_service.model import ListedSeed, Outcome, Problem, VerificationStatus
+from seedstore_service.model import ListedSeed, Outcome, Problem, Verification, VerificationStatus
 from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
 from seedstore_service.render import listed_seed
@@ -48,6 +48,7 @@ from seedstore_service.runner import (
     RunnerSettings,
     SeedChecked,
     check_seeds,
+    first_check_started,
 )
 from seedstore_service.seedfile import validate_identifier
 from seedstore_service.store import (
@@ -133,6 +134,24 @@ class VerifyRequest:
     concurrency: int = DEFAULT_VERIFY_CONCURRENCY
 
 
+@dataclass(frozen=True)
+class VerifyPlan:
+    """A verify request found valid, with its seeds located: nothing has run yet."""
+
+    targets: tuple[StoredSeed, ...]
+    settings: RunnerSettings
+    concurrency: int
+
+    @property
+    def first_event(self) -> CheckStarted | None:
+        """The event that opens the stream (None when there is no seed to check).
+
+        It describes the first check of the first seed, which `run_verify` starts
+        without doing anything before it, so it can be sent before any work.
+        """
+        return first_check_started(self.targets[0].seed) if self.targets else None
+
+
 def now_unix() -> int:
     return max(0, int(time.time()))
 
@@ -208,15 +227,18 @@ class SeedOperations:
 
     # -- the index -------------------------------------------------------
 
-    def refresh_index(self, paths: Collection[str] | None = None) -> list[ChangeEvent]:
+    def refresh_index(
+        self, paths: Collection[str] | None = None, written: Collection[StoredSeed] = ()
+    ) -> list[ChangeEvent]:
         """Bring the index up to date and hand the changes to the listener; no-op without an index.
 
-        With `paths`, only those files are looked at (after a write through this object).
+        With `paths`, only those files are looked at (after a write through this object);
+        `written` are the seeds that write left in them (see `SeedIndex.refresh_paths`).
         """
         if self.index is None:
             return []
         with self._refresh_lock:
-            events = self.index.refresh() if paths is None else self.index.refresh_paths(paths)
+            events = self.index.refresh() if paths is None else self.index.refresh_paths(paths, written)
             if events and self._on_changes is not None:
                 self._on_changes(events)
         return events
@@ -230,20 +252,28 @@ class SeedOperations:
         self, seed_id: str, domain: str | None, *, may_refresh: bool = True
     ) -> tuple[StoredSeed, tuple[Problem, ...]]:
         """The seed and its scope's problems; without `may_refresh`, `_NotInMemory` instead of disk."""
+        index = self.index
+        if index is None:
+            validate_identifier(seed_id, "capability id")
+            scope = self.store.load(domain)
+            return locate_in_scope(scope, seed_id), scope.problems
+        return self._find(seed_id, domain, may_refresh=may_refresh), index.problems(domain)
+
+    def _find(self, seed_id: str, domain: str | None, *, may_refresh: bool = True) -> StoredSeed:
+        """`_locate` without the scope's problems (which need not be gathered then)."""
         validate_identifier(seed_id, "capability id")
         index = self.index
         if index is None:
-            scope = self.store.load(domain)
-            return locate_in_scope(scope, seed_id), scope.problems
+            return locate_in_scope(self.store.load(domain), seed_id)
         # The candidate files decide a lookup exactly as the whole scope would, without building it.
         try:
-            return locate_in_scope(index.lookup(seed_id, domain), seed_id), index.problems(domain)
+            return locate_in_scope(index.lookup(seed_id, domain), seed_id)
         except errors.SeedNotFound:
             if not may_refresh:
                 raise _NotInMemory from None
         # Another program may have added it since the last background refresh.
         self.refresh_index()
-        return locate_in_scope(index.lookup(seed_id, domain), seed_id), index.problems(domain)
+        return locate_in_scope(index.lookup(seed_id, domain), seed_id)
 
     def _write_locator(self) -> Locator | None:
         """How the store finds a write's target: through the index when there is one."""
@@ -340,6 +370,10 @@ class SeedOperations:
         """`verify_targets` from the index alone, or None (see the module docstring)."""
         return self._from_memory(lambda: self.verify_targets(request, may_refresh=False))
 
+    def plan_verify_from_memory(self, request: VerifyRequest) -> VerifyPlan | None:
+        """`plan_verify` from the index alone, or None (see the module docstring)."""
+        return self._from_memory(lambda: self.plan_verify(request, may_refresh=False))
+
     def list_seeds(self, domain: str | None) -> SeedListing:
         scope = self._scope(domain)
         entries = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
@@ -400,9 +434,15 @@ class SeedOperations:
             validate_identifier(seed_id, "capability id")
         targets: dict[str, StoredSeed] = {}
         for seed_id in request.ids:
-            stored, _problems = self._locate(seed_id, request.domain, may_refresh=may_refresh)
+            stored = self._find(seed_id, request.domain, may_refresh=may_refresh)
             targets.setdefault(stored.path, stored)
         return tuple(targets.values())
+
+    def plan_verify(self, request: VerifyRequest, *, may_refresh: bool = True) -> VerifyPlan:
+        """The request checked and its seeds located (`verify_targets`), ready for `run_verify`."""
+        targets = self.verify_targets(request, may_refresh=may_refresh)
+        settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path)
+        return VerifyPlan(targets, settings, request.concurrency)
 
     async def verify(self, request: VerifyRequest) -> AsyncGenerator[VerifyProgress, None]:
         """Check the requested seeds, `concurrency` at a time, yielding every event.
@@ -411,25 +451,59 @@ class SeedOperations:
         verification block; edits made meanwhile are kept), then its SeedVerified is
         yielded. Closing this generator early cancels the running checks.
         """
-        # Located from memory when it can be, so the first CheckStarted waits for no thread.
-        targets = self.verify_targets_from_memory(request)
-        if targets is None:
-            targets = await asyncio.to_thread(self.verify_targets, request)
-        settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path)
-        items = [(stored.seed, stored.path) for stored in targets]
-        async with contextlib.aclosing(check_seeds(items, settings, request.concurrency)) as events:
+        # Planned from memory when it can be, so the first CheckStarted waits for no thread.
+        plan = self.plan_verify_from_memory(request)
+        if plan is None:
+            plan = await asyncio.to_thread(self.plan_verify, request)
+        async with contextlib.aclosing(self.run_verify(plan)) as events:
             async for event in events:
-                if isinstance(event, SeedChecked):
-                    yield await self._record_verdict(event)
-                else:
-                    yield event
+                yield event
 
-    async def _record_verdict(self, checked: SeedChecked) -> SeedVerified:
-        verification = build_verification(checked.outcomes, self._clock())
-        stored = await asyncio.to_thread(
-            self.store.write_verification, checked.path, checked.seed_id, verification
+    async def run_verify(
+        self, plan: VerifyPlan, *, first_event_sent: bool = False
+    ) -> AsyncGenerator[VerifyProgress, None]:
+        """`verify` for a plan already made; with `first_event_sent`, `plan.first_event` is not yielded.
+
+        A caller that has sent `plan.first_event` itself starts the checks by
+        iterating: they wait for nothing else. A seed's verdict is written as
+        soon as its checks have all finished, while the events before its
+        SeedVerified are still being sent; SeedVerified follows once it is written.
+        """
+        items = [(stored.seed, stored.path) for stored in plan.targets]
+        by_path = {stored.path: stored for stored in plan.targets}
+        recording: dict[str, asyncio.Task[SeedVerified]] = {}
+
+        def start_recording(checked: SeedChecked) -> None:
+            recording[checked.path] = asyncio.create_task(
+                self._record_verdict(checked, by_path.get(checked.path))
+            )
+
+        checking = check_seeds(
+            items,
+            plan.settings,
+            plan.concurrency,
+            first_started_sent=first_event_sent,
+            on_checked=start_recording,
         )
-        await asyncio.to_thread(self.refresh_index, (stored.path,))
+        try:
+            async with contextlib.aclosing(checking) as events:
+                async for event in events:
+                    if isinstance(event, SeedChecked):
+                        verified = await recording[event.path]
+                        del recording[event.path]
+                        yield verified
+                    else:
+                        yield event
+        finally:
+            # Stopped early: a verdict still being written finishes in its worker
+            # thread; nothing waits for it, and it is never streamed.
+            for task in recording.values():
+                task.cancel()
+            await asyncio.gather(*recording.values(), return_exceptions=True)
+
+    async def _record_verdict(self, checked: SeedChecked, checked_seed: StoredSeed | None) -> SeedVerified:
+        verification = build_verification(checked.outcomes, self._clock())
+        stored = await asyncio.to_thread(self._write_verdict, checked, verification, checked_seed)
         return SeedVerified(
             id=stored.seed.id,
             domain=stored.seed.domain,
@@ -438,6 +512,18 @@ class SeedOperations:
             outcomes=verification.outcomes,
             revision=stored.revision,
         )
+
+    def _write_verdict(
+        self, checked: SeedChecked, verification: Verification, checked_seed: StoredSeed | None
+    ) -> StoredSeed:
+        # Write and index refresh in one worker-thread trip: each trip costs two
+        # thread wake-ups, and the stream's last event waits for both steps.
+        # Neither parses the file again while it holds the bytes already parsed.
+        stored = self.store.write_verification(
+            checked.path, checked.seed_id, verification, known=checked_seed
+        )
+        self.refresh_index((stored.path,), written=(stored,))
+        return stored
 
 
 def _validate_verify_limits(request: VerifyRequest) -> None:

@@ -21,7 +21,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from seedstore_service.verification import (
     TimedOut,
     UnrunnableEvidence,
     evidence_outcome,
+    first_check,
     lookup_on_path,
     path_lookup_outcome,
     plan_checks,
@@ -116,7 +117,7 @@ class CommandResult:
     duration_s: float
 
 
-def probe_file(candidate: Path) -> FileState:
+def probe_file(candidate: str) -> FileState:
     """The real filesystem probe for `lookup_on_path`: a regular file, and X_OK for us."""
     if not os.path.isfile(candidate):
         return FileState.MISSING
@@ -144,6 +145,13 @@ async def run_command(argv: Sequence[str], settings: RunnerSettings, lookup_cwd:
             return CommandResult(_spawn_failed(error), b"", False, time.monotonic() - started)
         return await _supervise(process, exited, settings, started)
     finally:
+        _remove_scratch(scratch)
+
+
+def _remove_scratch(scratch: Path) -> None:
+    try:
+        os.rmdir(scratch)  # most commands leave it empty: one system call
+    except OSError:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -285,7 +293,7 @@ async def _reap(process: asyncio.subprocess.Process, reader: asyncio.Task[None] 
 
 def first_check_started(seed: Seed) -> CheckStarted:
     """The event that opens `seed`'s checks. It needs no work, so it can go out before any starts."""
-    return CheckStarted(seed_id=seed.id, domain=seed.domain, check=plan_checks(seed)[0].name, index=0)
+    return CheckStarted(seed_id=seed.id, domain=seed.domain, check=first_check(seed).name, index=0)
 
 
 async def check_seed(
@@ -353,7 +361,12 @@ async def _run_check(
 
 
 async def check_seeds(
-    items: Sequence[tuple[Seed, str]], settings: RunnerSettings, concurrency: int
+    items: Sequence[tuple[Seed, str]],
+    settings: RunnerSettings,
+    concurrency: int,
+    *,
+    first_started_sent: bool = False,
+    on_checked: Callable[[SeedChecked], None] | None = None,
 ) -> AsyncGenerator[VerifyEvent, None]:
     """Check each `(seed, path)`, at most `concurrency` seeds at a time, yielding all events.
 
@@ -362,6 +375,11 @@ async def check_seeds(
     no work, so it is yielded at once, before the checks' tasks take their
     first step (they run as soon as the consumer yields to the event loop):
     a stream's first message waits for no scratch directory or process spawn.
+    With `first_started_sent` the caller has already sent that event
+    (`first_check_started(items[0][0])`) without calling this generator, so
+    it is not yielded again and the checks start at the first iteration.
+    `on_checked` hears of each `SeedChecked` as soon as it exists, before the
+    consumer takes it, so work on the verdict need not wait for the consumer.
     Stopping early (aclose, break, cancellation) cancels every running check,
     which kills its process group, before this generator finishes. An
     unexpected error in one seed's checks stops the rest and is raised here.
@@ -379,13 +397,16 @@ async def check_seeds(
             checking = check_seed(seed, path, settings, first_started_sent=position == 0)
             async with contextlib.aclosing(checking) as events:
                 async for event in events:
+                    if on_checked is not None and isinstance(event, SeedChecked):
+                        on_checked(event)
                     queue.put_nowait(event)
 
     workers = [asyncio.create_task(worker(pending)) for _ in range(min(concurrency, len(items)))]
     for task in workers:
         task.add_done_callback(queue.put_nowait)
     try:
-        yield first_check_started(items[0][0])
+        if not first_started_sent:
+            yield first_check_started(items[0][0])
         running = len(workers)
         while running:
             item = await queue.get()

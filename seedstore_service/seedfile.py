@@ -65,7 +65,7 @@ def validate_identifier(value: str, field: str) -> str:
     Raises:
         InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, or uses a char outside `[a-z0-9_.-]`.
     """
-    if not value or value.startswith(".") or any(char not in _IDENTIFIER_CHARS for char in value):
+    if not value or value.startswith(".") or not _IDENTIFIER_CHARS.issuperset(value):
         raise InvalidIdentifier(value, field)
     return value
 

@@ -95,8 +95,20 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         self, request: pb.VerifySeedsRequest, context: _Context
     ) -> AsyncGenerator[pb.VerifySeedsResponse, None]:
         verify = convert.verify_request_from_proto(request, self._check_timeout, self._verify_concurrency)
-        seed_store = self._operations.seed_store
-        async with contextlib.aclosing(self._operations.verify(verify)) as events:
+        operations = self._operations
+        # Every request error and lookup failure is raised here, before any event.
+        plan = operations.plan_verify_from_memory(verify)
+        if plan is None:
+            plan = await asyncio.to_thread(operations.plan_verify, verify)
+        first = plan.first_event
+        if first is None:
+            return
+        seed_store = operations.seed_store
+        # The first event goes out straight from here, and the checks start only
+        # once grpc has taken it (the next iteration): nothing but the lookup
+        # stands between the request and the stream's first message.
+        yield convert.verify_event_to_proto(seed_store, first)
+        async with contextlib.aclosing(operations.run_verify(plan, first_event_sent=True)) as events:
             async for event in events:
                 yield convert.verify_event_to_proto(seed_store, event)
 

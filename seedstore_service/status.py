@@ -229,12 +229,23 @@ def stream_errors(
         async def wrapper(
             self: _Servicer, request: _Request, context: _Context
         ) -> AsyncGenerator[_Response, None]:
-            async with (
-                rpc_errors(context, fields),
-                contextlib.aclosing(method(self, request, context)) as stream,
-            ):
-                async for response in stream:
-                    yield response
+            # `rpc_errors` and `aclosing`, spelled out: a stream's first message
+            # waits for this wrapper, and two context managers cost more than the
+            # handlers' own work before it.
+            stream = method(self, request, context)
+            try:
+                try:
+                    async for response in stream:
+                        yield response
+                finally:
+                    await stream.aclose()
+            except grpc.aio.AbortError:
+                raise
+            except errors.SeedStoreError as error:
+                await abort_with(context, to_rich_error(error, fields))
+            except Exception as error:
+                _LOGGER.exception("unexpected error in a seedstore call")
+                await abort_with(context, internal_error(error))
 
         return wrapper
 

@@ -233,11 +233,15 @@ def _domain_key_line(text: str) -> int:
     return 0
 
 
-def read_seed_file(path: str, domain_dir: str | None = None) -> ParsedFile:
+def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed | None = None) -> ParsedFile:
     """Read and parse one seed file; never raises for a bad file.
 
     `domain_dir` only decides whether the line of the `domain:` key is worth
-    finding (it is when the declared domain differs from it).
+    finding (it is when the declared domain differs from it). `known` is an
+    earlier parse of the file (the index's, or of bytes just written): when
+    the bytes read now have its revision they are the bytes it was parsed
+    from, so it is reused rather than parsed again. Any other bytes are
+    parsed, so an edit by another program is never missed.
     """
     try:
         with open(path, "rb") as handle:
@@ -247,6 +251,10 @@ def read_seed_file(path: str, domain_dir: str | None = None) -> ParsedFile:
         reason = f"failed to read {path}: {os_error_text(err)}"
         return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
     revision = revision_of(data)
+    if known is not None and known.revision == revision and known.path == path:
+        mismatched = domain_dir is not None and known.seed.domain != domain_dir
+        domain_line = _domain_key_line(data.decode("utf-8")) if mismatched else 0
+        return ParsedFile(path, known, None, revision, False, stat_result, domain_line)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -555,18 +563,22 @@ class SeedStore:
                 raise errors.StoreUnavailable(f"failed to remove {path}: {os_error_text(err)}") from err
         return current.path, problems
 
-    def write_verification(self, path: str, seed_id: str, verification: Verification) -> StoredSeed:
+    def write_verification(
+        self, path: str, seed_id: str, verification: Verification, *, known: StoredSeed | None = None
+    ) -> StoredSeed:
         """Replace only the verification block of the seed at `path`.
 
         The checks ran without the lock, so the file is read again under it:
         edits made meanwhile are kept. A file that vanished or now holds
         another seed is SeedNotFound; one that no longer parses is SeedMalformed.
+        `known` (the seed as the checks found it) saves parsing the file again
+        when it has not changed since (see `read_seed_file`).
         """
         validate_identifier(seed_id, "capability id")
         target = self._path_in_store(path)
         self._require_root(seed_id)
         with self._locked():
-            parsed = read_seed_file(str(target))
+            parsed = read_seed_file(str(target), known=known)
             if parsed.stored is None:
                 assert parsed.problem is not None
                 if parsed.unreadable and not target.exists():

@@ -11,6 +11,7 @@ follow the same style.
 from __future__ import annotations
 
 import enum
+import functools
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -84,6 +85,20 @@ def plan_checks(seed: Seed) -> tuple[Check, ...]:
     return tuple(checks)
 
 
+def first_check(seed: Seed) -> Check:
+    """`plan_checks(seed)[0]`, without planning (shell-splitting) the evidence commands after it.
+
+    The event that opens a verify stream names only this check, so the stream's
+    first message waits for nothing else.
+    """
+    if seed.command is not None:
+        return PathLookup(program=_first_token(seed.command))
+    for evidence in seed.evidence:
+        if evidence.command is not None:
+            return plan_evidence_command(evidence.command)
+    return NoEvidence()
+
+
 def plan_evidence_command(raw: str) -> EvidenceCommand | UnrunnableEvidence:
     try:
         argv = shlex.split(raw, comments=False, posix=True)
@@ -125,7 +140,7 @@ class LookupResult:
 
 
 def lookup_on_path(
-    program: str, path_env: str | None, cwd: Path, probe: Callable[[Path], FileState]
+    program: str, path_env: str | None, cwd: Path, probe: Callable[[str], FileState]
 ) -> LookupResult:
     """Find `program` as SkillSpec does, but noticing the exec bit.
 
@@ -133,24 +148,44 @@ def lookup_on_path(
     relative to `cwd`; any other name is probed in each PATH directory. Empty
     PATH entries are skipped rather than meaning "the current directory": a
     service should not run whatever happens to sit in its working directory.
-    Relative PATH entries are taken relative to `cwd`.
+    Relative PATH entries are taken relative to `cwd`. `probe` gets each
+    candidate as `str(cwd / entry / program)` spells it, and is not called
+    after the first executable one.
     """
     if _component_count(program) > 1:
-        candidates: Iterable[Path] = [cwd / program]
+        candidates: Iterable[str] = [str(cwd / program)]
     elif not path_env:
         candidates = []
     else:
-        candidates = [cwd / entry / program for entry in path_env.split(":") if entry]
-    first_existing: Path | None = None
+        candidates = (_joined(directory, program) for directory in _search_directories(path_env, cwd))
+    first_existing: str | None = None
     for candidate in candidates:
         state = probe(candidate)
         if state is FileState.EXECUTABLE:
-            return LookupResult(FileState.EXECUTABLE, candidate)
+            return LookupResult(FileState.EXECUTABLE, Path(candidate))
         if state is FileState.NOT_EXECUTABLE and first_existing is None:
             first_existing = candidate
     if first_existing is not None:
-        return LookupResult(FileState.NOT_EXECUTABLE, first_existing)
+        return LookupResult(FileState.NOT_EXECUTABLE, Path(first_existing))
     return LookupResult(FileState.MISSING)
+
+
+@functools.lru_cache(maxsize=32)
+def _search_directories(path_env: str, cwd: Path) -> tuple[str, ...]:
+    """PATH's non-empty entries as `str(cwd / entry)` spells them.
+
+    Cached: a verify looks up programs on the same PATH again and again, and
+    building Paths for a dozen entries cost more than the lookups' own stats.
+    """
+    return tuple(str(cwd / entry) for entry in path_env.split(":") if entry)
+
+
+def _joined(directory: str, program: str) -> str:
+    """`str(Path(directory) / program)`; plain file names (the usual case) without building a Path."""
+    if not program or program == "." or "/" in program:
+        return str(Path(directory) / program)
+    # Only a root ("/", or POSIX's special "//") ends with a slash once Path has normalised it.
+    return directory + program if directory.endswith("/") else f"{directory}/{program}"
 
 
 def _component_count(name: str) -> int:

@@ -26,7 +26,7 @@ from seedstore_service.model import (
 )
 from seedstore_service.patch import UpdatePatch
 from seedstore_service.seedfile import dump_seed, revision_of
-from seedstore_service.store import LoadedScope, ParsedFile, SeedStore, read_seed_file
+from seedstore_service.store import LoadedScope, ParsedFile, SeedStore, StoredSeed, read_seed_file
 
 # Small vocabularies, so random seeds collide on the interesting cases: canonical equality
 # (text-to-speech / text_to_speech), short texts inside long terms (speech, cli) and the reverse.
@@ -336,9 +336,11 @@ def test_refresh_rereads_only_changed_files(root: Path, monkeypatch: pytest.Monk
         age(path)
     reads: list[str] = []
 
-    def counting_read(path: str, domain_dir: str | None = None) -> ParsedFile:
+    def counting_read(
+        path: str, domain_dir: str | None = None, known: StoredSeed | None = None
+    ) -> ParsedFile:
         reads.append(path)
-        return read_seed_file(path, domain_dir)
+        return read_seed_file(path, domain_dir, known)
 
     monkeypatch.setattr("seedstore_service.index.read_seed_file", counting_read)
     seed_index = SeedIndex(SeedStore(root))

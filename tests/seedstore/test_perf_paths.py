@@ -38,6 +38,7 @@ from seedstore_service.store import (
     Locator,
     ParsedFile,
     SeedStore,
+    StoredSeed,
     locate_in_scope,
     read_seed_file,
     walk_seed_files,
@@ -356,10 +357,10 @@ class ReadCounter:
         monkeypatch.setattr("seedstore_service.index.read_seed_file", self._reader(self.index_reads))
 
     @staticmethod
-    def _reader(into: list[str]) -> Callable[[str, str | None], ParsedFile]:
-        def read(path: str, domain_dir: str | None = None) -> ParsedFile:
+    def _reader(into: list[str]) -> Callable[[str, str | None, StoredSeed | None], ParsedFile]:
+        def read(path: str, domain_dir: str | None = None, known: StoredSeed | None = None) -> ParsedFile:
             into.append(path)
-            return read_seed_file(path, domain_dir)
+            return read_seed_file(path, domain_dir, known)
 
         return read
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -18,7 +18,7 @@ from seedstore_service.operations import (
     ChangeFeed,
     SeedListing,
     SeedOperations,
-    VerifyProgress,
+    VerifyPlan,
     VerifyRequest,
 )
 from seedstore_service.servicer import SeedStoreServicer
@@ -128,9 +128,8 @@ class ExplodingOperations(SeedOperations):
     def list_seeds(self, domain: str | None) -> SeedListing:
         raise RuntimeError("list exploded")
 
-    async def verify(self, request: VerifyRequest) -> AsyncGenerator[VerifyProgress, None]:
+    def plan_verify(self, request: VerifyRequest, *, may_refresh: bool = True) -> VerifyPlan:
         raise ZeroDivisionError("verify exploded")
-        yield  # an async generator, like the real one
 
 
 async def test_a_bug_reaches_the_client_as_internal_with_error_info(tmp_path: Path, socket_dir: Path) -> None:

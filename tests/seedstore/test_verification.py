@@ -128,9 +128,9 @@ class FakeFilesystem:
         self.files = files
         self.probed: list[str] = []
 
-    def __call__(self, candidate: Path) -> FileState:
-        self.probed.append(str(candidate))
-        return self.files.get(str(candidate), FileState.MISSING)
+    def __call__(self, candidate: str) -> FileState:
+        self.probed.append(candidate)
+        return self.files.get(candidate, FileState.MISSING)
 
 
 CWD = Path("/srv/work")
