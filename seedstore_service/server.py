@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2
 
 from seedstore_service.index import SeedIndex
 from seedstore_service.operations import (
@@ -36,7 +36,13 @@ from seedstore_service.servicer import SeedStoreServicer
 from seedstore_service.store import SeedStore, resolve_store_root
 from sidecar_runtime.serve_args import add_serve_arguments as add_runtime_serve_arguments
 from sidecar_runtime.serve_args import server_options_from_args
-from sidecar_runtime.server import RunningServer, ServerOptions, serve_until_signalled, start_server
+from sidecar_runtime.server import (
+    RunningServer,
+    ServerOptions,
+    add_service,
+    serve_until_signalled,
+    start_server,
+)
 
 SERVICE_NAME = seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
 # What a bearer token guards when one is configured (`--token-file`/`--token-env`).
@@ -197,7 +203,7 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     )
 
     def register(server: grpc.aio.Server) -> None:
-        seedstore_pb2_grpc.add_SeedStoreServiceServicer_to_server(servicer, server)
+        add_service(server, servicer, seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"])
 
     options = replace(
         settings.server_options or ServerOptions(listen=()),
