@@ -3,8 +3,9 @@
     python bench/profile_negotiator.py [--calls N] [--cprofile] [--top K]
 
 Starts the negotiator in this process (`negotiator_service.server.create_server`
-on a Unix socket, the bench config of bench_negotiator.py, decision log to a
-file at INFO as `negotiator serve` logs to stderr), then:
+on a Unix socket, the bench config of bench_negotiator.py, decision lines to a
+file through the logging module at INFO; `negotiator serve` writes them
+through the runtime's batched stderr writer, which costs less), then:
 
 * times the server-side per-call work piece by piece, without gRPC
   (convert, validate_request, profile expansion, derive/judge, the decision
@@ -33,6 +34,7 @@ import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
 from bench.bench_negotiator import bench_config, scripted_invoke_request
+from bench.profile_openai import best_us
 from negotiator_service import convert, negotiation
 from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
 from negotiator_service.broker import _AuditDraft
@@ -43,16 +45,7 @@ REPEATS = 7  # the machine is noisy: the fastest of several batches is the work 
 
 
 def per_call_us(label: str, work: Callable[[], object], calls: int) -> None:
-    for _ in range(min(calls, 200)):
-        work()
-    batch = max(calls // REPEATS, 1)
-    best = float("inf")
-    for _ in range(REPEATS):
-        started = time.perf_counter()
-        for _ in range(batch):
-            work()
-        best = min(best, (time.perf_counter() - started) / batch)
-    print(f"  {label:<46} {best * 1e6:8.1f} µs")
+    print(f"  {label:<46} {best_us(work, calls):8.1f} µs")
 
 
 async def breakdown(running: object, calls: int) -> None:

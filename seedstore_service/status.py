@@ -171,6 +171,17 @@ def internal_error(error: BaseException) -> RichError:
     )
 
 
+async def _abort_for(
+    context: grpc.aio.ServicerContext[Any, Any], error: Exception, fields: Mapping[str, str] | None
+) -> None:
+    """End the call with `error`'s mapped status (INTERNAL, logged, for anything outside the taxonomy)."""
+    if isinstance(error, errors.SeedStoreError):
+        await abort_with(context, to_rich_error(error, fields))
+    else:
+        _LOGGER.exception("unexpected error in a seedstore call")
+        await abort_with(context, internal_error(error))
+
+
 @contextlib.asynccontextmanager
 async def rpc_errors(
     context: grpc.aio.ServicerContext[Any, Any], fields: Mapping[str, str] | None = None
@@ -183,11 +194,8 @@ async def rpc_errors(
         yield
     except grpc.aio.AbortError:
         raise
-    except errors.SeedStoreError as error:
-        await abort_with(context, to_rich_error(error, fields))
     except Exception as error:
-        _LOGGER.exception("unexpected error in a seedstore call")
-        await abort_with(context, internal_error(error))
+        await _abort_for(context, error, fields)
 
 
 _Servicer = TypeVar("_Servicer")
@@ -241,11 +249,8 @@ def stream_errors(
                     await stream.aclose()
             except grpc.aio.AbortError:
                 raise
-            except errors.SeedStoreError as error:
-                await abort_with(context, to_rich_error(error, fields))
             except Exception as error:
-                _LOGGER.exception("unexpected error in a seedstore call")
-                await abort_with(context, internal_error(error))
+                await _abort_for(context, error, fields)
 
         return wrapper
 
