@@ -194,8 +194,17 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
     instructions per unary call (callgrind, the negotiator's Invoke behind
     the runtime's interceptor: ~600k with it, ~510k without), more than the
     negotiator's own work on the call. The handlers are the same: the
-    generated message classes' FromString and SerializeToString.
+    generated message classes' FromString and SerializeToString. A
+    servicer lacking a method raises TypeError (subclass the generated
+    `*Servicer` base to answer UNIMPLEMENTED for the methods you leave out).
     """
+    missing = [
+        method.name for method in service.methods if not callable(getattr(servicer, method.name, None))
+    ]
+    if missing:
+        raise TypeError(
+            f"{type(servicer).__name__} does not implement {service.full_name}: {', '.join(missing)}"
+        )
     handlers = {}
     for method in service.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
