@@ -36,6 +36,7 @@ from negotiator_service.errors import (
     OutputSchemaViolation,
     UnsupportedCapability,
 )
+from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     Adapter,
     AdapterCall,
@@ -84,8 +85,8 @@ class Broker:
         self.audit = audit if audit is not None else AuditLog()
         self._logger = logger or _LOGGER
         self._decision_sink = decision_sink
-        # (operation, id(decision), allow_unknown) -> (decision, its log line); see _log_decision.
-        self._decision_lines: dict[tuple[str, int, frozenset[Capability]], tuple[Decision, str]] = {}
+        # A decision's log line per (operation, allow_unknown); see _log_decision.
+        self._decision_lines: IdentityCache[str] = IdentityCache(MAX_CACHED_DECISION_LINES)
 
     def negotiate(self, request: CallRequest, *, caller: str = "") -> Decision:
         """The dry run: the decision a call would get. Runs no adapter code.
@@ -245,15 +246,11 @@ class Broker:
         allow_unknown = request.options.allow_unknown
         # Decisions come from negotiation.judge's cache, so the same object
         # recurs call after call, and with it the same line.
-        key = (operation, id(decision), frozenset(allow_unknown))
-        cached = self._decision_lines.get(key)
-        if cached is not None and cached[0] is decision:
-            line = cached[1]
-        else:
-            line = json.dumps(decision_record(operation, decision, key[2]))
-            if len(self._decision_lines) >= MAX_CACHED_DECISION_LINES:
-                self._decision_lines.clear()
-            self._decision_lines[key] = (decision, line)
+        details = (operation, frozenset(allow_unknown))
+        line = self._decision_lines.get((decision,), details, None)
+        if line is None:
+            line = json.dumps(decision_record(operation, decision, details[1]))
+            self._decision_lines.put((decision,), details, line)
         if sink is not None:
             sink(line)
         else:

@@ -25,6 +25,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 
 from negotiator_service.bootstrap import BootstrapCall, BootstrapResult, Candidate, Gate, Risk
 from negotiator_service.errors import InvalidRequest
+from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     AdapterKind,
     AdapterReply,
@@ -344,14 +345,14 @@ def decision_to_proto(decision: Decision) -> negotiator_pb2.Decision:
 # field costs more than the rest of a reply: the proto of each recent
 # decision is built once and copied into every reply that carries it.
 MAX_CACHED_DECISION_PROTOS = 256
-_DECISION_PROTOS: dict[int, tuple[Decision, negotiator_pb2.Decision]] = {}
+_DECISION_PROTOS: IdentityCache[negotiator_pb2.Decision] = IdentityCache(MAX_CACHED_DECISION_PROTOS)
 
 
 def _shared_decision_proto(decision: Decision) -> negotiator_pb2.Decision:
     """The decision's proto, shared between calls: copy it, never change it."""
-    cached = _DECISION_PROTOS.get(id(decision))
-    if cached is not None and cached[0] is decision:  # holding the decision keeps its id() unique
-        return cached[1]
+    message = _DECISION_PROTOS.get((decision,), None, None)
+    if message is not None:
+        return message
     message = negotiator_pb2.Decision(
         adapter=decision.adapter,
         declaration_version=decision.declaration_version,
@@ -359,9 +360,7 @@ def _shared_decision_proto(decision: Decision) -> negotiator_pb2.Decision:
         verdicts=[verdict_to_proto(v) for v in decision.verdicts],
         gaps=[verdict_to_proto(v) for v in decision.gaps],
     )
-    if len(_DECISION_PROTOS) >= MAX_CACHED_DECISION_PROTOS:
-        _DECISION_PROTOS.clear()
-    _DECISION_PROTOS[id(decision)] = (decision, message)
+    _DECISION_PROTOS.put((decision,), None, message)
     return message
 
 

@@ -40,6 +40,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from negotiator_service.errors import AdapterKindMismatch, InvalidRequest
+from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     MCP_TRANSPORTS,
     SET_CAPABILITY,
@@ -225,20 +226,16 @@ def _json_type_name(value: object) -> str:
 
 # The options' problems depend on the options value alone, and the same
 # CallOptions object recurs call after call (convert shares one per distinct
-# encoding), so they are kept per object; each entry holds its object, so the
-# id() cannot be reused while it lives. Bounded: past the limit it starts over.
+# encoding), so they are kept per object.
 MAX_CACHED_OPTION_CHECKS = 1024
-_OPTION_PROBLEMS: dict[int, tuple[CallOptions, tuple[tuple[str, str], ...]]] = {}
+_OPTION_PROBLEMS: IdentityCache[tuple[tuple[str, str], ...]] = IdentityCache(MAX_CACHED_OPTION_CHECKS)
 
 
 def _known_option_problems(options: CallOptions) -> tuple[tuple[str, str], ...]:
-    known = _OPTION_PROBLEMS.get(id(options))
-    if known is not None and known[0] is options:
-        return known[1]
-    problems = tuple(_option_problems(options))
-    if len(_OPTION_PROBLEMS) >= MAX_CACHED_OPTION_CHECKS:
-        _OPTION_PROBLEMS.clear()
-    _OPTION_PROBLEMS[id(options)] = (options, problems)
+    problems = _OPTION_PROBLEMS.get((options,), None, None)
+    if problems is None:
+        problems = tuple(_option_problems(options))
+        _OPTION_PROBLEMS.put((options,), None, problems)
     return problems
 
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from negotiator_service.errors import AdapterRefused, AdapterTimeout
+from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     AdapterCall,
     CallKind,
-    CallOptions,
     CallRequest,
     Capability,
     Declaration,
@@ -27,12 +27,10 @@ ALL_CAPABILITIES = frozenset(Capability)
 
 # Without an output schema or tools, the verdict depends only on the
 # declaration and the options, and the same options object recurs call
-# after call (convert shares it), so the verdict is kept per (declaration,
-# options) pair; each entry holds both, so their id()s cannot be reused while
-# it lives. Bounded: past the limit the cache starts over.
+# after call (convert shares it), so the verdict ("" for none) is kept per
+# (declaration, options) pair.
 MAX_CACHED_CHECKS = 1024
-_CheckKey = tuple[int, int, bool, frozenset[Capability]]
-_CHECKED: dict[_CheckKey, tuple[Declaration, CallOptions, str | None]] = {}
+_CHECKED: IdentityCache[str] = IdentityCache(MAX_CACHED_CHECKS)
 
 
 def check_call(
@@ -55,23 +53,20 @@ def check_call(
     if call.output_schema is not None or call.tools is not None:
         refusal = _refusal(declaration, call, kind, implemented)
     else:
-        key = (id(declaration), id(call.options), kind is CallKind.PRODUCE, implemented)
-        known = _CHECKED.get(key)
-        if known is not None and known[0] is declaration and known[1] is call.options:
-            refusal = known[2]
-        else:
-            refusal = _refusal(declaration, call, kind, implemented)
-            if len(_CHECKED) >= MAX_CACHED_CHECKS:
-                _CHECKED.clear()
-            _CHECKED[key] = (declaration, call.options, refusal)
-    if refusal is not None:
+        objects, details = (declaration, call.options), (kind is CallKind.PRODUCE, implemented)
+        known = _CHECKED.get(objects, details, None)
+        if known is None:
+            known = _refusal(declaration, call, kind, implemented)
+            _CHECKED.put(objects, details, known)
+        refusal = known
+    if refusal:
         raise AdapterRefused(shortname, refusal)
 
 
 def _refusal(
     declaration: Declaration, call: AdapterCall, kind: CallKind, implemented: frozenset[Capability]
-) -> str | None:
-    """What `check_call` refuses the call with, or None."""
+) -> str:
+    """What `check_call` refuses the call with; "" when the adapter honours all of it."""
     tools = call.tools.specs if call.tools is not None else ()
     request = CallRequest(kind=kind, prompt=call.prompt, options=call.options, tools=tools)
     requirements = derive_requirements(request, call.output_schema if kind is CallKind.PRODUCE else None)
@@ -83,7 +78,7 @@ def _refusal(
     ]
     if refused:
         return "this adapter does not honour " + "; ".join(refused)
-    return None
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

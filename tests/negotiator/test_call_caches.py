@@ -13,6 +13,7 @@ from google.protobuf import struct_pb2
 from negotiator_service import convert, negotiation
 from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
 from negotiator_service.errors import AdapterRefused, InvalidRequest
+from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import AdapterCall, CallKind, CallRequest, Capability
 
 
@@ -87,3 +88,16 @@ def test_option_problems_are_reported_for_every_call_with_those_options() -> Non
         options=convert.call_options(negotiator_pb2.CallOptions(model="m")),
     )
     assert negotiation.validate_request(fine) is None
+
+
+def test_an_identity_cache_tells_equal_objects_apart_and_starts_over_when_full() -> None:
+    cache: IdentityCache[str] = IdentityCache(max_entries=2)
+    first, twin = [1, 2], [1, 2]  # equal, but not the same object
+    cache.put((first,), "extra", "kept")
+    assert cache.get((first,), "extra", None) == "kept"
+    assert cache.get((twin,), "extra", None) is None
+    assert cache.get((first,), "other extra", None) is None
+    cache.put((twin,), "extra", "twin's")
+    assert (len(cache), cache.get((first,), "extra", None)) == (2, "kept")
+    cache.put(([3],), None, "third")  # full: starts over
+    assert (len(cache), cache.get((first,), "extra", None)) == (1, None)

@@ -1,0 +1,40 @@
+"""Values derived from immutable objects, kept per object identity.
+
+On the call path the same objects recur call after call as the very same
+objects (convert shares one CallOptions per distinct encoding, judge one
+Decision per judgement), and what is derived from them (their problems, a
+decision's proto or log line, an adapter's verdict) is a pure function of
+them. Identity is then a far cheaper key than equality, which would hash
+every field. An entry holds its key objects, so no other object can take
+their id()s while it lives: an id match is the same object. Bounded: past
+`max_entries` the cache starts over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+_Value = TypeVar("_Value")
+_Default = TypeVar("_Default")
+
+
+class IdentityCache(Generic[_Value]):
+    __slots__ = ("_entries", "_max_entries")
+
+    def __init__(self, max_entries: int) -> None:
+        self._max_entries = max_entries
+        self._entries: dict[tuple[tuple[int, ...], Hashable], tuple[tuple[object, ...], _Value]] = {}
+
+    def get(self, objects: tuple[object, ...], extra: Hashable, default: _Default) -> _Value | _Default:
+        """The value kept for these very objects (and `extra`, compared by equality), else `default`."""
+        entry = self._entries.get((tuple(map(id, objects)), extra))
+        return default if entry is None else entry[1]
+
+    def put(self, objects: tuple[object, ...], extra: Hashable, value: _Value) -> None:
+        if len(self._entries) >= self._max_entries:
+            self._entries.clear()
+        self._entries[(tuple(map(id, objects)), extra)] = (objects, value)
+
+    def __len__(self) -> int:
+        return len(self._entries)
