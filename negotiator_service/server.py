@@ -40,7 +40,14 @@ from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 from negotiator_service.servicer import DEFAULT_DEADLINE_MARGIN_SECONDS, SERVICE_NAME, NegotiatorServicer
 from sidecar_runtime.addresses import parse_address
 from sidecar_runtime.observability import CallLog, open_call_log
-from sidecar_runtime.server import RunningServer, ServerOptions, add_service, announce_metrics, start_server
+from sidecar_runtime.server import (
+    RunningServer,
+    ServerOptions,
+    add_service,
+    announce_metrics,
+    settle_heap,
+    start_server,
+)
 
 DEFAULT_GRACE_SECONDS = 10.0
 # What a bearer token guards when one is configured (`--token-file`/`--token-env`).
@@ -189,6 +196,7 @@ async def create_server(
         deadline_margin=settings.deadline_margin,
         conversations=conversations,
         bootstrapper=bootstrapper,
+        client_certificates=options.tls is not None and options.tls.client_ca is not None,
     )
 
     def register(server: grpc.aio.Server) -> None:
@@ -227,6 +235,7 @@ async def serve(settings: Settings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     names = ", ".join(entry.shortname for entry in negotiator.registry.list()) or "none"
+    settle_heap()
     print(f"READY negotiator {' '.join(negotiator.bound)}", flush=True)
     print(
         f"negotiator: serving on {', '.join(negotiator.bound)}; adapters: {names}",

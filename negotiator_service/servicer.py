@@ -42,6 +42,7 @@ from negotiator_service.model import Adapter, AdapterReply, AuditRecord, CallReq
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
 from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.handlers import call_metadata
 from sidecar_runtime.richstatus import RichError, abort_with
 
 SERVICE_NAME = "agentsidecar.negotiator.v1.NegotiatorService"
@@ -67,8 +68,16 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         logger: logging.Logger | None = None,
         conversations: ConversationManager | None = None,
         bootstrapper: Bootstrapper | None = None,
+        client_certificates: bool = True,
     ) -> None:
-        """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request)."""
+        """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
+
+        `client_certificates` False says no listener asks callers for a TLS
+        client certificate (no mutual TLS), so callers are named by their
+        peer address without reading the call's auth context (grpc.aio
+        builds it afresh on every read, at more cost than a dry run's
+        judgement).
+        """
         self._broker = broker
         self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
         self._conversations = conversations or ConversationManager(
@@ -79,6 +88,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self._deadline_margin = deadline_margin
         self._logger = logger or _LOGGER
         self._closing = asyncio.Event()
+        self._client_certificates = client_certificates
 
     def begin_shutdown(self) -> None:
         """End every open WatchAdapters stream (UNAVAILABLE: watch again elsewhere).
@@ -193,7 +203,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             which = request.WhichOneof("call")
             try:
                 call = convert.negotiate_request(request)
-                decision = self._broker.negotiate(call, caller=caller_identity(context))
+                decision = self._broker.negotiate(call, caller=self._caller(context))
             except InvalidRequest as error:
                 # The call is nested here: point at it from the top of this request.
                 if which is None:
@@ -238,7 +248,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                         delegation_depth=turn.delegation_depth,
                         conversation_state=turn.state,
                         tools=toolbox,
-                        caller=caller_identity(context),
+                        caller=self._caller(context),
                         audit_operation="tool_session",
                     )
 
@@ -304,7 +314,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             result = await self._bootstrapper.bootstrap(
                 convert.bootstrap_request(request),
                 time_budget=self._time_budget(context),
-                caller=caller_identity(context),
+                caller=self._caller(context),
                 delegation_depth=_delegation_depth(context),
             )
             return convert.bootstrap_response(result)
@@ -323,7 +333,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                 time_budget=self._time_budget(context),
                 delegation_depth=turn.delegation_depth,
                 conversation_state=turn.state,
-                caller=caller_identity(context),
+                caller=self._caller(context),
             )
 
         depth = _delegation_depth(context)
@@ -337,10 +347,15 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
         def refused(error: NegotiatorError) -> None:
             self._broker.audit_refusal(
-                operation, call, error, caller=caller_identity(context), delegation_depth=delegation_depth
+                operation, call, error, caller=self._caller(context), delegation_depth=delegation_depth
             )
 
         return refused
+
+    def _caller(self, context: Context) -> str:
+        if self._client_certificates:
+            return caller_identity(context)
+        return peer_identity(context)
 
     def _time_budget(self, context: Context) -> float | None:
         remaining: float | None = context.time_remaining()
@@ -368,7 +383,7 @@ def _required_shortname(shortname: str) -> str:
 
 def _delegation_depth(context: Context) -> int:
     depth = 0
-    for key, value in context.invocation_metadata() or ():
+    for key, value in call_metadata(context) or ():
         if key != DELEGATION_DEPTH_KEY:
             continue
         text = value.decode() if isinstance(value, bytes) else value
@@ -389,6 +404,11 @@ def caller_identity(context: Context) -> str:
         if names:
             name = next(iter(names))
             return f"x509:{name.decode() if isinstance(name, bytes) else name}"
+    return peer_identity(context)
+
+
+def peer_identity(context: Context) -> str:
+    """The caller as its peer address (`unix:`, `ipv4:HOST:PORT`, ...)."""
     peer: str = context.peer() or ""
     return peer or "unknown"
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import grpc
 
 from sidecar_runtime.addresses import Address
-from sidecar_runtime.handlers import Behavior, MethodInfo
+from sidecar_runtime.handlers import Behavior, MethodInfo, call_metadata
 from sidecar_runtime.richstatus import RichError, abort_with
 
 DOMAIN = "auth.agentsidecar"
@@ -290,7 +290,7 @@ class TokenCheck:
         full_method, source = method.full_name, self._source
 
         async def authorized(request: Any, context: Any) -> Any:
-            error = judge(full_method, context.invocation_metadata(), source.tokens())
+            error = judge(full_method, call_metadata(context), source.tokens())
             if error is not None:
                 await abort_with(context, error)
             return await inner(request, context)

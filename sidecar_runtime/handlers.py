@@ -27,10 +27,20 @@ violation on `request` naming the expected message type. In a request
 stream, the marker ends the call when the servicer reaches it. A servicer
 reading its request stream with `context.read()` instead of iterating it
 gets the marker itself (no servicer here does).
+
+Invocation metadata: grpc.aio builds a fresh tuple of it on every
+`context.invocation_metadata()` (some 7,000 instructions, for a call whose
+whole Python side is a few hundred thousand), and it has already built one
+for the interceptor. The interceptor keeps that one for the rest of the call
+in a context variable (grpc.aio runs an RPC's interceptors and its handler
+in one task, so the variable holds exactly this call's metadata there), and
+`call_metadata(context)` answers from it; without the interceptor it asks
+the context.
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +59,18 @@ Metadata: TypeAlias = "Sequence[tuple[str, Any]] | None"
 DOMAIN = "runtime.agentsidecar"
 MALFORMED_REQUEST = "MALFORMED_REQUEST"
 MAX_DECODE_ERROR_CHARS = 200
+
+
+# This call's invocation metadata, as the RuntimeInterceptor received it.
+_CALL_METADATA: contextvars.ContextVar[Metadata] = contextvars.ContextVar("call_metadata", default=None)
+
+
+def call_metadata(context: Any) -> Metadata:
+    """The invocation metadata of the call `context` serves, without grpc rebuilding it per read."""
+    metadata = _CALL_METADATA.get()
+    if metadata is None:
+        return context.invocation_metadata()  # type: ignore[no-any-return]
+    return metadata
 
 
 def service_and_method(full_method: str) -> tuple[str, str]:
@@ -252,6 +274,8 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         # None (an unknown method, answered UNIMPLEMENTED) although the stubs say otherwise.
         handler: Handler | None = await continuation(handler_call_details)
         full_method: str = handler_call_details.method
+        # Every call passes here before its handler runs, so the value is never an earlier call's.
+        _CALL_METADATA.set(handler_call_details.invocation_metadata)
         if handler is None:
             if self._on_unknown is not None:
                 self._on_unknown(full_method, handler_call_details.invocation_metadata)

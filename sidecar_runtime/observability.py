@@ -42,7 +42,7 @@ from typing import Any, TextIO, TypeAlias
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from sidecar_runtime.handlers import Behavior, MethodInfo, service_and_method
+from sidecar_runtime.handlers import Behavior, MethodInfo, call_metadata, service_and_method
 from sidecar_runtime.metrics import (
     METRICS,
     SidecarMetrics,
@@ -319,9 +319,7 @@ class CallObserver:
                     method_calls.record(code.name, duration)
                 if log is not None:
                     reason = None if code is ok else error_reason(context)
-                    log.write_call(
-                        fields, code, duration, context.peer(), context.invocation_metadata(), reason
-                    )
+                    log.write_call(fields, code, duration, context.peer(), call_metadata(context), reason)
 
         return observed
 

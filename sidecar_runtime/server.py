@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -362,6 +363,21 @@ def _prepare_socket_path(path: Path) -> None:
         path.unlink()
 
 
+def settle_heap() -> None:
+    """Exempt everything start-up built from the cyclic garbage collector's later passes.
+
+    A sidecar's start-up heap (modules, config, adapters, caches: ~48,000
+    objects for the negotiator) lives as long as the process, yet every full
+    collection walks all of it again (32-40 ms per pass for the negotiator
+    here), stalling every call in flight. `gc.freeze()` moves those objects to the
+    permanent generation, which collections skip. No collection runs first:
+    start-up leaves no cyclic garbage worth it (one found none, after 23 ms),
+    and a cycle frozen by mistake costs memory once, never time per call.
+    Reference counting still frees frozen objects that are dropped.
+    """
+    gc.freeze()
+
+
 def announce_metrics(running: RunningServer, name: str) -> None:
     """Tell the operator (and tests, for port 0) where the metrics are served."""
     if running.metrics_bound is not None:
@@ -374,6 +390,7 @@ async def serve_until_signalled(running: RunningServer, name: str) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    settle_heap()
     # One machine-readable line so launchers and tests learn the real ports.
     print(f"READY {name} {' '.join(running.bound)}", flush=True)
     print(f"{name}: serving on {', '.join(running.bound)}", file=sys.stderr, flush=True)

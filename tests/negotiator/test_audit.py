@@ -30,8 +30,11 @@ from negotiator_service.errors import AuditWatcherDropped
 from negotiator_service.model import AuditOutcome, AuditRecord, Capability
 from negotiator_service.server import RunningNegotiator, Settings, create_server
 from negotiator_service.servicer import caller_identity
+from sidecar_runtime.auth import TlsFiles
 from sidecar_runtime.richstatus import decode_error
+from sidecar_runtime.server import ServerOptions
 from tests.procs import start_process, stop_process
+from tests.runtime.runtime_support import make_pki, tls_channel
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 Watch: TypeAlias = "grpc.aio.UnaryStreamCall[pb.WatchAuditRequest, pb.WatchAuditResponse]"
@@ -188,6 +191,37 @@ async def test_the_caller_is_the_peer_address_over_tcp(negotiator: RunningNegoti
         await stub.Invoke(invoke("scripted-fw"), timeout=5)
         [record] = await take(watch, 1)
     assert record.caller.startswith("ipv4:127.0.0.1:")
+
+
+@pytest.mark.parametrize("mutual", [True, False], ids=["mutual-tls", "server-only-tls"])
+async def test_over_tls_the_caller_is_the_client_certificate_name_when_one_is_required(
+    mutual: bool, socket_dir: Path, config_file: Path, tmp_path: Path
+) -> None:
+    pki = make_pki(tmp_path)
+    tls = TlsFiles(pki.server_cert, pki.server_key, client_ca=pki.ca if mutual else None)
+    settings = Settings(
+        listen=(f"unix:{socket_dir / 'negotiator.sock'}", "127.0.0.1:0"),
+        config_path=config_file,
+        grace_seconds=1.0,
+        server_options=ServerOptions(listen=(), tls=tls),
+    )
+    running = await create_server(settings, conversation_store=ConversationStore(tmp_path / "conversations"))
+    try:
+        # The client presents its certificate either way; only mutual TLS asks for it.
+        async with tls_channel(running.bound[1], pki, cert=pki.client_cert, key=pki.client_key) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            watch = await start_watch(stub)
+            await stub.Invoke(invoke("scripted-fw"), timeout=5)
+            await stub.Negotiate(pb.NegotiateRequest(invoke=invoke("scripted-fw")), timeout=5)
+            records = await take(watch, 2)
+    finally:
+        await running.stop()
+    callers = {record.caller for record in records}
+    if mutual:
+        assert callers == {"x509:worker"}
+    else:
+        [caller] = callers
+        assert caller.startswith("ipv4:127.0.0.1:")
 
 
 def test_the_caller_is_the_client_certificate_name_when_there_is_one() -> None:
