@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +45,7 @@ from negotiator_service.model import (
     AuditOutcome,
     AuditRecord,
     CallKind,
+    CallOptions,
     CallRequest,
     Capability,
     Decision,
@@ -56,6 +58,7 @@ from sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("negotiator_service.broker")
 MAX_CACHED_DECISION_LINES = 1024
+MAX_CACHED_JUDGEMENTS = 1024
 
 
 class Broker:
@@ -87,6 +90,9 @@ class Broker:
         self._decision_sink = decision_sink
         # A decision's log line per (operation, allow_unknown); see _log_decision.
         self._decision_lines: IdentityCache[str] = IdentityCache(MAX_CACHED_DECISION_LINES)
+        # A judgement per (options object, declaration object) and the rest of
+        # the call bar its prompt; see _judge.
+        self._judgements: IdentityCache[tuple[Decision, CallOptions]] = IdentityCache(MAX_CACHED_JUDGEMENTS)
 
     def negotiate(self, request: CallRequest, *, caller: str = "") -> Decision:
         """The dry run: the decision a call would get. Runs no adapter code.
@@ -200,7 +206,39 @@ class Broker:
         return decision, schema, expanded
 
     def _judge(self, request: CallRequest) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
-        """The decision, the parsed schema, and the call with its profile expanded (what the adapter gets)."""
+        """The decision, the parsed schema, and the call with its profile expanded (what the adapter gets).
+
+        A judgement is a pure function of the call's options, target, kind,
+        schema text and whether it has a prompt, of the profiles (fixed per
+        broker), and of the target's declaration. Calls share one CallOptions
+        object per distinct encoding (convert) and a registered adapter keeps
+        its declaration object, so the judgement is kept per those two
+        objects: a call like an earlier one skips validation, profile
+        expansion, derivation and judging. Registering or replacing an
+        adapter brings a new declaration object, hence a fresh judgement.
+        Only judgements that succeed are kept; calls with tools (a
+        ToolSession's) are always judged afresh.
+        """
+        if request.tools:
+            return self._judge_afresh(request)
+        target = request.adapter if request.adapter is not None else request.agent
+        declaration = self.registry.find_declaration(target) if target is not None else None
+        if declaration is None:
+            return self._judge_afresh(request)  # raises, naming what is missing
+        options = request.options
+        shape = (request.kind, request.adapter, request.agent, request.output_schema, request.prompt == "")
+        known = self._judgements.get((options, declaration), shape, None)
+        if known is None:
+            decision, schema, expanded = self._judge_afresh(request)
+            self._judgements.put((options, declaration), shape, (decision, expanded.options))
+            return decision, schema, expanded
+        decision, expanded_options = known
+        schema = negotiation.fresh_schema(request.output_schema) if request.output_schema else None
+        if expanded_options is not options:
+            request = replace(request, options=expanded_options)
+        return decision, schema, request
+
+    def _judge_afresh(self, request: CallRequest) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
         schema = negotiation.validate_request(request, self.profiles)
         expanded, origins = negotiation.expand_profile(request, self.profiles)
         declaration = negotiation.select(expanded, self.registry.declaration)
@@ -215,24 +253,25 @@ class Broker:
         if time_budget is not None and time_budget <= 0:
             raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded before dispatch")
         method = adapter.produce if kind is CallKind.PRODUCE else adapter.invoke
-        deadline = asyncio.timeout(time_budget)
+        # No deadline to enforce: no timeout object and none of its bookkeeping.
+        deadline = asyncio.timeout(time_budget) if time_budget is not None else None
         try:
-            if time_budget is None:
-                reply = await method(adapter_call)  # no deadline to enforce: skip the timeout's bookkeeping
+            if deadline is None:
+                reply = await method(adapter_call)
             else:
                 async with deadline:
                     reply = await method(adapter_call)
         except TimeoutError as exc:
             # Only our own deadline is a timeout; a TimeoutError the adapter
             # raised by itself is an unmapped adapter failure.
-            if deadline.expired():
+            if deadline is not None and deadline.expired():
                 raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded") from exc
             raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
         except NegotiatorError:
             raise
         except Exception as exc:
             raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
-        if deadline.expired():
+        if deadline is not None and deadline.expired():
             # The adapter swallowed the cancellation and answered late anyway.
             raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded")
         if not isinstance(reply, AdapterReply):

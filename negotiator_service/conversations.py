@@ -63,7 +63,7 @@ from negotiator_service.errors import (
     DeclarationChanged,
     NegotiatorError,
 )
-from negotiator_service.model import AdapterReply, CallRequest, Decision, JsonValue
+from negotiator_service.model import AdapterReply, CallRequest, Decision, JsonValue, per_call
 
 STATE_SUBDIRECTORY = Path("agentsidecar") / "conversations"
 # How often a call waiting for a conversation held by another process looks again.
@@ -107,7 +107,7 @@ class ConversationRecord:
     updated_at: str  # RFC 3339, UTC
 
 
-@dataclass(frozen=True, slots=True)
+@per_call
 class Turn:
     """What one call starts from; outside a conversation, `conversation_id` is None."""
 

@@ -14,9 +14,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, dataclass_transform
 
 JsonValue = Any  # a value that json.dumps accepts
+
+_Class = TypeVar("_Class")
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def per_call(cls: type[_Class]) -> type[_Class]:
+    """A value built afresh on every call: read-only to the type checker, cheap to build at run time.
+
+    `@dataclass(frozen=True)` enforces immutability at run time by storing
+    each field through `object.__setattr__`: 3.2 µs to build a seven-field
+    instance here, against 0.8 µs for a plain slotted dataclass, and a
+    brokered Invoke builds four such values. A `per_call` class is frozen
+    for mypy (assigning a field is a type error, and CI type-checks) and a
+    plain slotted dataclass at run time; copy one with `dataclasses.replace`.
+    Values cached and shared between calls (options, requirements,
+    decisions, declarations) stay frozen at run time too.
+    """
+    return dataclass(slots=True)(cls)
 
 
 class Capability(enum.Enum):
@@ -169,7 +187,7 @@ class CallKind(enum.Enum):
     INVOKE = "invoke"
 
 
-@dataclass(frozen=True, slots=True)
+@per_call
 class CallRequest:
     """A Produce or Invoke call as the caller sent it."""
 
@@ -278,7 +296,7 @@ class ToolBox(Protocol):
     async def call(self, name: str, arguments: JsonValue) -> ToolOutcome: ...
 
 
-@dataclass(frozen=True, slots=True)
+@per_call
 class AdapterCall:
     """What an adapter receives, only after the decision accepted the call."""
 
@@ -293,7 +311,7 @@ class AdapterCall:
     conversation_state: JsonValue = None
 
 
-@dataclass(frozen=True, slots=True)
+@per_call
 class AdapterReply:
     """An adapter's answer: `text` for Invoke, JSON text for Produce."""
 

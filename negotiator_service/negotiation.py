@@ -178,12 +178,20 @@ def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, 
         problems = _schema_text_problems(text)
     if problems:
         return None, list(problems)
-    # Parsed afresh for every call: the schema goes to the adapter, which must
-    # not be able to change what the next call gets.
+    return fresh_schema(text), []
+
+
+def fresh_schema(text: str) -> Mapping[str, Any]:
+    """A schema text already found valid, parsed: a boolean schema as its object equivalent.
+
+    Parsed afresh for every call: the schema goes to the adapter, which must
+    not be able to change what the next call gets.
+    """
     parsed = json.loads(text)
     if isinstance(parsed, bool):
-        parsed = {} if parsed else {"not": {}}
-    return parsed, []
+        return {} if parsed else {"not": {}}
+    schema: Mapping[str, Any] = parsed
+    return schema
 
 
 def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:

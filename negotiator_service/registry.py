@@ -60,6 +60,11 @@ class AdapterRegistry:
     def declaration(self, shortname: str) -> Declaration:
         return self.get(shortname).adapter.declaration
 
+    def find_declaration(self, shortname: str) -> Declaration | None:
+        """The declaration of `shortname`, or None when no such adapter is registered."""
+        entry = self._entries.get(shortname)
+        return entry.adapter.declaration if entry is not None else None
+
     def list(self) -> list[RegisteredAdapter]:
         return [self._entries[name] for name in sorted(self._entries)]
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
-from fakes import make_declaration
+from fakes import FakeAdapter, make_declaration
 from google.protobuf import struct_pb2
 
 from negotiator_service import convert, negotiation
 from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
-from negotiator_service.errors import AdapterRefused, InvalidRequest
+from negotiator_service.broker import Broker
+from negotiator_service.errors import AdapterKindMismatch, AdapterNotFound, AdapterRefused, InvalidRequest
 from negotiator_service.identity_cache import IdentityCache
-from negotiator_service.model import AdapterCall, CallKind, CallRequest, Capability
+from negotiator_service.model import AdapterCall, CallKind, CallRequest, Capability, Profile
+from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 
 def options_message(**settings: Any) -> negotiator_pb2.CallOptions:
@@ -101,3 +104,87 @@ def test_an_identity_cache_tells_equal_objects_apart_and_starts_over_when_full()
     assert (len(cache), cache.get((first,), "extra", None)) == (2, "kept")
     cache.put(([3],), None, "third")  # full: starts over
     assert (len(cache), cache.get((first,), "extra", None)) == (1, None)
+
+
+# --- the broker's judgement per (options, declaration) ------------------------------------------
+
+DRAFT_PROFILE = Profile(name="draft", model="profile-model")
+
+
+def judged_broker(*adapters: FakeAdapter) -> Broker:
+    registry = AdapterRegistry()
+    for adapter in adapters:
+        registry.add(RegisteredAdapter(adapter=adapter, source="runtime"))
+    return Broker(registry, profiles={"draft": DRAFT_PROFILE})
+
+
+def shared_call(prompt: str = "hi", *, adapter: str = "fake", **options: Any) -> CallRequest:
+    """A call whose options object is the one convert shares for this encoding, as on the wire."""
+    return CallRequest(
+        kind=CallKind.INVOKE,
+        prompt=prompt,
+        adapter=adapter,
+        options=convert.call_options(negotiator_pb2.CallOptions(**options)),
+    )
+
+
+def test_a_call_like_an_earlier_one_gets_the_same_decision_and_its_own_prompt() -> None:
+    broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
+    first = broker.negotiate(shared_call("one", model="m"))
+    second = broker.negotiate(shared_call("two", model="m"))
+    assert second is first
+    assert first.accepted
+    _, _, expanded = broker._judge(shared_call("three", model="m"))
+    assert (expanded.prompt, expanded.options.model) == ("three", "m")
+
+
+def test_a_replaced_declaration_is_judged_afresh_for_the_same_options() -> None:
+    broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
+    assert broker.negotiate(shared_call(model="m")).accepted
+    broker.registry.remove("fake")
+    broker.registry.add(
+        RegisteredAdapter(
+            adapter=FakeAdapter(make_declaration(unsupported=[Capability.MODEL_OVERRIDE])), source="runtime"
+        )
+    )
+    refused = broker.negotiate(shared_call(model="m"))
+    assert [gap.requirement.capability for gap in refused.gaps] == [Capability.MODEL_OVERRIDE]
+    broker.registry.remove("fake")
+    with pytest.raises(AdapterNotFound):
+        broker.negotiate(shared_call(model="m"))
+
+
+def test_what_validation_refuses_is_refused_after_a_like_call_was_accepted() -> None:
+    broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
+    assert broker.negotiate(shared_call("hi", model="m")).accepted
+    with pytest.raises(InvalidRequest) as empty_prompt:
+        broker.negotiate(shared_call("", model="m"))
+    assert list(empty_prompt.value.violations) == [("prompt", "must not be empty")]
+    harness_named_as_adapter = dataclasses.replace(shared_call(model="m"), adapter=None, agent="fake")
+    with pytest.raises(AdapterKindMismatch):
+        broker.negotiate(harness_named_as_adapter)
+    with_schema = dataclasses.replace(shared_call(model="m"), output_schema='{"type": "object"}')
+    with pytest.raises(InvalidRequest) as schema_on_invoke:
+        broker.negotiate(with_schema)
+    assert [field for field, _ in schema_on_invoke.value.violations] == ["output_schema"]
+
+
+def test_a_produce_like_an_earlier_one_gets_a_schema_of_its_own() -> None:
+    broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.STRUCTURED_OUTPUT])))
+    produce = dataclasses.replace(shared_call(), kind=CallKind.PRODUCE, output_schema='{"type": "object"}')
+    _, first_schema, _ = broker._judge(produce)
+    _, second_schema, _ = broker._judge(produce)
+    assert first_schema == second_schema == {"type": "object"}
+    assert first_schema is not second_schema  # an adapter changing one cannot change the next call's
+
+
+def test_a_profile_expanded_once_is_expanded_for_every_like_call() -> None:
+    broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
+    for prompt in ("one", "two"):
+        decision, _, expanded = broker._judge(shared_call(prompt, profile="draft"))
+        assert (expanded.prompt, expanded.options.model, expanded.options.profile) == (
+            prompt,
+            "profile-model",
+            None,
+        )
+        assert [v.requirement.request_field for v in decision.verdicts] == ["profile(draft).model"]
