@@ -333,6 +333,8 @@ def decision_record(
 class _AuditDraft:
     """The audit record of one call, filled in as the call goes and emitted once when it ends."""
 
+    __slots__ = ("_caller", "_delegation_depth", "_log", "_operation", "_request", "decision")
+
     def __init__(
         self, broker: Broker, operation: str, caller: str, request: CallRequest, *, delegation_depth: int
     ) -> None:
