@@ -16,6 +16,8 @@ import grpc
 import httpx
 import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar_runtime import observability
@@ -250,6 +252,17 @@ def test_call_lines_are_what_json_dumps_makes_of_the_record() -> None:
         if code is not grpc.StatusCode.OK:
             expected["error_reason"] = reason
         assert line == json.dumps(expected, ensure_ascii=False, separators=(",", ":"))
+
+
+@given(
+    st.one_of(
+        st.floats(min_value=0.0, max_value=1e6),  # up to eleven days
+        st.integers(min_value=0, max_value=10**9).map(lambda n: n / 10**6),  # whole microseconds
+        st.integers(min_value=0, max_value=10**7).map(lambda n: n / 10**4 + 5e-7),  # on a rounding edge
+    )
+)
+def test_durations_are_written_as_json_dumps_writes_them_rounded(seconds: float) -> None:
+    assert observability._milliseconds_text(seconds) == json.dumps(round(seconds * 1000, 3))
 
 
 def test_timestamps_are_rfc3339_utc_milliseconds_like_datetime() -> None:
