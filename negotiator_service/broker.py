@@ -226,7 +226,9 @@ class Broker:
         if declaration is None:
             return self._judge_afresh(request)  # raises, naming what is missing
         options = request.options
-        shape = (request.kind, request.adapter, request.agent, request.output_schema, request.prompt == "")
+        # The kind as a bool: hashing an enum member runs Python code, hashing a bool does not.
+        produce = request.kind is CallKind.PRODUCE
+        shape = (produce, request.adapter, request.agent, request.output_schema, request.prompt == "")
         known = self._judgements.get((options, declaration), shape, None)
         if known is None:
             decision, schema, expanded = self._judge_afresh(request)

@@ -16,7 +16,15 @@ from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
 from negotiator_service.broker import Broker
 from negotiator_service.errors import AdapterKindMismatch, AdapterNotFound, AdapterRefused, InvalidRequest
 from negotiator_service.identity_cache import IdentityCache
-from negotiator_service.model import AdapterCall, CallKind, CallRequest, Capability, Profile
+from negotiator_service.model import (
+    AdapterCall,
+    AdapterReply,
+    CallKind,
+    CallRequest,
+    Capability,
+    Profile,
+    StreamEvent,
+)
 from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 
@@ -188,3 +196,18 @@ def test_a_profile_expanded_once_is_expanded_for_every_like_call() -> None:
             None,
         )
         assert [v.requirement.request_field for v in decision.verdicts] == ["profile(draft).model"]
+
+
+def test_responses_carry_the_decision_as_built_field_by_field_every_time() -> None:
+    broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
+    decision = broker.negotiate(shared_call(model="m"))
+    expected = convert.decision_to_proto(decision)
+    reply = AdapterReply(text="out", events=(StreamEvent("progress", "half"),))
+    for _ in range(2):
+        assert convert.negotiate_response(decision) == negotiator_pb2.NegotiateResponse(decision=expected)
+        invoked = convert.invoke_response(reply, decision)
+        assert invoked == negotiator_pb2.InvokeResponse(
+            text="out", decision=expected, events=[negotiator_pb2.StreamEvent(type="progress", text="half")]
+        )
+        produced = convert.produce_response(AdapterReply(text="{}"), decision)
+        assert produced == negotiator_pb2.ProduceResponse(output_json="{}", decision=expected)
