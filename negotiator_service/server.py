@@ -177,27 +177,37 @@ async def create_server(
     # so a call's decision line always comes before its call line.
     decision_log = open_call_log("-") if settings.decisions_to_stderr else None
     shared_log = decision_log if options.call_log == "-" else None
-    broker = Broker(
-        registry,
-        profiles=config.profiles,
-        max_depth=config.max_depth,
-        audit=audit,
-        decision_sink=decision_log.write_line if decision_log is not None else None,
-    )
-    conversations = ConversationManager(
-        conversation_store or ConversationStore(settings.state_dir or default_state_dir()), broker.preview
-    )
-    seedstore = GrpcSeedSource(settings.seedstore_target) if settings.seedstore_target is not None else None
-    bootstrapper = Bootstrapper(seedstore, audit=broker.audit)
-    servicer = NegotiatorServicer(
-        broker,
-        registry,
-        connect,
-        deadline_margin=settings.deadline_margin,
-        conversations=conversations,
-        bootstrapper=bootstrapper,
-        client_certificates=options.tls is not None and options.tls.client_ca is not None,
-    )
+    try:
+        broker = Broker(
+            registry,
+            profiles=config.profiles,
+            max_depth=config.max_depth,
+            audit=audit,
+            decision_sink=decision_log.write_line if decision_log is not None else None,
+        )
+        conversations = ConversationManager(
+            conversation_store or ConversationStore(settings.state_dir or default_state_dir()), broker.preview
+        )
+        seedstore = (
+            GrpcSeedSource(settings.seedstore_target) if settings.seedstore_target is not None else None
+        )
+        bootstrapper = Bootstrapper(seedstore, audit=broker.audit)
+        servicer = NegotiatorServicer(
+            broker,
+            registry,
+            connect,
+            deadline_margin=settings.deadline_margin,
+            conversations=conversations,
+            bootstrapper=bootstrapper,
+            client_certificates=options.tls is not None and options.tls.client_ca is not None,
+        )
+    except BaseException:
+        # Nothing listens yet, but the adapters and the decision writer's thread are running.
+        await registry.close()
+        audit.close()
+        if decision_log is not None:
+            await decision_log.close()
+        raise
 
     def register(server: grpc.aio.Server) -> None:
         add_service(server, servicer, negotiator_pb2.DESCRIPTOR.services_by_name["NegotiatorService"])

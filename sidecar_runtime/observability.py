@@ -76,9 +76,10 @@ OTEL_PACKAGE = "opentelemetry-instrumentation-grpc"
 class CallLog:
     """JSON lines written by a daemon thread; `write` never blocks and never serializes.
 
-    The thread wakes every `flush_interval` seconds (not per line, which
-    would hand the GIL back and forth on every call), formats what has
-    accumulated and writes it in one go. A record's `ts` is an epoch float,
+    The thread sleeps until a line is queued, then waits `flush_interval`
+    seconds for more (not a wake per line, which would hand the GIL back
+    and forth on every call), formats what has accumulated and writes it in
+    one go. An idle sidecar's writer never wakes. A record's `ts` is an epoch float,
     written as RFC 3339 UTC with milliseconds.
 
     `write_call` is the per-call path: it queues the call's raw figures as a
@@ -104,6 +105,7 @@ class CallLog:
         self._max_pending = max_pending
         self._pending: collections.deque[dict[str, Any] | _CallRecord | str] = collections.deque()
         self._closing = threading.Event()
+        self._queued = threading.Event()  # set when the queue turns non-empty (or on close)
         self._thread = threading.Thread(target=self._run, name="sidecar-call-log", daemon=True)
         self._thread.start()
 
@@ -112,6 +114,7 @@ class CallLog:
             self._on_drop()
             return
         self._pending.append(record)
+        self._wake_on_first()
 
     def write_line(self, line: str) -> None:
         """A line the caller has already rendered (one JSON object, no newline), written as it is."""
@@ -119,6 +122,7 @@ class CallLog:
             self._on_drop()
             return
         self._pending.append(line)
+        self._wake_on_first()
 
     def write_call(
         self,
@@ -134,6 +138,15 @@ class CallLog:
             self._on_drop()
             return
         self._pending.append((time.time(), method_fields, code, duration_s, peer, metadata, error_reason))
+        self._wake_on_first()
+
+    def _wake_on_first(self) -> None:
+        # Only the line that finds the queue empty wakes the writer: setting an
+        # Event takes a lock, a length check does not. A line queued while the
+        # writer drains is taken by that same drain, or finds the queue empty
+        # again and wakes it.
+        if len(self._pending) == 1:
+            self._queued.set()
 
     async def close(self) -> None:
         """Write what is pending, then stop the thread (and close the file it owns)."""
@@ -141,12 +154,16 @@ class CallLog:
 
     def _stop(self) -> None:
         self._closing.set()
+        self._queued.set()
         self._thread.join(timeout=10)
         if self._close_stream:
             self._stream.close()
 
     def _run(self) -> None:
-        while not self._closing.wait(self._flush_interval):
+        while not self._closing.is_set():
+            self._queued.wait()
+            self._closing.wait(self._flush_interval)  # let a batch gather, unless closing
+            self._queued.clear()  # before draining: a line queued from here on wakes the next round
             self._flush()
         self._flush()
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -342,3 +343,34 @@ async def test_serve_needs_a_listen_address() -> None:
     result = await asyncio.to_thread(run_serve)
     assert result.returncode == 2
     assert "--listen" in result.stderr
+
+
+async def test_a_failure_building_the_service_leaves_no_writer_thread_and_closes_the_adapters(
+    config_file: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from negotiator_service import server as server_module
+    from negotiator_service.registry import AdapterRegistry
+
+    closed: list[int] = []
+    original_close = AdapterRegistry.close
+
+    async def counted_close(self: AdapterRegistry) -> None:
+        closed.append(len(self))
+        await original_close(self)
+
+    def broken_servicer(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("servicer construction failed")
+
+    monkeypatch.setattr(AdapterRegistry, "close", counted_close)
+    monkeypatch.setattr(server_module, "NegotiatorServicer", broken_servicer)
+    writers_before = {t for t in threading.enumerate() if t.name == "sidecar-call-log"}
+    settings = Settings(
+        listen=(f"unix:{socket_dir / 'broken.sock'}",), config_path=config_file, decisions_to_stderr=True
+    )
+    with pytest.raises(RuntimeError, match="servicer construction failed"):
+        await create_server(settings)
+    writers_after = {t for t in threading.enumerate() if t.name == "sidecar-call-log"}
+    assert writers_after <= writers_before
+    assert len(closed) == 1
+    assert closed[0] > 0  # the config's adapters were built, then closed
+    assert not (socket_dir / "broken.sock").exists()

@@ -304,3 +304,29 @@ async def test_ready_lines_keep_their_place_among_records_and_calls() -> None:
     await log.close()
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line.get("event", line.get("request_id")) for line in lines] == ["before", "r1", "after"]
+
+
+async def test_an_idle_writer_never_wakes_and_a_queued_line_still_goes_out_within_the_interval() -> None:
+    sink = io.StringIO()
+    log = CallLog(sink, close_stream=False, flush_interval=0.01)
+    flushes: list[None] = []
+    drain = log._flush
+
+    def counted_flush() -> None:
+        flushes.append(None)
+        drain()
+
+    log._flush = counted_flush  # type: ignore[method-assign]
+    try:
+        await asyncio.sleep(0.3)  # thirty flush intervals
+        assert flushes == []
+        log.write_line('{"line":1}')
+        for _ in range(200):
+            if sink.getvalue():
+                break
+            await asyncio.sleep(0.01)
+        assert sink.getvalue() == '{"line":1}\n'
+        await asyncio.sleep(0.3)
+        assert len(flushes) == 1  # one wake for the line, none while idle again
+    finally:
+        await log.close()
