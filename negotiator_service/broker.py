@@ -100,6 +100,11 @@ class Broker:
         Audited as "accepted" or "refused"; a call that cannot be judged
         (invalid, no such adapter) is audited as refused and raises.
         """
+        if not self.audit.listening:
+            # Judged without awaiting anything, so nobody can start listening
+            # before it ends: no record to draft.
+            decision, _, _ = self._decide(request, operation="negotiate")
+            return decision
         audit = _AuditDraft(self, "negotiate", caller, request, delegation_depth=0)
         try:
             decision, _, _ = self._decide(request, operation="negotiate")

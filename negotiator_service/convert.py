@@ -368,9 +368,23 @@ def events_to_proto(events: Sequence[StreamEvent]) -> list[negotiator_pb2.Stream
     return [negotiator_pb2.StreamEvent(type=e.type, text=e.text) for e in events]
 
 
+# A dry run's whole answer is its decision, so each recent decision's
+# response is built once and handed to grpc call after call.
+_NEGOTIATE_RESPONSES: IdentityCache[negotiator_pb2.NegotiateResponse] = IdentityCache(
+    MAX_CACHED_DECISION_PROTOS
+)
+
+
 def negotiate_response(decision: Decision) -> negotiator_pb2.NegotiateResponse:
-    response = negotiator_pb2.NegotiateResponse()
-    response.decision.CopyFrom(_shared_decision_proto(decision))
+    """The dry run's response, shared between calls.
+
+    Hand it to grpc, which only serializes it; never change it.
+    """
+    response = _NEGOTIATE_RESPONSES.get((decision,), None, None)
+    if response is None:
+        response = negotiator_pb2.NegotiateResponse()
+        response.decision.CopyFrom(_shared_decision_proto(decision))
+        _NEGOTIATE_RESPONSES.put((decision,), None, response)
     return response
 
 

@@ -205,6 +205,7 @@ def test_responses_carry_the_decision_as_built_field_by_field_every_time() -> No
     reply = AdapterReply(text="out", events=(StreamEvent("progress", "half"),))
     for _ in range(2):
         assert convert.negotiate_response(decision) == negotiator_pb2.NegotiateResponse(decision=expected)
+        assert convert.negotiate_response(decision) is convert.negotiate_response(decision)  # shared
         invoked = convert.invoke_response(reply, decision)
         assert invoked == negotiator_pb2.InvokeResponse(
             text="out", decision=expected, events=[negotiator_pb2.StreamEvent(type="progress", text="half")]
