@@ -142,7 +142,7 @@ class Broker:
         adapter, else "succeeded" or "failed" (cancelled calls too).
         Cancelling the task cancels the adapter's work.
         """
-        operation = request.kind.value
+        operation: str = request.kind._value_  # `.value` without the enum descriptor's call
         audit = _AuditDraft(
             self, audit_operation or operation, caller, request, delegation_depth=delegation_depth
         )

@@ -114,7 +114,8 @@ class CallLog:
             self._on_drop()
             return
         self._pending.append(record)
-        self._wake_on_first()
+        if len(self._pending) == 1:
+            self._queued.set()
 
     def write_line(self, line: str) -> None:
         """A line the caller has already rendered (one JSON object, no newline), written as it is."""
@@ -122,7 +123,8 @@ class CallLog:
             self._on_drop()
             return
         self._pending.append(line)
-        self._wake_on_first()
+        if len(self._pending) == 1:
+            self._queued.set()
 
     def write_call(
         self,
@@ -138,9 +140,6 @@ class CallLog:
             self._on_drop()
             return
         self._pending.append((time.time(), method_fields, code, duration_s, peer, metadata, error_reason))
-        self._wake_on_first()
-
-    def _wake_on_first(self) -> None:
         # Only the line that finds the queue empty wakes the writer: setting an
         # Event takes a lock, a length check does not. A line queued while the
         # writer drains is taken by that same drain, or finds the queue empty
