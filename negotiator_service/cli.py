@@ -475,6 +475,10 @@ def run_serve(args: argparse.Namespace) -> int:
     # Decision records go to stderr through a batched writer (decisions_to_stderr);
     # the few other records (adapter registrations, unexpected errors) through logging.
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+    # httpx logs each request it sends at INFO ("HTTP Request: POST ..."): the
+    # call log already has a line per call, and each of httpx's lines was a
+    # formatted, unbatched write on the openai adapter's path.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = Settings(
         listen=options.listen,
         config_path=args.config,

@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import grpc
 import pytest
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from mock_openai import MockOpenAI
+from negotiator_testkit import NEGOTIATOR_BIN
 
 from negotiator_service import errors
 from negotiator_service.adapters import build_adapter
@@ -27,6 +32,7 @@ from negotiator_service.model import (
     DeclarationOverride,
     McpServer,
 )
+from tests.procs import start_process
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_KEY"
 MCP_SERVER = McpServer(name="files", transport="stdio", command="mcp-files")
@@ -428,3 +434,33 @@ def test_retry_after_forms() -> None:
     assert retry_after_seconds({"Retry-After": later}, now=now) == pytest.approx(30, abs=1)
     assert retry_after_seconds({"Retry-After": "soon"}) is None
     assert retry_after_seconds({}) is None
+
+
+async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not_per_http_request(
+    server: MockOpenAI, api_key: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "negotiator.yaml"
+    adapter = {
+        "shortname": "llm",
+        "implementation": "openai",
+        "options": {"base_url": server.base_url, "api_key_env": KEY_ENV, "model": "gpt-test"},
+    }
+    config.write_text(json.dumps({"adapters": [adapter]}))
+    socket_path = tmp_path / "n.sock"
+    process, _ = start_process(
+        [str(NEGOTIATOR_BIN), "serve", "--config", str(config), "--listen", f"unix:{socket_path}"],
+        env={"XDG_STATE_HOME": str(tmp_path / "state")},
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            request = negotiator_pb2.InvokeRequest(adapter="llm", prompt="hi")
+            for _ in range(3):
+                assert (await stub.Invoke(request, timeout=10)).text == server.reply_text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=15)
+    calls = [json.loads(line) for line in stderr.splitlines() if '"method":"Invoke"' in line]
+    assert [(call["method"], call["status"]) for call in calls] == [("Invoke", "OK")] * 3
+    assert len(server.requests) == 3
+    assert "HTTP Request" not in stderr
