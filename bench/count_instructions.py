@@ -18,8 +18,9 @@ instrumentation is switched on (`callgrind_control -i on`), the client makes
 N more calls, and it is switched off again. The figure is the server
 process's instructions (all its threads) over those N calls, per call.
 Valgrind runs the server some 50 times slower, so work done per unit of time
-rather than per call (the call log's 50 ms flush, grpc's timers) weighs a
-little more here than in a real run.
+rather than per call (the call log's writer, which wakes once per 50 ms
+batch, a batch of a few calls here against hundreds in a real run; grpc's
+timers) weighs a little more here than in a real run.
 
 Needs valgrind (Debian package `valgrind`). Takes about a minute.
 """

@@ -17,10 +17,11 @@ requests as INVALID_ARGUMENT with reason MALFORMED_REQUEST.
 Call metrics are recorded only when the metrics endpoint is on: without it
 nobody could read them, and they are the costlier half of the per-call work.
 
-Lines are formatted and written by a background thread every 50 ms from a
-bounded queue (10,000 lines), so a slow or blocked stderr never stalls the
-event loop; lines that do not fit are dropped and counted
-(`sidecar_call_log_dropped_total`).
+Lines are formatted and written by a background thread, in batches within
+50 ms of being queued, from a bounded queue (10,000 lines), so a slow or
+blocked stderr never stalls the event loop; lines that do not fit are
+dropped and counted (`sidecar_call_log_dropped_total`). With nothing queued
+the thread sleeps.
 """
 
 from __future__ import annotations
