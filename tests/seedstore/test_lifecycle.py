@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import queue
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +24,14 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from clients.errors import SidecarError
 from clients.seedstore import SeedStoreClient
 from seedstore_service import errors
-from seedstore_service.server import SERVICE_NAME, Settings, add_serve_arguments, create_server
+from seedstore_service.server import (
+    SERVICE_NAME,
+    Settings,
+    _refresh_forever,
+    add_serve_arguments,
+    create_server,
+    refresh_pause,
+)
 
 from .conftest import PYTHON, ServerThread
 
@@ -188,3 +198,37 @@ def test_new_calls_after_shutdown_are_refused(start_server: Callable[..., Server
         client.get_store()
     assert refused.value.code == grpc.StatusCode.UNAVAILABLE
     assert not os.path.exists(target.removeprefix("unix:"))
+
+
+# --- the background refresh's pace -------------------------------------------------
+
+
+def test_the_refresh_pause_is_the_interval_until_a_walk_would_take_more_than_its_share() -> None:
+    assert refresh_pause(1.0, 0.0) == 1.0
+    assert refresh_pause(1.0, 0.01) == 1.0  # 10 ms walks: every second, 1 % of a core
+    assert refresh_pause(1.0, 0.5) == pytest.approx(9.5)  # 100,000 seeds: 5 % of a core
+    assert refresh_pause(1.0, 0.5, max_share=0.5) == 1.0
+
+
+async def test_a_costly_walk_spaces_the_background_refreshes_out() -> None:
+    class CostlyWalks:
+        def __init__(self) -> None:
+            self.walks = 0
+
+        def refresh_index(self) -> None:
+            self.walks += 1
+            started = time.thread_time()
+            while time.thread_time() - started < 0.02:  # 20 ms of CPU per walk
+                pass
+
+    operations = CostlyWalks()
+    refresher = asyncio.create_task(_refresh_forever(operations, 0.01))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(1.0)
+    finally:
+        refresher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refresher
+    # At 10 ms intervals, 30-odd walks would fit in a second; at 5 % of a core
+    # each 20 ms walk is followed by a 380 ms pause.
+    assert 1 <= operations.walks <= 4
