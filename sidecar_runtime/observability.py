@@ -111,21 +111,12 @@ class CallLog:
         self._thread.start()
 
     def write(self, record: dict[str, Any]) -> None:
-        if len(self._pending) >= self._max_pending:
-            self._on_drop()
-            return
-        self._pending.append(record)
-        if len(self._pending) == 1:
-            self._queued.set()
+        """A record serialized by the writer with json.dumps (`ts` as an epoch float)."""
+        self._enqueue(record)
 
     def write_line(self, line: str) -> None:
         """A line the caller has already rendered (one JSON object, no newline), written as it is."""
-        if len(self._pending) >= self._max_pending:
-            self._on_drop()
-            return
-        self._pending.append(line)
-        if len(self._pending) == 1:
-            self._queued.set()
+        self._enqueue(line)
 
     def write_call(
         self,
@@ -137,15 +128,19 @@ class CallLog:
         error_reason: str | None,
     ) -> None:
         """One finished call; `method_fields` is `method_fields(service, method)`, made once per method."""
-        if len(self._pending) >= self._max_pending:
+        self._enqueue((time.time(), method_fields, code, duration_s, peer, metadata, error_reason))
+
+    def _enqueue(self, item: dict[str, Any] | _CallRecord | str) -> None:
+        pending = self._pending
+        if len(pending) >= self._max_pending:
             self._on_drop()
             return
-        self._pending.append((time.time(), method_fields, code, duration_s, peer, metadata, error_reason))
-        # Only the line that finds the queue empty wakes the writer: setting an
-        # Event takes a lock, a length check does not. A line queued while the
+        pending.append(item)
+        # Only the item that finds the queue empty wakes the writer: setting an
+        # Event takes a lock, a length check does not. An item queued while the
         # writer drains is taken by that same drain, or finds the queue empty
         # again and wakes it.
-        if len(self._pending) == 1:
+        if len(pending) == 1:
             self._queued.set()
 
     async def close(self) -> None:
