@@ -296,18 +296,20 @@ def _callers_request_id(metadata: Any) -> str | None:
     return None
 
 
+def _fresh_request_id() -> str:
+    return f"{_REQUEST_ID_PREFIX}-{next(_request_numbers)}"
+
+
 def _request_id(metadata: Any) -> str:
     """The caller's `x-request-id`, else a fresh one."""
     given = _callers_request_id(metadata)
-    return given if given is not None else f"{_REQUEST_ID_PREFIX}-{next(_request_numbers)}"
+    return given if given is not None else _fresh_request_id()
 
 
 def _request_id_text(metadata: Any) -> str:
-    """`_request_id` as JSON text; a generated id (hex and digits) needs no escaping."""
+    """`_request_id` as JSON text; a fresh id (hex and digits) needs no escaping."""
     given = _callers_request_id(metadata)
-    if given is not None:
-        return encode_basestring(given)
-    return f'"{_REQUEST_ID_PREFIX}-{next(_request_numbers)}"'
+    return encode_basestring(given) if given is not None else f'"{_fresh_request_id()}"'
 
 
 def final_status(context: Any, error: BaseException | None) -> grpc.StatusCode:
