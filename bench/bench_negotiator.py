@@ -8,7 +8,11 @@
   which posts to a local mock chat-completions server, minus the same POST
   made directly from the bench with httpx (p50 difference);
 * start-up (spawn → READY, spawn → health SERVING) vs the bare echo server,
-  and idle RSS after start-up.
+  and idle RSS after start-up;
+* for context, the floors under those figures (bench/floor_server.py): the
+  Invoke method with no negotiation (protobuf in and out) against the echo
+  at 1 and 16 in flight, and a bare gRPC-to-httpx forwarder against the
+  direct POST. What the negotiator adds is its distance from these floors.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from bench.harness import (
     window,
 )
 from bench.report import (
+    Comparison,
     Row,
     absolute_row,
     compared_overhead,
@@ -147,6 +152,15 @@ async def run(settings: Settings, rows: list[Row]) -> None:
             env=negotiator_env(),
         )
         stack.push_async_callback(negotiator.stop)
+        floor = await start_server_process(
+            floor_server_argv(f"unix:{workdir / 'floor.sock'}"), log_path=workdir / "floor.log"
+        )
+        stack.push_async_callback(floor.stop)
+        forwarder = await start_server_process(
+            floor_server_argv(f"unix:{workdir / 'forwarder.sock'}", forward=f"{base_url}/chat/completions"),
+            log_path=workdir / "forwarder.log",
+        )
+        stack.push_async_callback(forwarder.stop)
         await asyncio.sleep(1.0)  # let start-up allocations settle before reading RSS
         rows.append(
             absolute_row(
@@ -163,6 +177,12 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         channel = await open_channel(negotiator.target)
         stack.push_async_callback(channel.close, None)
         stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        floor_channel = await open_channel(floor.target)
+        stack.push_async_callback(floor_channel.close, None)
+        floor_stub = negotiator_pb2_grpc.NegotiatorServiceStub(floor_channel)
+        forwarder_channel = await open_channel(forwarder.target)
+        stack.push_async_callback(forwarder_channel.close, None)
+        forwarder_stub = negotiator_pb2_grpc.NegotiatorServiceStub(forwarder_channel)
 
         invoke_request = scripted_invoke_request()
         negotiate_request = negotiator_pb2.NegotiateRequest(invoke=invoke_request)
@@ -179,6 +199,9 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         async def invoke() -> object:
             return await stub.Invoke(invoke_request)
 
+        async def floor_invoke() -> object:
+            return await floor_stub.Invoke(invoke_request)
+
         negotiation = await compare(
             window(echo_call(echo_channel, negotiate_request.SerializeToString()), settings),
             window(negotiate, settings),
@@ -192,6 +215,10 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         )
         rows.append(compared_ratio(f"Invoke ({SCRIPTED}) p50, 1 caller", single, "p50_ms", 1.3))
         rows.append(compared_ratio(f"Invoke ({SCRIPTED}) p99, 1 caller", single, "p99_ms", 1.5))
+        floor_single = await compare(
+            window(echo_invoke, settings), window(floor_invoke, settings), rounds=settings.rounds
+        )
+        rows.append(floor_row("Invoke p50, 1 caller", floor_single, "p50_ms"))
 
         loaded = await compare(
             window(echo_invoke, settings, concurrency=IN_FLIGHT),
@@ -209,11 +236,39 @@ async def run(settings: Settings, rows: list[Row]) -> None:
             )
         )
 
-        rows += await _openai_rows(settings, stub, base_url)
+        floor_loaded = await compare(
+            window(echo_invoke, settings, concurrency=IN_FLIGHT),
+            window(floor_invoke, settings, concurrency=IN_FLIGHT),
+            rounds=settings.rounds,
+        )
+        rows.append(floor_row(f"Invoke throughput, {IN_FLIGHT} in flight", floor_loaded, "throughput_per_s"))
+
+        rows += await _openai_rows(settings, stub, forwarder_stub, base_url)
+
+
+def floor_server_argv(listen: str, forward: str | None = None) -> list[str]:
+    argv = [sys.executable, str(BENCH_DIR / "floor_server.py"), "--listen", listen, "--model", MODEL]
+    return argv if forward is None else [*argv, "--forward", forward]
+
+
+def floor_row(what: str, comparison: Comparison, field: str) -> Row:
+    """A floor's figure against the echo (no goal: it says how much of a gap any Python service pays)."""
+    subject: float = getattr(comparison.subject, field)
+    baseline: float = getattr(comparison.baseline, field)
+    unit = "/s" if field == "throughput_per_s" else " ms"
+    return info_row(
+        f"floor: {what}, Invoke with no negotiation (protobuf in and out) vs echo",
+        f"{subject:.3f}{unit}",
+        f"{baseline:.3f}{unit}",
+        f"{subject / baseline:.2f}×",
+    )
 
 
 async def _openai_rows(
-    settings: Settings, stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, base_url: str
+    settings: Settings,
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+    forwarder_stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+    base_url: str,
 ) -> list[Row]:
     """Invoke via the openai adapter minus a direct POST of the same body to the same mock.
 
@@ -235,6 +290,9 @@ async def _openai_rows(
         async def via_negotiator() -> object:
             return await stub.Invoke(request)
 
+        async def via_forwarder() -> object:
+            return await forwarder_stub.Invoke(request)
+
         reply = await stub.Invoke(request)
         if reply.text != "pong":
             raise RuntimeError(f"{OPENAI} returned {reply.text!r}, not the mock's reply")
@@ -242,6 +300,11 @@ async def _openai_rows(
         comparison = await compare(
             window(direct, settings), window(via_negotiator, settings), rounds=settings.rounds
         )
+        floor = await compare(
+            window(direct, settings), window(via_forwarder, settings), rounds=settings.rounds
+        )
+    floor_overhead = floor.subject.p50_ms - floor.baseline.p50_ms
+    negotiator_overhead = comparison.subject.p50_ms - comparison.baseline.p50_ms
     return [
         compared_overhead(
             f"openai path: Invoke ({OPENAI}) p50 minus direct httpx POST p50", comparison, "p50_ms", 1.0
@@ -251,6 +314,18 @@ async def _openai_rows(
             f"{comparison.subject.p99_ms:.3f} ms",
             f"{comparison.baseline.p99_ms:.3f} ms",
             f"{comparison.subject.p99_ms - comparison.baseline.p99_ms:+.3f} ms",
+        ),
+        info_row(
+            "floor: openai path through a bare gRPC-to-httpx forwarder, p50 minus direct httpx POST p50",
+            f"{floor.subject.p50_ms:.3f} ms",
+            f"{floor.baseline.p50_ms:.3f} ms",
+            f"{floor_overhead:+.3f} ms",
+        ),
+        info_row(
+            "openai path: the negotiator's own share (its overhead minus the bare forwarder's)",
+            f"{negotiator_overhead:+.3f} ms",
+            f"{floor_overhead:+.3f} ms",
+            f"{negotiator_overhead - floor_overhead:+.3f} ms",
         ),
     ]
 

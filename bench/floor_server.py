@@ -1,0 +1,96 @@
+"""The floors under the negotiator's figures: its Invoke method with no negotiation at all.
+
+`python bench/floor_server.py --listen ADDR [--forward URL]` prints
+`READY floor <target>` once serving `agentsidecar.negotiator.v1.NegotiatorService/Invoke`
+(that method only), hosted like the echo baseline by the sidecars' own
+`start_server`:
+
+* without `--forward`, each call parses the InvokeRequest and answers with
+  its prompt: what the scripted bench adapter returns, without the
+  declaration check, judgement, decision record or call log, so protobuf in
+  and out is all that is left;
+* with `--forward URL`, each call posts the prompt to that chat-completions
+  URL with httpx, as the openai adapter does (one pooled AsyncClient, no
+  per-phase timeouts, the URL parsed once), and answers with the reply's
+  content: the least work any Python gRPC-to-HTTP forwarder does.
+
+Measured in the same run as the echo baseline and the negotiator, they split
+each gap to a goal into what grpc.aio, protobuf (and httpx) cost any Python
+service on this machine and what the negotiator adds on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import grpc
+import httpx
+from agentsidecar.negotiator.v1 import negotiator_pb2
+
+from sidecar_runtime.server import ServerOptions, serve_until_signalled, start_server
+
+SERVICE = "agentsidecar.negotiator.v1.NegotiatorService"
+
+if TYPE_CHECKING:
+    InvokeContext = grpc.aio.ServicerContext[negotiator_pb2.InvokeRequest, negotiator_pb2.InvokeResponse]
+    InvokeMethod = Callable[
+        [negotiator_pb2.InvokeRequest, InvokeContext], Awaitable[negotiator_pb2.InvokeResponse]
+    ]
+
+
+async def _answer_with_prompt(
+    request: negotiator_pb2.InvokeRequest, context: InvokeContext
+) -> negotiator_pb2.InvokeResponse:
+    return negotiator_pb2.InvokeResponse(text=request.prompt)
+
+
+def _forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> InvokeMethod:
+    async def forward(
+        request: negotiator_pb2.InvokeRequest, context: InvokeContext
+    ) -> negotiator_pb2.InvokeResponse:
+        body = {"model": model, "messages": [{"role": "user", "content": request.prompt}]}
+        response = await client.post(url, json=body, headers={"Authorization": "Bearer floor"})
+        response.raise_for_status()
+        return negotiator_pb2.InvokeResponse(
+            text=json.loads(response.content)["choices"][0]["message"]["content"]
+        )
+
+    return forward
+
+
+async def _serve(listen: list[str], forward: str | None, model: str) -> None:
+    client = httpx.AsyncClient(follow_redirects=False, timeout=None)
+    invoke: InvokeMethod = (
+        _answer_with_prompt if forward is None else _forwarder(client, httpx.URL(forward), model)
+    )
+
+    def register(server: grpc.aio.Server) -> None:
+        handler = grpc.unary_unary_rpc_method_handler(
+            invoke,
+            request_deserializer=negotiator_pb2.InvokeRequest.FromString,
+            response_serializer=negotiator_pb2.InvokeResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Invoke": handler}),))
+
+    try:
+        running = await start_server(register, (SERVICE,), ServerOptions(listen=listen, grace_seconds=1.0))
+        await serve_until_signalled(running, "floor")
+    finally:
+        await client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--listen", action="append", required=True, help="unix:PATH or HOST:PORT")
+    parser.add_argument("--forward", metavar="URL", help="a chat-completions URL to post each prompt to")
+    parser.add_argument("--model", default="bench-model", help="the model named in forwarded bodies")
+    args = parser.parse_args()
+    asyncio.run(_serve(args.listen, args.forward, args.model))
+
+
+if __name__ == "__main__":
+    main()
