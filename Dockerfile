@@ -35,7 +35,8 @@ COPY seedstore_service/ seedstore_service/
 COPY negotiator_service/ negotiator_service/
 # The build hook compiles the protos here; grpcio-tools only lives in pip's
 # throwaway build environment, and the sources go once the wheel is installed.
-RUN pip install --no-cache-dir . \
+# With the `otel` extra, so `--otel` can export spans from the image as it is.
+RUN pip install --no-cache-dir "./[otel]" \
  && rm -rf /build
 
 # Example workers run from here (`python -m examples.agent ...`); the

@@ -214,7 +214,12 @@ async def create_server(
 
     try:
         running = await start_server(
-            register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS, call_log=shared_log
+            register,
+            (SERVICE_NAME,),
+            options,
+            mutating_methods=MUTATING_METHODS,
+            call_log=shared_log,
+            name="negotiator",
         )
     except BaseException:
         await registry.close()

@@ -215,7 +215,9 @@ async def create_server(settings: Settings) -> SeedStoreServer:
         listen=settings.listen,
         grace_seconds=settings.grace_seconds,
     )
-    running = await start_server(register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS)
+    running = await start_server(
+        register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS, name="seedstore"
+    )
     refresher = asyncio.create_task(_refresh_forever(operations, settings.refresh_interval))
     # Every field of the runtime's RunningServer, whatever it grows, plus ours.
     inherited = {spec.name: getattr(running, spec.name) for spec in fields(RunningServer) if spec.init}

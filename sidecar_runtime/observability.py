@@ -1,4 +1,4 @@
-"""What a sidecar tells its operator: one JSON line per call, Prometheus metrics, optional tracing.
+"""What a sidecar tells its operator: one JSON line per call and Prometheus metrics (tracing: `tracing`).
 
 Each call that reaches a handler produces one line (on stderr, or a file):
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib
 import itertools
 import json
 import sys
@@ -58,7 +57,6 @@ __all__ = [
     "CallObserver",
     "final_status",
     "open_call_log",
-    "otel_interceptor",
     "record_refusal",
     "record_refusals",
     "record_verification",
@@ -71,7 +69,6 @@ MAX_PENDING_LINES = 10_000
 FLUSH_INTERVAL_SECONDS = 0.05
 DEADLINE_TOLERANCE_SECONDS = 0.1
 UNKNOWN_METHOD_LABEL = "unknown"  # unknown methods share one label: clients choose their names
-OTEL_PACKAGE = "opentelemetry-instrumentation-grpc"
 
 
 class CallLog:
@@ -403,24 +400,3 @@ class CallObserver:
                     "error_reason": None,
                 }
             )
-
-
-def otel_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[type-arg]
-    """OpenTelemetry's aio server interceptor (SERVER spans with rpc.* attributes).
-
-    Spans go to the globally configured tracer provider; without one (the
-    OpenTelemetry SDK plus an exporter, e.g. configured through OTEL_*
-    environment variables) they are no-ops.
-
-    Raises:
-        RuntimeError: the instrumentation package is not installed.
-    """
-    try:
-        module = importlib.import_module("opentelemetry.instrumentation.grpc")
-    except ImportError as exc:
-        raise RuntimeError(
-            f"--otel needs the {OTEL_PACKAGE} package (with opentelemetry-sdk and an exporter), "
-            f"which is not installed: pip install {OTEL_PACKAGE} opentelemetry-sdk ({exc})"
-        ) from exc
-    interceptor: grpc.aio.ServerInterceptor = module.aio_server_interceptor()  # type: ignore[type-arg]
-    return interceptor

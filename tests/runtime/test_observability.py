@@ -1,9 +1,8 @@
-"""The call log, the Prometheus endpoint and the --otel switch, on real servers."""
+"""The call log and the Prometheus endpoint, on real servers (--otel: test_tracing.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import io
 import json
 import re
@@ -169,16 +168,6 @@ async def test_metrics_endpoint_counts_calls_and_latency(start_probe: StartProbe
 async def test_metrics_listen_takes_host_and_port(start_probe: StartProbe, socket_dir: Path) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         await start_probe(metrics_listen=f"unix:{socket_dir / 'metrics.sock'}")
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("opentelemetry") is not None
-    and importlib.util.find_spec("opentelemetry.instrumentation.grpc") is not None,
-    reason="the OpenTelemetry instrumentation is installed here",
-)
-async def test_otel_without_the_instrumentation_fails_start_up_clearly(start_probe: StartProbe) -> None:
-    with pytest.raises(RuntimeError, match="--otel needs the opentelemetry-instrumentation-grpc package"):
-        await start_probe(otel=True)
 
 
 class _BlockingStream(io.StringIO):

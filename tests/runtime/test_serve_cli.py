@@ -226,13 +226,10 @@ def test_seedstore_start_up_errors(
     assert "expected octal permissions" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(
-    __import__("importlib").util.find_spec("opentelemetry") is not None,
-    reason="OpenTelemetry is installed here",
-)
 def test_otel_without_the_package_fails_start_up(
-    capsys: pytest.CaptureFixture[str], socket_dir: Path
+    capsys: pytest.CaptureFixture[str], socket_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.instrumentation.grpc", None)  # import now fails
     assert negotiator_cli.main(["serve", "--listen", f"unix:{socket_dir / 'n.sock'}", "--otel"]) == 1
     assert "--otel needs the opentelemetry-instrumentation-grpc package" in capsys.readouterr().err
 

@@ -1,0 +1,135 @@
+"""`--otel`: OpenTelemetry SERVER spans for every call, exported where the OTEL_* variables say.
+
+    tracing = start_tracing("negotiator")        # at start-up, when --otel is given
+    interceptor = tracing.interceptor            # outermost in the server's chain
+    tracing.shutdown()                           # after the server stops: flushes queued spans
+
+The spans come from OpenTelemetry's own gRPC instrumentation
+(`opentelemetry-instrumentation-grpc`, its asyncio server interceptor:
+span name `/package.Service/Method`, `rpc.*` attributes, the status code,
+and a parent taken from the caller's `traceparent` metadata).
+
+Where they go: a process that already has a tracer provider (run under
+`opentelemetry-instrument`, or embedding the sidecar after setting its own)
+keeps it. Otherwise the sidecar sets up the SDK from the standard variables,
+so `--otel` alone is enough:
+
+- `OTEL_TRACES_EXPORTER`: `otlp` (the default), `console` (one JSON object
+  per span on stdout) or `none`;
+- `otlp` speaks `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` (or
+  `OTEL_EXPORTER_OTLP_PROTOCOL`): `grpc` (the default) or `http/protobuf`,
+  to `OTEL_EXPORTER_OTLP_ENDPOINT` and the exporter's other variables;
+- `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` name the service
+  (default: the sidecar's name);
+- `OTEL_BSP_*` tune the batch processor (spans are exported in the
+  background, never on the call's path).
+
+Packages: `pip install 'agentsidecar[otel]'` (the instrumentation, the SDK
+and the OTLP/gRPC exporter). Without them `--otel` fails at start-up,
+naming what to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+OTEL_PACKAGE = "opentelemetry-instrumentation-grpc"
+OTEL_INSTALL_HINT = "pip install 'agentsidecar[otel]'"
+EXPORTERS = ("otlp", "console", "none")
+OTLP_PROTOCOLS = {
+    "grpc": (
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+        "opentelemetry-exporter-otlp-proto-grpc",
+    ),
+    "http/protobuf": (
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry-exporter-otlp-proto-http",
+    ),
+}
+
+
+class TracingConfigError(RuntimeError):
+    """--otel cannot work as configured: a package is missing or an OTEL_* variable is unusable."""
+
+
+@dataclass(slots=True)
+class Tracing:
+    interceptor: grpc.aio.ServerInterceptor  # type: ignore[type-arg]
+    provider: Any | None  # the SDK provider this module set up; None when the process brought its own
+
+    def shutdown(self) -> None:
+        """Export what is queued and stop the exporter (only a provider set up here)."""
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def _import(module: str, package: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise TracingConfigError(
+            f"--otel needs the {package} package, which is not installed: {OTEL_INSTALL_HINT} ({exc})"
+        ) from exc
+
+
+def _service_name_configured(environ: Mapping[str, str]) -> bool:
+    if environ.get("OTEL_SERVICE_NAME"):
+        return True
+    pairs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+    return any(pair.partition("=")[0].strip() == "service.name" for pair in pairs)
+
+
+def _exporter(environ: Mapping[str, str]) -> Any | None:
+    """The span exporter OTEL_TRACES_EXPORTER names (None for `none`)."""
+    name = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    if name not in EXPORTERS:
+        raise TracingConfigError(
+            f"OTEL_TRACES_EXPORTER={name!r} is not supported here; expected one of: {', '.join(EXPORTERS)}"
+        )
+    if name == "none":
+        return None
+    if name == "console":
+        export = _import("opentelemetry.sdk.trace.export", "opentelemetry-sdk")
+        return export.ConsoleSpanExporter()
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    ).strip()
+    if protocol not in OTLP_PROTOCOLS:
+        raise TracingConfigError(
+            f"OTLP protocol {protocol!r} is not supported here; expected one of: {', '.join(OTLP_PROTOCOLS)}"
+        )
+    module, package = OTLP_PROTOCOLS[protocol]
+    return _import(module, package).OTLPSpanExporter()
+
+
+def start_tracing(default_service_name: str) -> Tracing:
+    """The interceptor for --otel, with the SDK set up from the OTEL_* variables unless a provider exists.
+
+    Raises:
+        TracingConfigError: a needed package is missing, or OTEL_TRACES_EXPORTER /
+            the OTLP protocol names something unsupported.
+    """
+    env = os.environ
+    instrumentation = _import("opentelemetry.instrumentation.grpc", OTEL_PACKAGE)
+    trace = _import("opentelemetry.trace", "opentelemetry-api")
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        # Someone configured tracing before us: their provider, their exporters, their shutdown.
+        return Tracing(instrumentation.aio_server_interceptor(), provider=None)
+    sdk_trace = _import("opentelemetry.sdk.trace", "opentelemetry-sdk")
+    sdk_export = _import("opentelemetry.sdk.trace.export", "opentelemetry-sdk")
+    resources = _import("opentelemetry.sdk.resources", "opentelemetry-sdk")
+    exporter = _exporter(env)
+    attributes = {} if _service_name_configured(env) else {resources.SERVICE_NAME: default_service_name}
+    provider = sdk_trace.TracerProvider(resource=resources.Resource.create(attributes))
+    if exporter is not None:
+        provider.add_span_processor(sdk_export.BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return Tracing(instrumentation.aio_server_interceptor(tracer_provider=provider), provider=provider)
