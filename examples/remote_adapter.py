@@ -1,11 +1,22 @@
 """A minimal remote adapter: a standalone process implementing agentsidecar.adapter.v1.
 
 It declares an agent-framework with structured output (string format
-"email" only) and per-call model override; everything else unsupported, and
-refused with FAILED_PRECONDITION if it is sent anyway.
+"email" only), per-call model override, the caller's tools (with tool
+filters, which the negotiator applies) and conversations; everything else
+unsupported, and refused with FAILED_PRECONDITION if it is sent anyway.
 
     Invoke:  "remote:" + prompt
     Produce: {"echo": prompt} (plus "model" when the call chose one)
+
+In a conversation the state it keeps is {"turns": n, "prompts": [...]}, and
+Invoke answers "remote:" + prompt + " (turn n)".
+
+With tools (CallWithTools): "tool:<name>:<JSON arguments>" calls that tool
+once and answers "remote:" + the outcome as JSON ({"tool", "result"} or
+{"tool", "error", "denied"}); "tools:" answers with the visible tools'
+names; "badjson:<name>" sends arguments that are not JSON; "loop:<name>"
+calls the tool until the stream ends; "noreply:" ends the stream without a
+reply. A Produce with tools answers {"echo": prompt, "tool": outcome}.
 
 Test hooks in the prompt: "sleep:<seconds>" sleeps first (deadlines,
 cancellation); "fail:<CODE>" aborts with that gRPC status code
@@ -21,7 +32,8 @@ carries `x-delegation-depth: d + 1`; a negotiator refusal comes back as the
 same status code.
 
 Prints "READY <address>" once serving, "CANCELLED <method> <prompt>" when a
-caller cancels, and stops cleanly on SIGTERM or SIGINT.
+caller cancels (CallWithTools: while waiting for a tool's outcome), and
+stops cleanly on SIGTERM or SIGINT.
 
     python examples/remote_adapter.py --listen unix:/tmp/echo.sock --shortname echo
 """
@@ -30,9 +42,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import signal
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -44,7 +57,13 @@ from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-SUPPORTED = (common_pb2.CAPABILITY_STRUCTURED_OUTPUT, common_pb2.CAPABILITY_MODEL_OVERRIDE)
+SUPPORTED = (
+    common_pb2.CAPABILITY_STRUCTURED_OUTPUT,
+    common_pb2.CAPABILITY_MODEL_OVERRIDE,
+    common_pb2.CAPABILITY_TOOL_REGISTRATION,
+    common_pb2.CAPABILITY_TOOL_FILTER,
+    common_pb2.CAPABILITY_STATEFUL_HISTORY,
+)
 STRING_FORMATS = ("email",)
 STOP_GRACE_SECONDS = 2.0
 DELEGATION_DEPTH_METADATA = "x-delegation-depth"
@@ -122,7 +141,7 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
                 "time_remaining": context.time_remaining(),
             }
             return adapter_pb2.InvokeResponse(text="remote:" + json.dumps(seen))
-        return adapter_pb2.InvokeResponse(text="remote:" + request.prompt)
+        return _invoke_reply(request, "remote:" + request.prompt)
 
     async def Produce(
         self, request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -138,10 +157,97 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, f"unsupported string formats: {', '.join(formats)}"
             )
         await _act_on(request.prompt, "Produce", context)
-        output: dict[str, str] = {"echo": request.prompt}
-        if request.options.HasField("model"):
-            output["model"] = request.options.model
-        return adapter_pb2.ProduceResponse(output_json=json.dumps(output))
+        return _produce_reply(request, {})
+
+    async def CallWithTools(
+        self,
+        request_iterator: AsyncIterator[adapter_pb2.CallWithToolsRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[adapter_pb2.CallWithToolsResponse]:
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("start"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be start")
+        start = first.start
+        call = start.produce if start.HasField("produce") else start.invoke
+        await _refuse_unsupported(call.options, context)
+        prompt = call.prompt
+        extra: dict[str, Any] = {}
+        if prompt == "noreply:":
+            return
+        if prompt == "tools:":
+            extra["tools"] = [tool.name for tool in start.tools]
+        for hook in ("tool:", "badjson:", "loop:"):
+            if not prompt.startswith(hook):
+                continue
+            name, _, arguments = prompt.removeprefix(hook).partition(":")
+            if hook == "badjson:":
+                arguments = "{not json"
+            for index in itertools.count(1):
+                yield adapter_pb2.CallWithToolsResponse(
+                    tool_call=adapter_pb2.AdapterToolCall(
+                        call_id=f"call-{index}", name=name, arguments_json=arguments or "{}"
+                    )
+                )
+                try:
+                    answer = await anext(request_iterator, None)
+                except asyncio.CancelledError:
+                    print(f"CANCELLED CallWithTools {prompt}", flush=True)
+                    raise
+                if answer is None:
+                    # The negotiator ended the call before the outcome came (its caller
+                    # cancelled, or the deadline passed): the request stream simply ends.
+                    print(f"CANCELLED CallWithTools {prompt}", flush=True)
+                    return
+                if not answer.HasField("tool_outcome"):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected the tool's outcome")
+                extra["tool"] = _outcome_json(name, answer.tool_outcome)
+                if hook != "loop:":
+                    break
+        if start.HasField("produce"):
+            yield adapter_pb2.CallWithToolsResponse(produce=_produce_reply(start.produce, extra))
+        else:
+            text = "remote:" + (json.dumps(extra.get("tool", extra.get("tools"))) if extra else prompt)
+            yield adapter_pb2.CallWithToolsResponse(invoke=_invoke_reply(start.invoke, text))
+
+
+def _outcome_json(name: str, outcome: adapter_pb2.ToolOutcome) -> dict[str, Any]:
+    if outcome.HasField("result_json"):
+        return {"tool": name, "result": json.loads(outcome.result_json)}
+    return {"tool": name, "error": outcome.error, "denied": outcome.denied}
+
+
+def _next_state(
+    options: adapter_pb2.AdapterCallOptions, state: Any, has_state: bool, prompt: str
+) -> dict[str, Any] | None:
+    """The conversation state after this call, or None outside a conversation."""
+    if not options.HasField("conversation_id"):
+        return None
+    previous: dict[str, Any] = json_format.MessageToDict(state) if has_state else {"turns": 0, "prompts": []}
+    return {"turns": int(previous["turns"]) + 1, "prompts": [*previous["prompts"], prompt]}
+
+
+def _invoke_reply(request: adapter_pb2.InvokeRequest, text: str) -> adapter_pb2.InvokeResponse:
+    state = _next_state(
+        request.options, request.conversation_state, request.HasField("conversation_state"), request.prompt
+    )
+    response = adapter_pb2.InvokeResponse(text=text)
+    if state is not None:
+        response.text += f" (turn {state['turns']})"
+        json_format.ParseDict(state, response.conversation_state)
+    return response
+
+
+def _produce_reply(request: adapter_pb2.ProduceRequest, extra: dict[str, Any]) -> adapter_pb2.ProduceResponse:
+    output: dict[str, Any] = {"echo": request.prompt, **extra}
+    if request.options.HasField("model"):
+        output["model"] = request.options.model
+    response = adapter_pb2.ProduceResponse(output_json=json.dumps(output))
+    state = _next_state(
+        request.options, request.conversation_state, request.HasField("conversation_state"), request.prompt
+    )
+    if state is not None:
+        json_format.ParseDict(state, response.conversation_state)
+    return response
 
 
 async def _refuse_unsupported(

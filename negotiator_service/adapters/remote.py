@@ -6,6 +6,12 @@ deadline and in `AdapterCallOptions.time_budget`, and the delegation depth
 both in the options and as `x-delegation-depth` metadata. Every gRPC failure
 is mapped to the negotiator's taxonomy; no AioRpcError leaves this module.
 
+A call in a conversation carries its id and the committed state, and the
+reply's state is what the conversation commits. A call with tools goes over
+CallWithTools instead of Produce/Invoke: each tool call the remote sends is
+run through the call's ToolBox (approval, validation, the filter) and its
+outcome sent back, until the reply arrives.
+
 Config options:
     target:          unix:PATH, unix:///PATH or HOST:PORT (required)
     timeout_seconds: the longest any call may take (default: the caller's budget only)
@@ -22,7 +28,7 @@ import grpc
 import grpc.aio
 from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
 from agentsidecar.common.v1 import common_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from negotiator_service import errors
@@ -46,7 +52,10 @@ from negotiator_service.model import (
     CapabilityState,
     Declaration,
     DeclarationOverride,
+    JsonValue,
     StreamEvent,
+    ToolBox,
+    ToolOutcome,
 )
 
 _Request = TypeVar("_Request")
@@ -54,15 +63,13 @@ _Response = TypeVar("_Response")
 
 DECLARATION_TIMEOUT_SECONDS = 5.0
 DELEGATION_DEPTH_METADATA = "x-delegation-depth"
-# AdapterCallOptions has no field for these (no MCP servers, tool filter, tools,
-# or conversation state travel to a remote adapter), so the negotiator refuses
-# them for a remote adapter whatever its declaration says.
-IMPLEMENTED = ALL_CAPABILITIES - {
-    Capability.MCP,
-    Capability.TOOL_FILTER,
-    Capability.TOOL_REGISTRATION,
-    Capability.STATEFUL_HISTORY,
-}
+# AdapterCallOptions has no field for MCP servers, so the negotiator refuses
+# them for a remote adapter whatever its declaration says. The tool filter
+# needs no field: the call's ToolBox applies it to what the remote is told
+# and to every call it makes.
+IMPLEMENTED = ALL_CAPABILITIES - {Capability.MCP}
+# Tool calls one CallWithTools stream may make; past it the call fails (INTERNAL).
+MAX_TOOL_CALLS = 64
 
 _KINDS: Mapping[int, AdapterKind] = MappingProxyType(
     {
@@ -192,7 +199,36 @@ def call_options(call: AdapterCall) -> adapter_pb2.AdapterCallOptions:
         options.max_depth = call.options.max_depth.depth
     if call.time_budget is not None:
         options.time_budget.FromNanoseconds(int(call.time_budget * 1e9))
+    if call.options.conversation_id is not None:
+        options.conversation_id = call.options.conversation_id
     return options
+
+
+def _state_value(state: JsonValue) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    json_format.ParseDict(plain_json(state), value)
+    return value
+
+
+def adapter_tools(tools: ToolBox) -> list[adapter_pb2.AdapterTool]:
+    """The tools the model may see, as the remote is told of them."""
+    return [
+        adapter_pb2.AdapterTool(
+            name=spec.name,
+            description=spec.description,
+            arguments_schema=json.dumps(plain_json(spec.arguments_schema), separators=(",", ":")),
+        )
+        for spec in tools.specs
+    ]
+
+
+def tool_outcome(call_id: str, outcome: ToolOutcome) -> adapter_pb2.ToolOutcome:
+    message = adapter_pb2.ToolOutcome(call_id=call_id, denied=outcome.denied)
+    if outcome.error is not None:
+        message.error = outcome.error
+    else:
+        message.result_json = json.dumps(plain_json(outcome.result), separators=(",", ":"))
+    return message
 
 
 def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
@@ -262,8 +298,14 @@ class RemoteAdapter:
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         self._check(call, CallKind.INVOKE)
         request = adapter_pb2.InvokeRequest(prompt=call.prompt, options=call_options(call))
-        response = await self._rpc(self._stub.Invoke, request, call)
-        return AdapterReply(text=response.text, events=self._events(call, response.events))
+        if call.conversation_state is not None:
+            request.conversation_state.CopyFrom(_state_value(call.conversation_state))
+        if call.tools is not None:
+            reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(invoke=request), call)
+            response: adapter_pb2.InvokeResponse = reply.invoke
+        else:
+            response = await self._rpc(self._stub.Invoke, request, call)
+        return self._reply(call, response.text, response)
 
     async def produce(self, call: AdapterCall) -> AdapterReply:
         self._check(call, CallKind.PRODUCE)
@@ -274,8 +316,14 @@ class RemoteAdapter:
             output_schema=json.dumps(schema, separators=(",", ":")),
             options=call_options(call),
         )
-        response = await self._rpc(self._stub.Produce, request, call)
-        return AdapterReply(text=response.output_json, events=self._events(call, response.events))
+        if call.conversation_state is not None:
+            request.conversation_state.CopyFrom(_state_value(call.conversation_state))
+        if call.tools is not None:
+            reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(produce=request), call)
+            response: adapter_pb2.ProduceResponse = reply.produce
+        else:
+            response = await self._rpc(self._stub.Produce, request, call)
+        return self._reply(call, response.output_json, response)
 
     async def close(self) -> None:
         self._closed = True
@@ -291,6 +339,67 @@ class RemoteAdapter:
                 self._declaration.shortname,
                 "options.max_depth.provider_managed: the adapter contract has no field to carry it",
             )
+
+    def _reply(
+        self, call: AdapterCall, text: str, response: adapter_pb2.InvokeResponse | adapter_pb2.ProduceResponse
+    ) -> AdapterReply:
+        state: JsonValue = None
+        if call.options.conversation_id is not None and response.HasField("conversation_state"):
+            state = json_format.MessageToDict(response.conversation_state)
+        return AdapterReply(text=text, events=self._events(call, response.events), conversation_state=state)
+
+    async def _call_with_tools(
+        self, start: adapter_pb2.CallWithToolsStart, call: AdapterCall
+    ) -> adapter_pb2.CallWithToolsResponse:
+        """Run the stream: the start, an outcome per tool call, and the reply it ends with."""
+        assert call.tools is not None
+        shortname = self._declaration.shortname
+        reply_kind = start.WhichOneof("call")
+        start.tools.extend(adapter_tools(call.tools))
+        deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
+        metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)),)
+        stream = self._stub.CallWithTools(None, timeout=deadline.seconds, metadata=metadata)
+        try:
+            await stream.write(adapter_pb2.CallWithToolsRequest(start=start))
+            tool_calls = 0
+            # read() answers grpc.aio.EOF, not a response, once the remote has ended the stream.
+            while isinstance(message := await stream.read(), adapter_pb2.CallWithToolsResponse):
+                kind = message.WhichOneof("message")
+                if kind == reply_kind:
+                    await stream.done_writing()
+                    return message
+                if kind != "tool_call":
+                    raise errors.AdapterInternal(
+                        shortname,
+                        f"CallWithTools sent {kind or 'an empty message'}, "
+                        f"neither a tool call nor the {reply_kind} reply",
+                    )
+                tool_calls += 1
+                if tool_calls > MAX_TOOL_CALLS:
+                    raise errors.AdapterInternal(
+                        shortname, f"more than {MAX_TOOL_CALLS} tool calls in one call"
+                    )
+                outcome = await self._run_tool(call.tools, message.tool_call)
+                await stream.write(adapter_pb2.CallWithToolsRequest(tool_outcome=outcome))
+            raise errors.AdapterInternal(shortname, f"CallWithTools ended without the {reply_kind} reply")
+        except grpc.aio.AioRpcError as exc:
+            raise failure_from_status(shortname, exc, deadline) from exc
+        except grpc.aio.BaseError as exc:
+            raise errors.AdapterInternal(shortname, f"gRPC client error: {exc!r}") from exc
+        finally:
+            # A no-op once the stream has ended; on a failure here or the caller's cancel,
+            # it ends the remote's call too.
+            stream.cancel()
+
+    @staticmethod
+    async def _run_tool(tools: ToolBox, tool_call: adapter_pb2.AdapterToolCall) -> adapter_pb2.ToolOutcome:
+        try:
+            arguments = json.loads(tool_call.arguments_json)
+        except json.JSONDecodeError as exc:
+            outcome = ToolOutcome(error=f"the arguments are not valid JSON ({exc}); the tool did not run")
+        else:
+            outcome = await tools.call(tool_call.name, arguments)
+        return tool_outcome(tool_call.call_id, outcome)
 
     async def _rpc(
         self,

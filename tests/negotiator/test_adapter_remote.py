@@ -125,7 +125,13 @@ async def test_connect_fetches_the_declaration(remote: RemoteAdapter) -> None:
     assert declaration.scripted is False
     assert declaration.string_formats == {"email"}
     supported = {c for c in Capability if declaration.state(c) is CapabilityState.SUPPORTED}
-    assert supported == {Capability.STRUCTURED_OUTPUT, Capability.MODEL_OVERRIDE}
+    assert supported == {
+        Capability.STRUCTURED_OUTPUT,
+        Capability.MODEL_OVERRIDE,
+        Capability.TOOL_REGISTRATION,
+        Capability.TOOL_FILTER,
+        Capability.STATEFUL_HISTORY,
+    }
     assert declaration.state(Capability.EFFORT) is CapabilityState.UNSUPPORTED
 
 
@@ -280,6 +286,14 @@ class _FixedDeclaration(adapter_pb2_grpc.AdapterServiceServicer):
     ) -> adapter_pb2.ProduceResponse:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
 
+    async def CallWithTools(
+        self,
+        request_iterator: AsyncIterator[adapter_pb2.CallWithToolsRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[adapter_pb2.CallWithToolsResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
+        yield adapter_pb2.CallWithToolsResponse()  # never reached: makes this a stream handler
+
 
 @pytest.fixture
 async def declaring_server(tmp_path: Path) -> AsyncIterator[Any]:
@@ -354,7 +368,7 @@ async def test_explicit_unknown_states_are_dropped_from_the_declaration(declarin
 
 
 async def test_what_the_contract_cannot_carry_is_declared_unsupported(declaring_server: Any) -> None:
-    """A remote adapter claiming MCP or conversations cannot be sent them: say so before dispatch."""
+    """A remote adapter claiming MCP cannot be sent MCP servers: say so before dispatch."""
     claims = [
         common_pb2.CapabilityDeclaration(capability=c, state=common_pb2.CAPABILITY_STATE_SUPPORTED)
         for c in (common_pb2.CAPABILITY_MCP, common_pb2.CAPABILITY_STATEFUL_HISTORY)
@@ -363,8 +377,9 @@ async def test_what_the_contract_cannot_carry_is_declared_unsupported(declaring_
     adapter = await connect_remote(address, "odd")
     try:
         assert adapter.declaration.state(Capability.MCP) is CapabilityState.UNSUPPORTED
-        assert adapter.declaration.state(Capability.STATEFUL_HISTORY) is CapabilityState.UNSUPPORTED
-        assert adapter.declaration.state(Capability.TOOL_REGISTRATION) is CapabilityState.UNSUPPORTED
+        # Conversations travel (conversation_id and state); undeclared tools stay unknown.
+        assert adapter.declaration.state(Capability.STATEFUL_HISTORY) is CapabilityState.SUPPORTED
+        assert adapter.declaration.state(Capability.TOOL_REGISTRATION) is CapabilityState.UNKNOWN
     finally:
         await adapter.close()
 

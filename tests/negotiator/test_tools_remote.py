@@ -1,0 +1,230 @@
+"""Tools and conversations through a remote adapter (examples/remote_adapter.py as its own process).
+
+Directly against RemoteAdapter for the CallWithTools protocol and its limits, and
+through a real negotiator (ToolSession) where approvals, the tool filter and the
+conversation's commit matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import pytest
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from test_adapter_remote import SCHEMA, ExampleProcess
+from test_tools import KEY_SCHEMA, Caller, Stub, tool
+
+from negotiator_service import errors
+from negotiator_service.adapters.remote import MAX_TOOL_CALLS, RemoteAdapter, connect_remote
+from negotiator_service.model import AdapterCall, CallOptions, JsonValue, ToolOutcome, ToolSpec
+from negotiator_service.registry import RegisteredAdapter
+from negotiator_service.server import RunningNegotiator
+
+
+class LocalToolBox:
+    """A ToolBox answering every call itself (or with `outcome`), recording what it was asked."""
+
+    def __init__(self, *names: str, outcome: ToolOutcome | None = None, hold: bool = False) -> None:
+        self._specs = tuple(
+            ToolSpec(name=n, arguments_schema=json.loads(KEY_SCHEMA), description=f"the {n} tool")
+            for n in names
+        )
+        self._outcome = outcome
+        self._hold = hold
+        self.calls: list[tuple[str, JsonValue]] = []
+        self.called = asyncio.Event()
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        return self._specs
+
+    async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
+        self.calls.append((name, arguments))
+        self.called.set()
+        if self._hold:
+            await asyncio.Event().wait()  # a caller who never answers
+        return self._outcome or ToolOutcome(result={"n": len(self.calls)})
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
+    socket_path = tmp_path_factory.mktemp("remote-tools") / "adapter.sock"
+    running = ExampleProcess(f"unix:{socket_path}", "echo-remote")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def remote(example: ExampleProcess) -> AsyncIterator[RemoteAdapter]:
+    adapter = await connect_remote(example.address, "echo-remote")
+    yield adapter
+    await adapter.close()
+
+
+def with_tools(prompt: str, tools: LocalToolBox) -> AdapterCall:
+    return AdapterCall(prompt=prompt, options=CallOptions(), time_budget=10, tools=tools)
+
+
+async def test_a_tool_call_travels_to_the_toolbox_and_its_result_back(remote: RemoteAdapter) -> None:
+    tools = LocalToolBox("lookup")
+    reply = await remote.invoke(with_tools('tool:lookup:{"key": "colour"}', tools))
+    assert tools.calls == [("lookup", {"key": "colour"})]
+    assert json.loads(reply.text.removeprefix("remote:")) == {"tool": "lookup", "result": {"n": 1}}
+
+
+async def test_the_remote_is_told_only_the_visible_tools(remote: RemoteAdapter) -> None:
+    reply = await remote.invoke(with_tools("tools:", LocalToolBox("lookup", "store")))
+    assert json.loads(reply.text.removeprefix("remote:")) == ["lookup", "store"]
+
+
+async def test_a_denial_and_an_error_reach_the_remote_as_outcomes(remote: RemoteAdapter) -> None:
+    denied = LocalToolBox("store", outcome=ToolOutcome(error="not on Fridays", denied=True))
+    reply = await remote.invoke(with_tools('tool:store:{"key": "k"}', denied))
+    assert json.loads(reply.text.removeprefix("remote:")) == {
+        "tool": "store",
+        "error": "not on Fridays",
+        "denied": True,
+    }
+    unparsable = LocalToolBox("lookup")
+    reply = await remote.invoke(with_tools("badjson:lookup", unparsable))
+    outcome = json.loads(reply.text.removeprefix("remote:"))
+    assert outcome["denied"] is False
+    assert outcome["error"].startswith("the arguments are not valid JSON")
+    assert unparsable.calls == []  # the tool never ran
+
+
+async def test_produce_with_tools_returns_structured_output(remote: RemoteAdapter) -> None:
+    tools = LocalToolBox("lookup")
+    call = AdapterCall(
+        prompt='tool:lookup:{"key": "k"}',
+        options=CallOptions(),
+        output_schema=SCHEMA,
+        time_budget=10,
+        tools=tools,
+    )
+    reply = await remote.produce(call)
+    assert json.loads(reply.text) == {
+        "echo": 'tool:lookup:{"key": "k"}',
+        "tool": {"tool": "lookup", "result": {"n": 1}},
+    }
+
+
+async def test_a_remote_that_never_stops_calling_tools_is_cut_off(remote: RemoteAdapter) -> None:
+    tools = LocalToolBox("lookup")
+    with pytest.raises(errors.AdapterInternal, match=f"more than {MAX_TOOL_CALLS} tool calls"):
+        await remote.invoke(with_tools('loop:lookup:{"key": "k"}', tools))
+    assert len(tools.calls) == MAX_TOOL_CALLS
+
+
+async def test_a_stream_ended_without_a_reply_is_an_internal_failure(remote: RemoteAdapter) -> None:
+    with pytest.raises(errors.AdapterInternal, match="CallWithTools ended without the invoke reply"):
+        await remote.invoke(with_tools("noreply:", LocalToolBox("lookup")))
+
+
+async def test_cancelling_during_a_tool_call_cancels_the_remote_call(
+    remote: RemoteAdapter, example: ExampleProcess
+) -> None:
+    tools = LocalToolBox("lookup", hold=True)
+    task = asyncio.create_task(remote.invoke(with_tools('tool:lookup:{"key": "wait"}', tools)))
+    await asyncio.wait_for(tools.called.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # (Earlier tests' streams, cut off by the negotiator, left CANCELLED lines of their own.)
+    await asyncio.to_thread(example.expect, 'CANCELLED CallWithTools tool:lookup:{"key": "wait"}')
+
+
+async def test_conversation_state_goes_out_and_comes_back(remote: RemoteAdapter) -> None:
+    first = await remote.invoke(AdapterCall(prompt="hi", options=CallOptions(conversation_id="c1")))
+    assert first.text == "remote:hi (turn 1)"
+    assert first.conversation_state == {"turns": 1, "prompts": ["hi"]}
+    second = await remote.invoke(
+        AdapterCall(
+            prompt="again",
+            options=CallOptions(conversation_id="c1"),
+            conversation_state=first.conversation_state,
+        )
+    )
+    assert second.text == "remote:again (turn 2)"
+    assert second.conversation_state == {"turns": 2, "prompts": ["hi", "again"]}
+    outside = await remote.invoke(AdapterCall(prompt="hi", options=CallOptions()))
+    assert (outside.text, outside.conversation_state) == ("remote:hi", None)
+
+
+# --- through a real negotiator -------------------------------------------------------------------
+
+
+@pytest.fixture
+async def registered(negotiator: RunningNegotiator, example: ExampleProcess) -> RemoteAdapter:
+    """The example registered in a real negotiator (which closes it on stop)."""
+    adapter = await connect_remote(example.address, "echo-remote")
+    negotiator.registry.add(RegisteredAdapter(adapter=adapter, source="config"))
+    return adapter
+
+
+async def test_a_remote_model_calls_a_mutating_tool_with_the_callers_approval(
+    stub: Stub, registered: RemoteAdapter
+) -> None:
+    caller = Caller(stub)
+    await caller.start(
+        pb.InvokeRequest(adapter="echo-remote", prompt='tool:store:{"key": "k1"}'),
+        [tool("store", risk=pb.TOOL_RISK_MUTATING)],
+    )
+    asked = await caller.receive("approval_request")
+    assert (asked.tool_name, asked.adapter) == ("store", "echo-remote")
+    await caller.decide(asked.call_id, pb.APPROVAL_DECISION_ALLOW)
+    run = await caller.receive("tool_call")
+    assert json.loads(run.arguments_json) == {"key": "k1"}
+    await caller.result(run.call_id, {"stored": True})
+    text = await caller.final_text()
+    assert json.loads(text.removeprefix("remote:")) == {"tool": "store", "result": {"stored": True}}
+
+
+async def test_the_tool_filter_hides_tools_from_the_remote_model(
+    stub: Stub, registered: RemoteAdapter
+) -> None:
+    caller = Caller(stub)
+    await caller.start(
+        pb.InvokeRequest(
+            adapter="echo-remote",
+            prompt="tools:",
+            options=pb.CallOptions(tool_filter=pb.ToolFilter(deny=["secret"])),
+        ),
+        [tool("lookup"), tool("secret")],
+    )
+    assert json.loads((await caller.final_text()).removeprefix("remote:")) == ["lookup"]
+    # Calling the hidden tool anyway: the model gets an error outcome; the caller never hears of it.
+    caller = Caller(stub)
+    await caller.start(
+        pb.InvokeRequest(
+            adapter="echo-remote",
+            prompt='tool:secret:{"key": "k"}',
+            options=pb.CallOptions(tool_filter=pb.ToolFilter(deny=["secret"])),
+        ),
+        [tool("lookup"), tool("secret")],
+    )
+    outcome = json.loads((await caller.final_text()).removeprefix("remote:"))
+    assert outcome["tool"] == "secret"
+    assert "secret" in outcome["error"]
+
+
+async def test_a_remote_conversation_commits_its_state_call_by_call(
+    stub: Stub, registered: RemoteAdapter
+) -> None:
+    options = pb.CallOptions(conversation_id="remote-talk")
+    first = await stub.Invoke(
+        pb.InvokeRequest(adapter="echo-remote", prompt="one", options=options), timeout=10
+    )
+    assert first.text == "remote:one (turn 1)"
+    # A failed call commits nothing: the next call still sees one turn.
+    failing = pb.InvokeRequest(adapter="echo-remote", prompt="fail:UNAVAILABLE", options=options)
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await stub.Invoke(failing, timeout=10)
+    assert failure.value.code() is grpc.StatusCode.UNAVAILABLE
+    second = await stub.Invoke(
+        pb.InvokeRequest(adapter="echo-remote", prompt="two", options=options), timeout=10
+    )
+    assert second.text == "remote:two (turn 2)"
