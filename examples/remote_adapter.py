@@ -99,6 +99,10 @@ def unsupported_options(options: adapter_pb2.AdapterCallOptions) -> list[str]:
         fields.append("settings")
     if options.stream_events:
         fields.append("stream_events")
+    if options.mcp_servers:
+        fields.append("mcp_servers")
+    if options.max_depth_provider_managed:
+        fields.append("max_depth_provider_managed")
     return fields
 
 

@@ -63,11 +63,10 @@ _Response = TypeVar("_Response")
 
 DECLARATION_TIMEOUT_SECONDS = 5.0
 DELEGATION_DEPTH_METADATA = "x-delegation-depth"
-# AdapterCallOptions has no field for MCP servers, so the negotiator refuses
-# them for a remote adapter whatever its declaration says. The tool filter
-# needs no field: the call's ToolBox applies it to what the remote is told
-# and to every call it makes.
-IMPLEMENTED = ALL_CAPABILITIES - {Capability.MCP}
+# Every capability has a way to the remote: options fields, conversation
+# state, and CallWithTools (whose ToolBox also applies the tool filter to the
+# caller's tools; the filter travels too, for the MCP servers' tools).
+IMPLEMENTED = ALL_CAPABILITIES
 # Tool calls one CallWithTools stream may make; past it the call fails (INTERNAL).
 MAX_TOOL_CALLS = 64
 
@@ -195,8 +194,23 @@ def call_options(call: AdapterCall) -> adapter_pb2.AdapterCallOptions:
         settings = plain_json(call.options.settings)
         assert isinstance(settings, dict)  # plain_json keeps a mapping a mapping
         options.settings.CopyFrom(_struct(settings))
-    if call.options.max_depth is not None and call.options.max_depth.depth is not None:
-        options.max_depth = call.options.max_depth.depth
+    max_depth = call.options.max_depth
+    if max_depth is not None and max_depth.depth is not None:
+        options.max_depth = max_depth.depth
+    options.max_depth_provider_managed = max_depth is not None and max_depth.provider_managed
+    for server in call.options.mcp_servers:
+        options.mcp_servers.add(
+            name=server.name,
+            transport=server.transport,
+            command=server.command,
+            args=server.args,
+            env=server.env,
+            url=server.url,
+            headers=server.headers,
+        )
+    if call.options.tool_filter is not None:
+        options.tool_filter.allow.extend(call.options.tool_filter.allow)
+        options.tool_filter.deny.extend(call.options.tool_filter.deny)
     if call.time_budget is not None:
         options.time_budget.FromNanoseconds(int(call.time_budget * 1e9))
     if call.options.conversation_id is not None:
@@ -333,12 +347,6 @@ class RemoteAdapter:
         if self._closed:
             raise errors.AdapterUnavailable(self._declaration.shortname, "the adapter is closed")
         check_call(self._declaration, call, kind, implemented=IMPLEMENTED)
-        max_depth = call.options.max_depth
-        if max_depth is not None and max_depth.provider_managed:
-            raise errors.AdapterRefused(
-                self._declaration.shortname,
-                "options.max_depth.provider_managed: the adapter contract has no field to carry it",
-            )
 
     def _reply(
         self, call: AdapterCall, text: str, response: adapter_pb2.InvokeResponse | adapter_pb2.ProduceResponse

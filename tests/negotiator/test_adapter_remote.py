@@ -37,6 +37,7 @@ from negotiator_service.model import (
     DeclarationOverride,
     MaxDepth,
     McpServer,
+    ToolFilter,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "remote_adapter.py"
@@ -367,19 +368,21 @@ async def test_explicit_unknown_states_are_dropped_from_the_declaration(declarin
         await adapter.close()
 
 
-async def test_what_the_contract_cannot_carry_is_declared_unsupported(declaring_server: Any) -> None:
-    """A remote adapter claiming MCP cannot be sent MCP servers: say so before dispatch."""
+async def test_every_declared_capability_is_kept_the_contract_carries_them_all(
+    declaring_server: Any,
+) -> None:
     claims = [
         common_pb2.CapabilityDeclaration(capability=c, state=common_pb2.CAPABILITY_STATE_SUPPORTED)
         for c in (common_pb2.CAPABILITY_MCP, common_pb2.CAPABILITY_STATEFUL_HISTORY)
     ]
-    address = await declaring_server(_declaration(capabilities=claims))
+    address = await declaring_server(_declaration(capabilities=claims, mcp_transports=["stdio"]))
     adapter = await connect_remote(address, "odd")
     try:
-        assert adapter.declaration.state(Capability.MCP) is CapabilityState.UNSUPPORTED
-        # Conversations travel (conversation_id and state); undeclared tools stay unknown.
+        assert adapter.declaration.state(Capability.MCP) is CapabilityState.SUPPORTED
         assert adapter.declaration.state(Capability.STATEFUL_HISTORY) is CapabilityState.SUPPORTED
-        assert adapter.declaration.state(Capability.TOOL_REGISTRATION) is CapabilityState.UNKNOWN
+        assert (
+            adapter.declaration.state(Capability.TOOL_REGISTRATION) is CapabilityState.UNKNOWN
+        )  # not declared
     finally:
         await adapter.close()
 
@@ -508,7 +511,11 @@ def test_call_options_carry_only_what_the_call_set() -> None:
     assert not bare.HasField("model")
     assert not bare.HasField("max_depth")
     assert not bare.HasField("time_budget")
+    assert not bare.HasField("tool_filter")
+    assert not bare.HasField("conversation_id")
     assert not bare.settings.fields
+    assert not bare.mcp_servers
+    assert bare.max_depth_provider_managed is False
     full = call_options(
         AdapterCall(
             prompt="p",
@@ -538,3 +545,37 @@ def test_call_options_carry_only_what_the_call_set() -> None:
         "stop": ["a"],
         "nested": {"k": 1.0},
     }
+
+
+def test_call_options_carry_mcp_servers_the_tool_filter_and_provider_managed_depth() -> None:
+    servers = (
+        McpServer(
+            name="files", transport="stdio", command="mcp-files", args=("--root", "/w"), env={"A": "1"}
+        ),
+        McpServer(name="search", transport="http", url="https://mcp.example/x", headers={"X-Key": "k"}),
+    )
+    options = call_options(
+        AdapterCall(
+            prompt="p",
+            options=CallOptions(
+                mcp_servers=servers,
+                tool_filter=ToolFilter(allow=("read",), deny=("write",)),
+                max_depth=MaxDepth(provider_managed=True),
+                conversation_id="c-7",
+            ),
+        )
+    )
+    assert [json_format.MessageToDict(server) for server in options.mcp_servers] == [
+        {
+            "name": "files",
+            "transport": "stdio",
+            "command": "mcp-files",
+            "args": ["--root", "/w"],
+            "env": {"A": "1"},
+        },
+        {"name": "search", "transport": "http", "url": "https://mcp.example/x", "headers": {"X-Key": "k"}},
+    ]
+    assert (list(options.tool_filter.allow), list(options.tool_filter.deny)) == (["read"], ["write"])
+    assert options.max_depth_provider_managed is True
+    assert not options.HasField("max_depth")
+    assert options.conversation_id == "c-7"
