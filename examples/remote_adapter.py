@@ -137,11 +137,11 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
             text = await _delegate(request.prompt.removeprefix("delegate:"), request.options, context)
             return adapter_pb2.InvokeResponse(text="remote:" + text)
         if request.prompt.startswith("options:"):
+            metadata = dict(context.invocation_metadata() or ())
             seen = {
                 "options": json_format.MessageToDict(request.options),
-                "metadata_delegation_depth": dict(context.invocation_metadata() or ()).get(
-                    "x-delegation-depth"
-                ),
+                "metadata_delegation_depth": metadata.get("x-delegation-depth"),
+                "metadata_traceparent": metadata.get("traceparent"),
                 "time_remaining": context.time_remaining(),
             }
             return adapter_pb2.InvokeResponse(text="remote:" + json.dumps(seen))

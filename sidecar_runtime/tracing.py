@@ -24,6 +24,11 @@ so `--otel` alone is enough:
 - `OTEL_BSP_*` tune the batch processor (spans are exported in the
   background, never on the call's path).
 
+Outgoing calls: `trace_metadata()` is the current trace context as W3C
+`traceparent` / `tracestate` metadata, for the sidecar's own calls to other
+services (the negotiator's remote adapters), so their spans join the
+caller's trace. It is empty until `start_tracing` ran.
+
 Packages: `pip install 'agentsidecar[otel]'` (the instrumentation, the SDK
 and the OTLP/gRPC exporter). Without them `--otel` fails at start-up,
 naming what to install.
@@ -52,6 +57,20 @@ OTLP_PROTOCOLS = {
         "opentelemetry-exporter-otlp-proto-http",
     ),
 }
+
+
+# opentelemetry.propagate once --otel is on; None before, so that without
+# --otel no call pays for (or imports) OpenTelemetry.
+_propagate: Any = None
+
+
+def trace_metadata() -> tuple[tuple[str, str], ...]:
+    """The current span's context as gRPC metadata for an outgoing call; () without --otel or a span."""
+    if _propagate is None:
+        return ()
+    carrier: dict[str, str] = {}
+    _propagate.inject(carrier)
+    return tuple(carrier.items())
 
 
 class TracingConfigError(RuntimeError):
@@ -117,9 +136,11 @@ def start_tracing(default_service_name: str) -> Tracing:
         TracingConfigError: a needed package is missing, or OTEL_TRACES_EXPORTER /
             the OTLP protocol names something unsupported.
     """
+    global _propagate
     env = os.environ
     instrumentation = _import("opentelemetry.instrumentation.grpc", OTEL_PACKAGE)
     trace = _import("opentelemetry.trace", "opentelemetry-api")
+    _propagate = _import("opentelemetry.propagate", "opentelemetry-api")
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         # Someone configured tracing before us: their provider, their exporters, their shutdown.
         return Tracing(instrumentation.aio_server_interceptor(), provider=None)

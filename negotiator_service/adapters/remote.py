@@ -3,7 +3,9 @@
 The remote process declares itself (GetDeclaration); config may only narrow
 that. Every call carries the caller's remaining time both as the gRPC
 deadline and in `AdapterCallOptions.time_budget`, and the delegation depth
-both in the options and as `x-delegation-depth` metadata. Every gRPC failure
+both in the options and as `x-delegation-depth` metadata, and with --otel the
+trace context (`traceparent`), so the remote's spans join the caller's
+trace. Every gRPC failure
 is mapped to the negotiator's taxonomy; no AioRpcError leaves this module.
 
 A call in a conversation carries its id and the committed state, and the
@@ -57,6 +59,7 @@ from negotiator_service.model import (
     ToolBox,
     ToolOutcome,
 )
+from sidecar_runtime.tracing import trace_metadata
 
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
@@ -365,7 +368,7 @@ class RemoteAdapter:
         reply_kind = start.WhichOneof("call")
         start.tools.extend(adapter_tools(call.tools))
         deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
-        metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)),)
+        metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)), *trace_metadata())
         stream = self._stub.CallWithTools(None, timeout=deadline.seconds, metadata=metadata)
         try:
             await stream.write(adapter_pb2.CallWithToolsRequest(start=start))
@@ -417,7 +420,7 @@ class RemoteAdapter:
     ) -> _Response:
         shortname = self._declaration.shortname
         deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
-        metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)),)
+        metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)), *trace_metadata())
         try:
             return await method(request, timeout=deadline.seconds, metadata=metadata)
         except grpc.aio.AioRpcError as exc:

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -17,12 +17,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from sidecar_runtime.tracing import TracingConfigError, start_tracing
+from tests.procs import REPO, start_process, stop_process
 from tests.runtime.runtime_support import StartProbe
 from tests.runtime.test_serve_cli import BIN, Sidecar, cleanup, env, launch
 
 __all__ = ["cleanup", "env"]  # fixtures, used by name
 
 INVOKE = "/agentsidecar.negotiator.v1.NegotiatorService/Invoke"
+EXAMPLE_ADAPTER = REPO / "examples" / "remote_adapter.py"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 
@@ -238,3 +240,49 @@ async def test_an_unknown_exporter_is_refused_before_any_provider_is_made(
     from opentelemetry import trace
 
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+@pytest.fixture
+def far_adapter(socket_dir: Path) -> Iterator[str]:
+    """examples/remote_adapter.py in its own process, declaring shortname "far"; its target."""
+    target = f"unix:{socket_dir / 'remote.sock'}"
+    process, _ = start_process(
+        [sys.executable, str(EXAMPLE_ADAPTER), "--listen", target, "--shortname", "far"]
+    )
+    try:
+        yield target
+    finally:
+        stop_process(process)
+
+
+@pytest.mark.parametrize("otel", [True, False])
+async def test_the_trace_continues_into_remote_adapters_only_with_otel(
+    otel: bool,
+    far_adapter: str,
+    env: dict[str, str],
+    socket_dir: Path,
+    tmp_path: Path,
+    cleanup: list[Sidecar],
+) -> None:
+    remote = {"shortname": "far", "implementation": "remote", "options": {"target": far_adapter}}
+    config = tmp_path / "negotiator.yaml"
+    config.write_text(json.dumps({"adapters": [remote]}))
+    env["OTEL_TRACES_EXPORTER"] = "none"
+    argv = [str(BIN / "negotiator"), "serve", "--listen", f"unix:{socket_dir / 'n.sock'}"]
+    sidecar = await launch([*argv, "--config", str(config), *(["--otel"] if otel else [])], env)
+    cleanup.append(sidecar)
+    async with grpc.aio.insecure_channel(sidecar.bound[0]) as channel:
+        reply = await negotiator_pb2_grpc.NegotiatorServiceStub(channel).Invoke(
+            negotiator_pb2.InvokeRequest(adapter="far", prompt="options:"),
+            timeout=10,
+            metadata=(("traceparent", f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"),),
+        )
+    seen = json.loads(reply.text.removeprefix("remote:"))
+    if otel:
+        version, trace_id, parent, flags = seen["metadata_traceparent"].split("-")
+        assert (version, trace_id, flags) == ("00", TRACE_ID, "01")
+        assert parent != PARENT_SPAN_ID  # the negotiator's own span is the remote's parent
+    else:
+        assert seen["metadata_traceparent"] is None
+    code, _ = await sidecar.stop()
+    assert code == 0
