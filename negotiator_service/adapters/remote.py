@@ -221,10 +221,13 @@ def call_options(call: AdapterCall) -> adapter_pb2.AdapterCallOptions:
     return options
 
 
-def _state_value(state: JsonValue) -> struct_pb2.Value:
+def _state(call: AdapterCall) -> dict[str, struct_pb2.Value]:
+    """The request's `conversation_state` field: the committed state, when the conversation has one."""
+    if call.conversation_state is None:
+        return {}
     value = struct_pb2.Value()
-    json_format.ParseDict(plain_json(state), value)
-    return value
+    json_format.ParseDict(plain_json(call.conversation_state), value)
+    return {"conversation_state": value}
 
 
 def adapter_tools(tools: ToolBox) -> list[adapter_pb2.AdapterTool]:
@@ -314,9 +317,7 @@ class RemoteAdapter:
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         self._check(call, CallKind.INVOKE)
-        request = adapter_pb2.InvokeRequest(prompt=call.prompt, options=call_options(call))
-        if call.conversation_state is not None:
-            request.conversation_state.CopyFrom(_state_value(call.conversation_state))
+        request = adapter_pb2.InvokeRequest(prompt=call.prompt, options=call_options(call), **_state(call))
         if call.tools is not None:
             reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(invoke=request), call)
             response: adapter_pb2.InvokeResponse = reply.invoke
@@ -332,9 +333,8 @@ class RemoteAdapter:
             prompt=call.prompt,
             output_schema=json.dumps(schema, separators=(",", ":")),
             options=call_options(call),
+            **_state(call),
         )
-        if call.conversation_state is not None:
-            request.conversation_state.CopyFrom(_state_value(call.conversation_state))
         if call.tools is not None:
             reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(produce=request), call)
             response: adapter_pb2.ProduceResponse = reply.produce

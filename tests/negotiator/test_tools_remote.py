@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from test_adapter_remote import SCHEMA, ExampleProcess
+from test_adapter_remote import SCHEMA, ExampleProcess, example, remote
 from test_tools import KEY_SCHEMA, Caller, Stub, tool
 
 from negotiator_service import errors
@@ -22,6 +21,8 @@ from negotiator_service.adapters.remote import MAX_TOOL_CALLS, RemoteAdapter, co
 from negotiator_service.model import AdapterCall, CallOptions, JsonValue, ToolOutcome, ToolSpec
 from negotiator_service.registry import RegisteredAdapter
 from negotiator_service.server import RunningNegotiator
+
+__all__ = ["example", "remote"]  # fixtures (the example adapter's process and a connection), used by name
 
 
 class LocalToolBox:
@@ -47,21 +48,6 @@ class LocalToolBox:
         if self._hold:
             await asyncio.Event().wait()  # a caller who never answers
         return self._outcome or ToolOutcome(result={"n": len(self.calls)})
-
-
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
-    socket_path = tmp_path_factory.mktemp("remote-tools") / "adapter.sock"
-    running = ExampleProcess(f"unix:{socket_path}", "echo-remote")
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-async def remote(example: ExampleProcess) -> AsyncIterator[RemoteAdapter]:
-    adapter = await connect_remote(example.address, "echo-remote")
-    yield adapter
-    await adapter.close()
 
 
 def with_tools(prompt: str, tools: LocalToolBox) -> AdapterCall:
