@@ -70,13 +70,19 @@ def validate_identifier(value: str, field: str) -> str:
     return value
 
 
+_NOT_ASCII_ALNUM = re.compile(r"[^A-Za-z0-9]+")
+
+
 def canonical(text: str) -> str:
     """SkillSpec's canonical form: `"Voice  Message!"` → `voice_message`, `"--"` → `""`.
 
     ASCII-lowercase; every char that is not ASCII alphanumeric becomes `_`; empty parts are dropped.
+    One regular expression does it (a run of other chars is one separator), then `lower()`, which
+    can only meet ASCII by then: lowering first would turn some non-ASCII letters into ASCII
+    ones (the Kelvin sign into `k`). Every index build and every search canonicalises; a
+    char-by-char loop made this a fifth of building the index.
     """
-    mapped = "".join(char.lower() if char.isascii() and char.isalnum() else "_" for char in text)
-    return "_".join(part for part in mapped.split("_") if part)
+    return _NOT_ASCII_ALNUM.sub("_", text).strip("_").lower()
 
 
 def text_matches(text: str, capability: str) -> bool:

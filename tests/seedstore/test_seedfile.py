@@ -121,10 +121,23 @@ def test_invalid_identifiers_name_value_and_field(value: str) -> None:
         ("", ""),
         ("Élan vital", "lan_vital"),  # non-ASCII letters are separators, not letters
         ("voice-cli --help", "voice_cli_help"),
+        ("\u212aelvin", "elvin"),  # the Kelvin sign lowers to an ASCII "k": still a separator
+        ("\u0130stanbul", "stanbul"),  # so does the dotted capital I ("i" + a combining dot)
     ],
 )
 def test_canonical_form(text: str, expected: str) -> None:
     assert canonical(text) == expected
+
+
+def _canonical_by_definition(text: str) -> str:
+    """SkillSpec's rule spelled out char by char, as the reference for the fast form."""
+    mapped = "".join(char.lower() if char.isascii() and char.isalnum() else "_" for char in text)
+    return "_".join(part for part in mapped.split("_") if part)
+
+
+@given(st.text(alphabet=st.one_of(st.characters(), st.sampled_from("aZ09_-. \u212a\u0130ß"))))
+def test_canonical_form_matches_its_definition(text: str) -> None:
+    assert canonical(text) == _canonical_by_definition(text)
 
 
 @pytest.mark.parametrize(
