@@ -403,11 +403,39 @@ def empty_alias_message(alias: str) -> str:
     return f'alias "{alias}" has no letters or digits, so it would match every capability'
 
 
+_KIND_TAGS = {
+    yaml.ScalarNode: "tag:yaml.org,2002:str",
+    yaml.SequenceNode: "tag:yaml.org,2002:seq",
+    yaml.MappingNode: "tag:yaml.org,2002:map",
+}
+
+
+def untyped_loader(base: type[yaml.SafeLoader] | type[yaml.CSafeLoader]) -> type[yaml.SafeLoader]:
+    """`base`, composing nodes without guessing scalar types.
+
+    The seed parser reads each scalar's text and style, never the tag that
+    PyYAML's implicit resolvers guess (`5` an int, `yes` a bool: YAML 1.1
+    rules, which SkillSpec's YAML 1.2 reader does not share anyway). The
+    resolvers ran Python code for every node, a third of composing a seed
+    file; here every node gets the plain tag of its kind.
+    """
+
+    class UntypedLoader(base):  # type: ignore[valid-type,misc]
+        def resolve(self, kind: type[yaml.Node], value: object, implicit: object) -> str:
+            return _KIND_TAGS[kind]
+
+        def descend_resolver(self, current_node: object, current_index: object) -> None:
+            return None
+
+        def ascend_resolver(self) -> None:
+            return None
+
+    return UntypedLoader
+
+
 # libyaml is the parser serde_yaml itself wraps, and it is several times faster; the
 # pure-Python port composes the same nodes when the extension is missing.
-_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = (
-    yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
-)
+_LOADER = untyped_loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
 
 
 def compose_single_document(text: str) -> yaml.Node | None:

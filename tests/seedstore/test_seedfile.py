@@ -355,9 +355,9 @@ def loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> N
     if request.param == "libyaml":
         if not yaml.__with_libyaml__:
             pytest.skip("PyYAML was built without libyaml")
-        monkeypatch.setattr(seedfile, "_LOADER", yaml.CSafeLoader)
+        monkeypatch.setattr(seedfile, "_LOADER", seedfile.untyped_loader(yaml.CSafeLoader))
     else:
-        monkeypatch.setattr(seedfile, "_LOADER", yaml.SafeLoader)
+        monkeypatch.setattr(seedfile, "_LOADER", seedfile.untyped_loader(yaml.SafeLoader))
 
 
 @pytest.mark.usefixtures("loader")
