@@ -34,6 +34,8 @@ export const HEALTH_SERVICE_NAME = 'grpc.health.v1.Health';
 const PROTO_FILES = [
   'agentsidecar/seedstore/v1/seedstore.proto',
   'agentsidecar/negotiator/v1/negotiator.proto',
+  // The adapter contract, for remote adapters written in Node (examples/remote-adapter.js).
+  'agentsidecar/adapter/v1/adapter.proto',
   'health/v1/health.proto',
 ];
 const INCLUDE_DIRS = [PROTOS_DIR, VENDORED_PROTOS_DIR, HEALTH_PROTO_DIR];
