@@ -10,9 +10,9 @@ in it, and under load they make every instruction dearer. But it says
 exactly how much work a change added or removed, which the ratios against
 the echo baseline can only say within their noise.
 
-For each server (the echo baseline, then the negotiator with the bench
-config of bench_negotiator.py, started as `negotiator serve` does, call log
-on stderr), the server runs under `valgrind --tool=callgrind` with
+For each server (the echo baseline, the Invoke floor of floor_server.py,
+then the negotiator with the bench config of bench_negotiator.py, started as
+`negotiator serve` does, call log on stderr), the server runs under `valgrind --tool=callgrind` with
 instrumentation off; a client process makes N calls to warm it up, then
 instrumentation is switched on (`callgrind_control -i on`), the client makes
 N more calls, and it is switched off again. The figure is the server
@@ -170,13 +170,20 @@ def main() -> None:
         echo = count(
             "echo", [sys.executable, str(BENCH_DIR / "echo_server.py")], ["Echo"], args.calls, workdir
         )
+        floor = count(
+            "floor",
+            [sys.executable, str(BENCH_DIR / "floor_server.py")],
+            ["Invoke"],
+            args.calls,
+            workdir,
+        )
         negotiator_argv = [str(Path(sys.executable).parent / "negotiator"), "serve", "--config", str(config)]
         negotiator = count("negotiator", negotiator_argv, ["Negotiate", "Invoke"], args.calls, workdir)
     baseline = echo[0].instructions_per_call
     print(f"server instructions per call, {args.calls} calls each (callgrind):")
     print("| server | method | instructions/call | vs echo |")
     print("|---|---|---|---|")
-    for result in (*echo, *negotiator):
+    for result in (*echo, *floor, *negotiator):
         ratio = result.instructions_per_call / baseline
         print(f"| {result.subject} | {result.method} | {result.instructions_per_call:,} | {ratio:.2f}× |")
 
