@@ -26,8 +26,8 @@ so `--otel` alone is enough:
 
 Outgoing calls: `trace_metadata()` is the current trace context as W3C
 `traceparent` / `tracestate` metadata, for the sidecar's own calls to other
-services (the negotiator's remote adapters), so their spans join the
-caller's trace. It is empty until `start_tracing` ran.
+services (the negotiator's remote adapters; as HTTP headers, its openai
+adapter's requests), so their spans join the caller's trace. It is empty until `start_tracing` ran.
 
 Packages: `pip install 'agentsidecar[otel]'` (the instrumentation, the SDK
 and the OTLP/gRPC exporter). Without them `--otel` fails at start-up,

@@ -59,6 +59,7 @@ from negotiator_service.model import (
     ToolOutcome,
     ToolSpec,
 )
+from sidecar_runtime.tracing import trace_metadata
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 STRING_FORMATS = frozenset(
@@ -424,6 +425,8 @@ class OpenAIAdapter:
         headers = {"Authorization": f"Bearer {key}"}
         if self._options.organization:
             headers["OpenAI-Organization"] = self._options.organization
+        # With --otel, W3C trace context: servers that trace (vLLM does) join the caller's trace.
+        headers.update(trace_metadata())
         return headers
 
     async def _complete(self, call: AdapterCall, *, produce: bool) -> AdapterReply:

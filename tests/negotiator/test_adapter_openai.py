@@ -464,3 +464,39 @@ async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not
     assert [(call["method"], call["status"]) for call in calls] == [("Invoke", "OK")] * 3
     assert len(server.requests) == 3
     assert "HTTP Request" not in stderr
+
+
+@pytest.mark.parametrize("otel", [True, False])
+async def test_with_otel_the_provider_request_carries_the_callers_trace(
+    otel: bool, server: MockOpenAI, api_key: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "negotiator.yaml"
+    adapter = {
+        "shortname": "llm",
+        "implementation": "openai",
+        "options": {"base_url": server.base_url, "api_key_env": KEY_ENV, "model": "gpt-test"},
+    }
+    config.write_text(json.dumps({"adapters": [adapter]}))
+    socket_path = tmp_path / "n.sock"
+    argv = [str(NEGOTIATOR_BIN), "serve", "--config", str(config), "--listen", f"unix:{socket_path}"]
+    process, _ = start_process(
+        [*argv, "--otel"] if otel else argv,
+        env={"XDG_STATE_HOME": str(tmp_path / "state"), "OTEL_TRACES_EXPORTER": "none"},
+    )
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            await stub.Invoke(
+                negotiator_pb2.InvokeRequest(adapter="llm", prompt="hi"),
+                timeout=10,
+                metadata=(("traceparent", f"00-{trace_id}-b7ad6b7169203331-01"),),
+            )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.communicate, timeout=15)
+    (request,) = server.requests
+    if otel:
+        assert request.headers["traceparent"].split("-")[1] == trace_id
+    else:
+        assert "traceparent" not in request.headers
