@@ -143,6 +143,15 @@ class PreparedSeed:
     required_gates: tuple[str, ...]
 
 
+_NOTHING: frozenset[str] = frozenset()
+
+
+def _canonical_set(values: Iterable[str]) -> frozenset[str]:
+    # An index holds four of these per seed, and most seeds leave preferred_for and
+    # avoid_for empty: share one empty set rather than keep 216 bytes apiece.
+    return frozenset(canonical(value) for value in values) or _NOTHING
+
+
 def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
     texts = {canonical(alias) for alias in seed.aliases}
     for entry in seed.evidence:
@@ -152,10 +161,10 @@ def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
     return PreparedSeed(
         seed=seed,
         path=path,
-        provides=frozenset(canonical(value) for value in seed.provides),
-        texts=frozenset(texts),
-        preferred_for=frozenset(canonical(value) for value in seed.rank.preferred_for),
-        avoid_for=frozenset(canonical(value) for value in seed.rank.avoid_for),
+        provides=_canonical_set(seed.provides),
+        texts=frozenset(texts) or _NOTHING,
+        preferred_for=_canonical_set(seed.rank.preferred_for),
+        avoid_for=_canonical_set(seed.rank.avoid_for),
         risks=seed_risks(seed),
         required_gates=seed_gates(seed),
     )
