@@ -16,7 +16,8 @@ once and answers "remote:" + the outcome as JSON ({"tool", "result"} or
 {"tool", "error", "denied"}); "tools:" answers with the visible tools'
 names; "badjson:<name>" sends arguments that are not JSON; "loop:<name>"
 calls the tool until the stream ends; "noreply:" ends the stream without a
-reply. A Produce with tools answers {"echo": prompt, "tool": outcome}.
+reply; "twice:" replies twice; "replythenfail:" replies, then fails with
+INTERNAL. A Produce with tools answers {"echo": prompt, "tool": outcome}.
 
 Test hooks in the prompt: "sleep:<seconds>" sleeps first (deadlines,
 cancellation); "fail:<CODE>" aborts with that gRPC status code
@@ -208,10 +209,15 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
                 if hook != "loop:":
                     break
         if start.HasField("produce"):
-            yield adapter_pb2.CallWithToolsResponse(produce=_produce_reply(start.produce, extra))
+            reply = adapter_pb2.CallWithToolsResponse(produce=_produce_reply(start.produce, extra))
         else:
             text = "remote:" + (json.dumps(extra.get("tool", extra.get("tools"))) if extra else prompt)
-            yield adapter_pb2.CallWithToolsResponse(invoke=_invoke_reply(start.invoke, text))
+            reply = adapter_pb2.CallWithToolsResponse(invoke=_invoke_reply(start.invoke, text))
+        yield reply
+        if prompt == "twice:":
+            yield reply
+        elif prompt == "replythenfail:":
+            await context.abort(grpc.StatusCode.INTERNAL, "failed after replying")
 
 
 def _outcome_json(name: str, outcome: adapter_pb2.ToolOutcome) -> dict[str, Any]:

@@ -378,6 +378,11 @@ class RemoteAdapter:
                 kind = message.WhichOneof("message")
                 if kind == reply_kind:
                     await stream.done_writing()
+                    # The reply counts once the stream ends OK: a failing status raises here.
+                    if isinstance(await stream.read(), adapter_pb2.CallWithToolsResponse):
+                        raise errors.AdapterInternal(
+                            shortname, f"CallWithTools sent more after the {reply_kind} reply"
+                        )
                     return message
                 if kind != "tool_call":
                     raise errors.AdapterInternal(

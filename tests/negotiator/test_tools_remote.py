@@ -110,6 +110,13 @@ async def test_a_stream_ended_without_a_reply_is_an_internal_failure(remote: Rem
         await remote.invoke(with_tools("noreply:", LocalToolBox("lookup")))
 
 
+async def test_a_reply_counts_only_when_the_stream_then_ends_ok(remote: RemoteAdapter) -> None:
+    with pytest.raises(errors.AdapterInternal, match="sent more after the invoke reply"):
+        await remote.invoke(with_tools("twice:", LocalToolBox("lookup")))
+    with pytest.raises(errors.AdapterInternal, match="INTERNAL: failed after replying"):
+        await remote.invoke(with_tools("replythenfail:", LocalToolBox("lookup")))
+
+
 async def test_cancelling_during_a_tool_call_cancels_the_remote_call(
     remote: RemoteAdapter, example: ExampleProcess
 ) -> None:
