@@ -255,6 +255,7 @@ def open_channel(
     retry: bool = ...,
     aio: Literal[False] = ...,
     options: Sequence[tuple[str, Any]] = ...,
+    interceptors: Sequence[Any] = ...,
 ) -> grpc.Channel: ...
 
 
@@ -268,6 +269,7 @@ def open_channel(
     retry: bool = ...,
     aio: Literal[True],
     options: Sequence[tuple[str, Any]] = ...,
+    interceptors: Sequence[Any] = ...,
 ) -> grpc.aio.Channel: ...
 
 
@@ -280,6 +282,7 @@ def open_channel(
     retry: bool = True,
     aio: bool = False,
     options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[Any] = (),
 ) -> grpc.Channel | grpc.aio.Channel:
     """A channel to `target` (`unix:PATH`, `unix:///PATH` or `HOST:PORT`).
 
@@ -287,6 +290,8 @@ def open_channel(
     docstring for how). `tls`: use TLS. `retry`: retry UNAVAILABLE on
     idempotent methods. `aio`: return a `grpc.aio.Channel` (create it inside
     the event loop that uses it). `options`: extra channel options.
+    `interceptors`: client interceptors of the channel's kind (sync or aio),
+    called after the bearer token's.
 
     Raises:
         ValueError: a malformed target, token and token_file both given, an
@@ -318,17 +323,21 @@ def open_channel(
 
     if aio:
         if credentials is not None:
-            return grpc.aio.secure_channel(address.target, credentials, options=channel_options)
-        interceptors: list[Any] | None = None
+            return grpc.aio.secure_channel(
+                address.target, credentials, options=channel_options, interceptors=list(interceptors) or None
+            )
+        chain: list[Any] = []
         if source is not None:
-            interceptors = [_AioBearerUnaryUnary(source), _AioBearerUnaryStream(source)]
-        return grpc.aio.insecure_channel(address.target, options=channel_options, interceptors=interceptors)
+            chain = [_AioBearerUnaryUnary(source), _AioBearerUnaryStream(source)]
+        chain += interceptors
+        return grpc.aio.insecure_channel(address.target, options=channel_options, interceptors=chain or None)
     if credentials is not None:
-        return grpc.secure_channel(address.target, credentials, options=channel_options)
-    channel = grpc.insecure_channel(address.target, options=channel_options)
-    if source is not None:
-        channel = grpc.intercept_channel(channel, _SyncBearerInterceptor(source))
-    return channel
+        channel = grpc.secure_channel(address.target, credentials, options=channel_options)
+    else:
+        channel = grpc.insecure_channel(address.target, options=channel_options)
+        if source is not None:
+            channel = grpc.intercept_channel(channel, _SyncBearerInterceptor(source))
+    return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
 
 
 class ChannelSettings(TypedDict):

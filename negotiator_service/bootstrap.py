@@ -46,7 +46,7 @@ from agentsidecar.common.v1 import common_pb2
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 
 from clients.aio import AsyncSeedStoreClient
-from clients.channel import CLIENT_TIMEOUT, Timeout
+from clients.channel import CLIENT_TIMEOUT, Timeout, open_channel
 from clients.errors import SidecarError
 from negotiator_service.adapters.command import (
     DEFAULT_OUTPUT_CAP_BYTES,
@@ -75,6 +75,8 @@ from negotiator_service.errors import (
     SeedstoreUnavailable,
 )
 from negotiator_service.model import AuditOutcome, AuditRecord
+from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.tracing import TraceContextInterceptor
 
 # SkillSpec: "If the top two candidates are within 10 points, selected is null".
 ASK_POLICY_WINDOW = 10
@@ -475,11 +477,19 @@ class GrpcSeedSource:
     """The seedstore at `target`, over gRPC; its failures mapped into the negotiator's taxonomy."""
 
     def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
-        """Build inside the event loop that uses it. Raises ValueError for a malformed address."""
-        self._client = (
-            AsyncSeedStoreClient(channel=channel) if channel is not None else AsyncSeedStoreClient(target)
-        )
-        self.target = self._client.target or target
+        """Build inside the event loop that uses it. Raises ValueError for a malformed address.
+
+        Without a `channel`, it opens its own, which carries the caller's trace
+        context with --otel (`TraceContextInterceptor`), and closes it on `close`.
+        """
+        self._own_channel: grpc.aio.Channel | None = None
+        self.target = target
+        if channel is None:
+            self.target = parse_address(target).target
+            channel = self._own_channel = open_channel(
+                target, aio=True, interceptors=[TraceContextInterceptor()]
+            )
+        self._client = AsyncSeedStoreClient(channel=channel)
 
     async def search(
         self, capability: str, domain: str | None, local_only: bool, *, time_left: float | None
@@ -503,6 +513,8 @@ class GrpcSeedSource:
 
     async def close(self) -> None:
         await self._client.close()
+        if self._own_channel is not None:
+            await self._own_channel.close(None)
 
     def _mapped(self, error: SidecarError, fields: Mapping[str, str]) -> NegotiatorError:
         code = error.code

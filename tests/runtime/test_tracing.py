@@ -286,3 +286,39 @@ async def test_the_trace_continues_into_remote_adapters_only_with_otel(
         assert seen["metadata_traceparent"] is None
     code, _ = await sidecar.stop()
     assert code == 0
+
+
+async def test_the_trace_continues_from_the_negotiator_into_the_seedstore(
+    env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar]
+) -> None:
+    seedstore_env = {**env, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "seeds"}
+    seedstore_argv = [str(BIN / "seedstore"), "serve", "--listen", f"unix:{socket_dir / 's.sock'}", "--otel"]
+    seedstore = await launch(seedstore_argv, seedstore_env)
+    cleanup.append(seedstore)
+    negotiator_argv = [
+        str(BIN / "negotiator"), "serve", "--listen", f"unix:{socket_dir / 'n.sock'}",
+        "--seedstore", seedstore.bound[0], "--otel",
+    ]  # fmt: skip
+    negotiator = await launch(negotiator_argv, {**env, "OTEL_TRACES_EXPORTER": "none"})
+    cleanup.append(negotiator)
+    async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:
+        response = await negotiator_pb2_grpc.NegotiatorServiceStub(channel).Bootstrap(
+            negotiator_pb2.BootstrapRequest(capability="text_to_speech"),
+            timeout=10,
+            metadata=(("traceparent", f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"),),
+        )
+    assert list(response.candidates) == []  # an empty store: the search ran and found nothing
+    assert (await negotiator.stop())[0] == 0
+    assert (await seedstore.stop())[0] == 0
+    assert seedstore.process.stdout is not None
+    printed = (await seedstore.process.stdout.read()).decode()
+    decoder = json.JSONDecoder()
+    spans, position = [], printed.find("{")
+    while position != -1:
+        span, end = decoder.raw_decode(printed, position)
+        spans.append(span)
+        position = printed.find("{", end)
+    searches = [s for s in spans if s["name"] == "/agentsidecar.seedstore.v1.SeedStoreService/SearchSeeds"]
+    assert searches, spans
+    assert {s["context"]["trace_id"] for s in searches} == {f"0x{TRACE_ID}"}
+    assert all(s["parent_id"] not in (None, f"0x{PARENT_SPAN_ID}") for s in searches)  # the negotiator's span
