@@ -7,7 +7,9 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from clients import AsyncSeedStoreClient, SeedStoreClient, TlsConfig, UnavailableError, open_channel
@@ -108,6 +110,35 @@ async def test_a_token_rides_metadata_to_a_loopback_tcp_host(start_fake: Callabl
         "Bearer aio-token",
         "Bearer aio-token",
     ]
+
+
+class _SyncTagging(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        tagged = details._replace(metadata=(*(details.metadata or ()), ("x-tag", "sync")))
+        return continuation(tagged, request)
+
+
+class _AioTagging(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), ("x-tag", "aio"))
+        tagged = grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+        return await continuation(tagged, request)
+
+
+async def test_extra_interceptors_run_after_the_token(start_fake: Callable[..., FakeServer]) -> None:
+    server = start_fake()
+    sync_channel = open_channel(server.tcp, token="t1", interceptors=[_SyncTagging()])
+    with SeedStoreClient(channel=sync_channel) as sync_client:
+        sync_client.get_store()
+    sync_channel.close()
+    aio_channel = open_channel(server.unix, aio=True, interceptors=[_AioTagging()])
+    async with AsyncSeedStoreClient(channel=aio_channel) as aio_client:
+        await aio_client.get_store()
+    await aio_channel.close(None)
+    seen = [(m.get("authorization", ""), m.get("x-tag")) for _, m in server.fake.metadata]
+    assert seen == [("Bearer t1", "sync"), ("", "aio")]
 
 
 def test_no_token_means_no_authorization_header(start_fake: Callable[..., FakeServer]) -> None:
