@@ -333,11 +333,13 @@ def open_channel(
         return grpc.aio.insecure_channel(address.target, options=channel_options, interceptors=chain or None)
     if credentials is not None:
         channel = grpc.secure_channel(address.target, credentials, options=channel_options)
+        sync_chain = list(interceptors)
     else:
         channel = grpc.insecure_channel(address.target, options=channel_options)
-        if source is not None:
-            channel = grpc.intercept_channel(channel, _SyncBearerInterceptor(source))
-    return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
+        sync_chain = [_SyncBearerInterceptor(source)] if source is not None else []
+        sync_chain += interceptors
+    # One intercept_channel call: its first interceptor runs first, as in the aio chain.
+    return grpc.intercept_channel(channel, *sync_chain) if sync_chain else channel
 
 
 class ChannelSettings(TypedDict):

@@ -17,7 +17,9 @@ once and answers "remote:" + the outcome as JSON ({"tool", "result"} or
 names; "badjson:<name>" sends arguments that are not JSON; "loop:<name>"
 calls the tool until the stream ends; "noreply:" ends the stream without a
 reply; "twice:" replies twice; "replythenfail:" replies, then fails with
-INTERNAL. A Produce with tools answers {"echo": prompt, "tool": outcome}.
+INTERNAL; "toolthenfail:<name>:<CODE>" calls the tool and fails with that
+status without waiting for the outcome; "nanargs:<name>" sends the
+arguments `NaN`. A Produce with tools answers {"echo": prompt, "tool": outcome}.
 
 Test hooks in the prompt: "sleep:<seconds>" sleeps first (deadlines,
 cancellation); "fail:<CODE>" aborts with that gRPC status code
@@ -127,7 +129,8 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
     async def GetDeclaration(
         self, request: adapter_pb2.GetDeclarationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adapter_pb2.GetDeclarationResponse:
-        return adapter_pb2.GetDeclarationResponse(declaration=self._declaration)
+        # Revision 1 of the contract: CallWithTools, conversation state and the rest are implemented.
+        return adapter_pb2.GetDeclarationResponse(declaration=self._declaration, contract_revision=1)
 
     async def Invoke(
         self, request: adapter_pb2.InvokeRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -181,18 +184,24 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
             return
         if prompt == "tools:":
             extra["tools"] = [tool.name for tool in start.tools]
-        for hook in ("tool:", "badjson:", "loop:"):
+        for hook in ("tool:", "badjson:", "nanargs:", "loop:", "toolthenfail:"):
             if not prompt.startswith(hook):
                 continue
             name, _, arguments = prompt.removeprefix(hook).partition(":")
             if hook == "badjson:":
                 arguments = "{not json"
+            elif hook == "nanargs:":
+                arguments = "NaN"
             for index in itertools.count(1):
                 yield adapter_pb2.CallWithToolsResponse(
                     tool_call=adapter_pb2.AdapterToolCall(
-                        call_id=f"call-{index}", name=name, arguments_json=arguments or "{}"
+                        call_id=f"call-{index}",
+                        name=name,
+                        arguments_json="{}" if hook == "toolthenfail:" else arguments or "{}",
                     )
                 )
+                if hook == "toolthenfail:":
+                    await _act_on(f"fail:{arguments}", "CallWithTools", context)
                 try:
                     answer = await anext(request_iterator, None)
                 except asyncio.CancelledError:

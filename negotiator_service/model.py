@@ -18,6 +18,22 @@ from typing import Any, Protocol, TypeVar, dataclass_transform
 
 JsonValue = Any  # a value that json.dumps accepts
 
+
+def _not_a_json_number(name: str) -> JsonValue:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def strict_json(text: str | bytes) -> JsonValue:
+    """Parse JSON as RFC 8259 defines it: `json.loads`, with NaN and ±Infinity refused.
+
+    Python's json reads and writes them, but no other JSON parser does (a
+    model provider, a Node adapter): text that holds one must fail here, at
+    the edge, not at the far end. Raises ValueError (json.JSONDecodeError
+    for malformed text).
+    """
+    return json.loads(text, parse_constant=_not_a_json_number)
+
+
 _Class = TypeVar("_Class")
 
 

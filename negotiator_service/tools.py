@@ -69,6 +69,7 @@ from negotiator_service.model import (
     ToolOutcome,
     ToolRisk,
     ToolSpec,
+    strict_json,
 )
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -432,8 +433,8 @@ def _approval(message: ApprovalMessage) -> _Approval:
 
 def _parse_json(text: str, path: str) -> JsonValue:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return strict_json(text)
+    except ValueError as exc:  # malformed, or NaN / Infinity (json.JSONDecodeError is a ValueError)
         raise InvalidRequest([(path, f"is not valid JSON: {exc}")]) from exc
 
 

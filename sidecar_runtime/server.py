@@ -141,7 +141,7 @@ class RunningServer:
         if self.call_log is not None:
             await self.call_log.close()
         if self.tracing is not None:
-            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still queued
+            await asyncio.to_thread(self.tracing.flush)  # exports the spans still queued
 
 
 def build_layers(
@@ -348,7 +348,7 @@ async def start_server(
         if call_log is not None:
             await call_log.close()
         if tracing is not None:
-            tracing.shutdown()
+            tracing.flush()
         raise
     all_addresses = (*addresses, *health_addresses)
     for address in all_addresses:

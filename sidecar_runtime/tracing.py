@@ -2,7 +2,7 @@
 
     tracing = start_tracing("negotiator")        # at start-up, when --otel is given
     interceptor = tracing.interceptor            # outermost in the server's chain
-    tracing.shutdown()                           # after the server stops: flushes queued spans
+    tracing.flush()                              # after the server stops: exports queued spans
 
 The spans come from OpenTelemetry's own gRPC instrumentation
 (`opentelemetry-instrumentation-grpc`, its asyncio server interceptor:
@@ -97,15 +97,25 @@ class TracingConfigError(RuntimeError):
     """--otel cannot work as configured: a package is missing or an OTEL_* variable is unusable."""
 
 
+FLUSH_TIMEOUT_MILLIS = 5_000  # an unreachable collector must not hold a stopping sidecar for long
+
+
 @dataclass(slots=True)
 class Tracing:
     interceptor: grpc.aio.ServerInterceptor  # type: ignore[type-arg]
-    provider: Any | None  # the SDK provider this module set up; None when the process brought its own
+    provider: Any  # the process's tracer provider (set up here, or brought by the process)
 
-    def shutdown(self) -> None:
-        """Export what is queued and stop the exporter (only a provider set up here)."""
-        if self.provider is not None:
-            self.provider.shutdown()
+    def flush(self) -> None:
+        """Export what is queued now, leaving the provider running.
+
+        The provider is the process's, not this server's: another server in
+        the same process (tests, an embedding program) may still use it, and
+        the SDK shuts it down at exit. A provider without `force_flush` (not
+        the SDK's) is left alone.
+        """
+        force_flush = getattr(self.provider, "force_flush", None)
+        if force_flush is not None:
+            force_flush(FLUSH_TIMEOUT_MILLIS)
 
 
 def _import(module: str, package: str) -> Any:
@@ -160,10 +170,13 @@ def start_tracing(default_service_name: str) -> Tracing:
     env = os.environ
     instrumentation = _import("opentelemetry.instrumentation.grpc", OTEL_PACKAGE)
     trace = _import("opentelemetry.trace", "opentelemetry-api")
-    _propagate = _import("opentelemetry.propagate", "opentelemetry-api")
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        # Someone configured tracing before us: their provider, their exporters, their shutdown.
-        return Tracing(instrumentation.aio_server_interceptor(), provider=None)
+    propagate = _import("opentelemetry.propagate", "opentelemetry-api")
+    existing = trace.get_tracer_provider()
+    if not isinstance(existing, trace.ProxyTracerProvider):
+        # Configured before us (opentelemetry-instrument, the embedding program, or an
+        # earlier start in this process): its provider, its exporters, its service name.
+        _propagate = propagate
+        return Tracing(instrumentation.aio_server_interceptor(tracer_provider=existing), provider=existing)
     sdk_trace = _import("opentelemetry.sdk.trace", "opentelemetry-sdk")
     sdk_export = _import("opentelemetry.sdk.trace.export", "opentelemetry-sdk")
     resources = _import("opentelemetry.sdk.resources", "opentelemetry-sdk")
@@ -173,4 +186,5 @@ def start_tracing(default_service_name: str) -> Tracing:
     if exporter is not None:
         provider.add_span_processor(sdk_export.BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    _propagate = propagate
     return Tracing(instrumentation.aio_server_interceptor(tracer_provider=provider), provider=provider)

@@ -21,6 +21,7 @@ Config options:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -58,6 +59,7 @@ from negotiator_service.model import (
     StreamEvent,
     ToolBox,
     ToolOutcome,
+    strict_json,
 )
 from sidecar_runtime.tracing import trace_metadata
 
@@ -66,10 +68,24 @@ _Response = TypeVar("_Response")
 
 DECLARATION_TIMEOUT_SECONDS = 5.0
 DELEGATION_DEPTH_METADATA = "x-delegation-depth"
-# Every capability has a way to the remote: options fields, conversation
-# state, and CallWithTools (whose ToolBox also applies the tool filter to the
-# caller's tools; the filter travels too, for the MCP servers' tools).
+# What each revision of the contract carries (GetDeclarationResponse.contract_revision).
+# Revision 1 added CallWithTools (whose ToolBox applies the tool filter to the
+# caller's tools), conversation state, MCP servers, the tool filter itself (for
+# MCP servers' tools) and provider-managed depth. An adapter built for revision 0
+# would ignore those fields, an accept-then-ignore: for it they stay UNSUPPORTED,
+# whatever it declares, and provider-managed depth is refused.
+CONTRACT_REVISION = 1
+_REVISION_1_CAPABILITIES = frozenset(
+    {Capability.MCP, Capability.TOOL_FILTER, Capability.TOOL_REGISTRATION, Capability.STATEFUL_HISTORY}
+)
 IMPLEMENTED = ALL_CAPABILITIES
+
+
+def implemented_in(revision: int) -> frozenset[Capability]:
+    """The capabilities a remote adapter of that contract revision can be sent."""
+    return IMPLEMENTED if revision >= 1 else IMPLEMENTED - _REVISION_1_CAPABILITIES
+
+
 # Tool calls one CallWithTools stream may make; past it the call fails (INTERNAL).
 MAX_TOOL_CALLS = 64
 
@@ -119,7 +135,9 @@ def grpc_target(target: str) -> str | None:
     return target
 
 
-def declaration_from_proto(message: common_pb2.Declaration) -> tuple[Declaration | None, list[str]]:
+def declaration_from_proto(
+    message: common_pb2.Declaration, contract_revision: int = CONTRACT_REVISION
+) -> tuple[Declaration | None, list[str]]:
     """The declaration a remote adapter sent, or every reason it cannot be registered."""
     problems: list[str] = []
     try:
@@ -168,7 +186,10 @@ def declaration_from_proto(message: common_pb2.Declaration) -> tuple[Declaration
             # Negotiate and the pre-dispatch check refuse it instead of the adapter's edge.
             capabilities=MappingProxyType(
                 {c: s for c, s in capabilities.items() if s is not CapabilityState.UNKNOWN}
-                | {c: CapabilityState.UNSUPPORTED for c in ALL_CAPABILITIES - IMPLEMENTED}
+                | {
+                    c: CapabilityState.UNSUPPORTED
+                    for c in ALL_CAPABILITIES - implemented_in(contract_revision)
+                }
             ),
             mcp_transports=sets["mcp_transports"],
             accepted_settings=sets["accepted_settings"],
@@ -246,9 +267,24 @@ def tool_outcome(call_id: str, outcome: ToolOutcome) -> adapter_pb2.ToolOutcome:
     message = adapter_pb2.ToolOutcome(call_id=call_id, denied=outcome.denied)
     if outcome.error is not None:
         message.error = outcome.error
-    else:
-        message.result_json = json.dumps(plain_json(outcome.result), separators=(",", ":"))
+        return message
+    try:
+        message.result_json = json.dumps(plain_json(outcome.result), separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:  # NaN or Infinity: no JSON parser at the far end would read it
+        message.error = f"the tool's result is not valid JSON ({exc})"
     return message
+
+
+def reply_state(
+    adapter: str, response: adapter_pb2.InvokeResponse | adapter_pb2.ProduceResponse
+) -> JsonValue:
+    """The conversation state a reply carries, as JSON values (None when it has none)."""
+    if not response.HasField("conversation_state"):
+        return None
+    try:
+        return json_format.MessageToDict(response.conversation_state)
+    except ValueError as exc:  # NaN or Infinity in a number_value
+        raise errors.AdapterInternal(adapter, f"conversation_state is not valid JSON: {exc}") from exc
 
 
 def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
@@ -303,8 +339,11 @@ class RemoteAdapter:
         channel: grpc.aio.Channel,
         declaration: Declaration,
         timeout_seconds: float | None = None,
+        contract_revision: int = CONTRACT_REVISION,
     ) -> None:
         self.target = target
+        self.contract_revision = contract_revision
+        self._implemented = implemented_in(contract_revision)
         self._channel = channel
         self._stub = adapter_pb2_grpc.AdapterServiceStub(channel)
         self._declaration = declaration
@@ -318,7 +357,7 @@ class RemoteAdapter:
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         self._check(call, CallKind.INVOKE)
         request = adapter_pb2.InvokeRequest(prompt=call.prompt, options=call_options(call), **_state(call))
-        if call.tools is not None:
+        if call.tools is not None and call.tools.specs:
             reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(invoke=request), call)
             response: adapter_pb2.InvokeResponse = reply.invoke
         else:
@@ -335,7 +374,7 @@ class RemoteAdapter:
             options=call_options(call),
             **_state(call),
         )
-        if call.tools is not None:
+        if call.tools is not None and call.tools.specs:
             reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(produce=request), call)
             response: adapter_pb2.ProduceResponse = reply.produce
         else:
@@ -349,14 +388,21 @@ class RemoteAdapter:
     def _check(self, call: AdapterCall, kind: CallKind) -> None:
         if self._closed:
             raise errors.AdapterUnavailable(self._declaration.shortname, "the adapter is closed")
-        check_call(self._declaration, call, kind, implemented=IMPLEMENTED)
+        check_call(self._declaration, call, kind, implemented=self._implemented)
+        max_depth = call.options.max_depth
+        if self.contract_revision < 1 and max_depth is not None and max_depth.provider_managed:
+            raise errors.AdapterRefused(
+                self._declaration.shortname,
+                "options.max_depth.provider_managed: the adapter implements contract revision 0, "
+                "which has no field to carry it",
+            )
 
     def _reply(
         self, call: AdapterCall, text: str, response: adapter_pb2.InvokeResponse | adapter_pb2.ProduceResponse
     ) -> AdapterReply:
         state: JsonValue = None
-        if call.options.conversation_id is not None and response.HasField("conversation_state"):
-            state = json_format.MessageToDict(response.conversation_state)
+        if call.options.conversation_id is not None:
+            state = reply_state(self._declaration.shortname, response)
         return AdapterReply(text=text, events=self._events(call, response.events), conversation_state=state)
 
     async def _call_with_tools(
@@ -371,7 +417,7 @@ class RemoteAdapter:
         metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)), *trace_metadata())
         stream = self._stub.CallWithTools(None, timeout=deadline.seconds, metadata=metadata)
         try:
-            await stream.write(adapter_pb2.CallWithToolsRequest(start=start))
+            await self._send(stream, adapter_pb2.CallWithToolsRequest(start=start))
             tool_calls = 0
             # read() answers grpc.aio.EOF, not a response, once the remote has ended the stream.
             while isinstance(message := await stream.read(), adapter_pb2.CallWithToolsResponse):
@@ -396,7 +442,7 @@ class RemoteAdapter:
                         shortname, f"more than {MAX_TOOL_CALLS} tool calls in one call"
                     )
                 outcome = await self._run_tool(call.tools, message.tool_call)
-                await stream.write(adapter_pb2.CallWithToolsRequest(tool_outcome=outcome))
+                await self._send(stream, adapter_pb2.CallWithToolsRequest(tool_outcome=outcome))
             raise errors.AdapterInternal(shortname, f"CallWithTools ended without the {reply_kind} reply")
         except grpc.aio.AioRpcError as exc:
             raise failure_from_status(shortname, exc, deadline) from exc
@@ -407,11 +453,29 @@ class RemoteAdapter:
             # it ends the remote's call too.
             stream.cancel()
 
+    async def _send(
+        self,
+        stream: grpc.aio.StreamStreamCall[
+            adapter_pb2.CallWithToolsRequest, adapter_pb2.CallWithToolsResponse
+        ],
+        message: adapter_pb2.CallWithToolsRequest,
+    ) -> None:
+        try:
+            await stream.write(message)
+        except asyncio.InvalidStateError:
+            # The remote ended its call while we worked (a tool call, an approval): its
+            # status is the answer. Reading raises it as AioRpcError; an OK end reads EOF.
+            while isinstance(await stream.read(), adapter_pb2.CallWithToolsResponse):
+                pass
+            raise errors.AdapterInternal(
+                self._declaration.shortname, "CallWithTools ended before its tool call's outcome was sent"
+            ) from None
+
     @staticmethod
     async def _run_tool(tools: ToolBox, tool_call: adapter_pb2.AdapterToolCall) -> adapter_pb2.ToolOutcome:
         try:
-            arguments = json.loads(tool_call.arguments_json)
-        except json.JSONDecodeError as exc:
+            arguments = strict_json(tool_call.arguments_json)
+        except ValueError as exc:
             outcome = ToolOutcome(error=f"the arguments are not valid JSON ({exc}); the tool did not run")
         else:
             outcome = await tools.call(tool_call.name, arguments)
@@ -482,7 +546,8 @@ async def connect_remote(
             raise errors.AdapterRegistrationFailed(
                 target, "GetDeclaration returned no declaration", expected_shortname
             )
-        declaration, problems = declaration_from_proto(response.declaration)
+        revision = response.contract_revision
+        declaration, problems = declaration_from_proto(response.declaration, revision)
         if declaration is None:
             raise errors.AdapterRegistrationFailed(
                 target, "invalid declaration: " + "; ".join(problems), expected_shortname
@@ -500,7 +565,7 @@ async def connect_remote(
     except BaseException:
         await channel.close(None)
         raise
-    return RemoteAdapter(target, channel, declaration, timeout_seconds)
+    return RemoteAdapter(target, channel, declaration, timeout_seconds, contract_revision=revision)
 
 
 async def connect_from_spec(spec: AdapterSpec) -> RemoteAdapter:

@@ -112,14 +112,20 @@ async def test_a_token_rides_metadata_to_a_loopback_tcp_host(start_fake: Callabl
     ]
 
 
+# Each records whether the bearer token's interceptor ran before it (it should: the token first).
+_SEEN_AUTHORIZATION: list[tuple[str, bool]] = []
+
+
 class _SyncTagging(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        _SEEN_AUTHORIZATION.append(("sync", any(k == "authorization" for k, _ in details.metadata or ())))
         tagged = details._replace(metadata=(*(details.metadata or ()), ("x-tag", "sync")))
         return continuation(tagged, request)
 
 
 class _AioTagging(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        _SEEN_AUTHORIZATION.append(("aio", any(k == "authorization" for k, _ in details.metadata or ())))
         metadata = grpc.aio.Metadata(*(details.metadata or ()), ("x-tag", "aio"))
         tagged = grpc.aio.ClientCallDetails(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
@@ -129,16 +135,18 @@ class _AioTagging(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-ar
 
 async def test_extra_interceptors_run_after_the_token(start_fake: Callable[..., FakeServer]) -> None:
     server = start_fake()
+    _SEEN_AUTHORIZATION.clear()
     sync_channel = open_channel(server.tcp, token="t1", interceptors=[_SyncTagging()])
     with SeedStoreClient(channel=sync_channel) as sync_client:
         sync_client.get_store()
     sync_channel.close()
-    aio_channel = open_channel(server.unix, aio=True, interceptors=[_AioTagging()])
+    aio_channel = open_channel(server.tcp, aio=True, token="t2", interceptors=[_AioTagging()])
     async with AsyncSeedStoreClient(channel=aio_channel) as aio_client:
         await aio_client.get_store()
     await aio_channel.close(None)
     seen = [(m.get("authorization", ""), m.get("x-tag")) for _, m in server.fake.metadata]
-    assert seen == [("Bearer t1", "sync"), ("", "aio")]
+    assert seen == [("Bearer t1", "sync"), ("Bearer t2", "aio")]
+    assert _SEEN_AUTHORIZATION == [("sync", True), ("aio", True)]
 
 
 def test_no_token_means_no_authorization_header(start_fake: Callable[..., FakeServer]) -> None:

@@ -26,7 +26,7 @@ from google.protobuf import json_format
 
 from negotiator_service import errors
 from negotiator_service.adapters import build_adapter_async, build_adapters
-from negotiator_service.adapters.remote import IMPLEMENTED, RemoteAdapter, call_options, connect_remote
+from negotiator_service.adapters.remote import RemoteAdapter, call_options, connect_remote, implemented_in
 from negotiator_service.model import (
     AdapterCall,
     AdapterKind,
@@ -361,28 +361,56 @@ async def test_explicit_unknown_states_are_dropped_from_the_declaration(declarin
     adapter = await connect_remote(address, "odd")
     try:
         assert adapter.declaration.kind is AdapterKind.HARNESS
-        carried = {c: s for c, s in adapter.declaration.capabilities.items() if c in IMPLEMENTED}
+        implemented = implemented_in(adapter.contract_revision)
+        carried = {c: s for c, s in adapter.declaration.capabilities.items() if c in implemented}
         assert carried == {Capability.PERSONA: CapabilityState.SUPPORTED}
         assert adapter.declaration.scripted is True
     finally:
         await adapter.close()
 
 
-async def test_every_declared_capability_is_kept_the_contract_carries_them_all(
-    declaring_server: Any,
+@pytest.mark.parametrize("revision", [0, 1])
+async def test_what_the_adapters_contract_revision_cannot_carry_is_unsupported(
+    revision: int, declaring_server: Any
 ) -> None:
+    """An adapter built for revision 0 would ignore conversations, MCP servers, tools: never send them."""
     claims = [
         common_pb2.CapabilityDeclaration(capability=c, state=common_pb2.CAPABILITY_STATE_SUPPORTED)
-        for c in (common_pb2.CAPABILITY_MCP, common_pb2.CAPABILITY_STATEFUL_HISTORY)
+        for c in (
+            common_pb2.CAPABILITY_MCP,
+            common_pb2.CAPABILITY_STATEFUL_HISTORY,
+            common_pb2.CAPABILITY_TOOL_REGISTRATION,
+            common_pb2.CAPABILITY_TOOL_FILTER,
+            common_pb2.CAPABILITY_PERSONA,
+        )
     ]
-    address = await declaring_server(_declaration(capabilities=claims, mcp_transports=["stdio"]))
-    adapter = await connect_remote(address, "odd")
+    response = _declaration(capabilities=claims, mcp_transports=["stdio"])
+    response.contract_revision = revision
+    adapter = await connect_remote(await declaring_server(response), "odd")
     try:
-        assert adapter.declaration.state(Capability.MCP) is CapabilityState.SUPPORTED
-        assert adapter.declaration.state(Capability.STATEFUL_HISTORY) is CapabilityState.SUPPORTED
-        assert (
-            adapter.declaration.state(Capability.TOOL_REGISTRATION) is CapabilityState.UNKNOWN
-        )  # not declared
+        assert adapter.contract_revision == revision
+        expected = CapabilityState.SUPPORTED if revision >= 1 else CapabilityState.UNSUPPORTED
+        for capability in (
+            Capability.MCP,
+            Capability.STATEFUL_HISTORY,
+            Capability.TOOL_REGISTRATION,
+            Capability.TOOL_FILTER,
+        ):
+            assert adapter.declaration.state(capability) is expected, capability
+        assert adapter.declaration.state(Capability.PERSONA) is CapabilityState.SUPPORTED  # in every revision
+    finally:
+        await adapter.close()
+
+
+async def test_provider_managed_depth_is_refused_for_a_revision_0_adapter(declaring_server: Any) -> None:
+    claims = [
+        common_pb2.CapabilityDeclaration(capability=c, state=common_pb2.CAPABILITY_STATE_SUPPORTED)
+        for c in (common_pb2.CAPABILITY_DEPTH_LIMIT, common_pb2.CAPABILITY_SUBAGENTS)
+    ]
+    adapter = await connect_remote(await declaring_server(_declaration(capabilities=claims)), "odd")
+    try:
+        with pytest.raises(errors.AdapterRefused, match="contract revision 0"):
+            await adapter.invoke(call(max_depth=MaxDepth(provider_managed=True)))
     finally:
         await adapter.close()
 

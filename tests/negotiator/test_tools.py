@@ -709,6 +709,16 @@ APPROVAL_ERRORS = [
         "is not valid JSON",
     ),
     (
+        "edit with NaN, which only Python's json reads",
+        lambda call_id: pb.ToolSessionRequest(
+            approval=pb.ToolApproval(
+                call_id=call_id, decision=pb.APPROVAL_DECISION_EDIT, edited_arguments_json='{"path": NaN}'
+            )
+        ),
+        "approval.edited_arguments_json",
+        "is not valid JSON: NaN is not a JSON number",
+    ),
+    (
         "arguments beside allow",
         lambda call_id: pb.ToolSessionRequest(
             approval=pb.ToolApproval(

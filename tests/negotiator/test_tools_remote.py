@@ -12,12 +12,13 @@ import json
 
 import grpc
 import pytest
+from agentsidecar.adapter.v1 import adapter_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from test_adapter_remote import SCHEMA, ExampleProcess, example, remote
 from test_tools import KEY_SCHEMA, Caller, Stub, tool
 
 from negotiator_service import errors
-from negotiator_service.adapters.remote import MAX_TOOL_CALLS, RemoteAdapter, connect_remote
+from negotiator_service.adapters.remote import MAX_TOOL_CALLS, RemoteAdapter, connect_remote, reply_state
 from negotiator_service.model import AdapterCall, CallOptions, JsonValue, ToolOutcome, ToolSpec
 from negotiator_service.registry import RegisteredAdapter
 from negotiator_service.server import RunningNegotiator
@@ -28,13 +29,16 @@ __all__ = ["example", "remote"]  # fixtures (the example adapter's process and a
 class LocalToolBox:
     """A ToolBox answering every call itself (or with `outcome`), recording what it was asked."""
 
-    def __init__(self, *names: str, outcome: ToolOutcome | None = None, hold: bool = False) -> None:
+    def __init__(
+        self, *names: str, outcome: ToolOutcome | None = None, hold: bool = False, delay: float = 0.0
+    ) -> None:
         self._specs = tuple(
             ToolSpec(name=n, arguments_schema=json.loads(KEY_SCHEMA), description=f"the {n} tool")
             for n in names
         )
         self._outcome = outcome
         self._hold = hold
+        self._delay = delay
         self.calls: list[tuple[str, JsonValue]] = []
         self.called = asyncio.Event()
 
@@ -47,6 +51,7 @@ class LocalToolBox:
         self.called.set()
         if self._hold:
             await asyncio.Event().wait()  # a caller who never answers
+        await asyncio.sleep(self._delay)  # a slow tool, or a caller slow to approve
         return self._outcome or ToolOutcome(result={"n": len(self.calls)})
 
 
@@ -221,3 +226,45 @@ async def test_a_remote_conversation_commits_its_state_call_by_call(
         pb.InvokeRequest(adapter="echo-remote", prompt="two", options=options), timeout=10
     )
     assert second.text == "remote:two (turn 2)"
+
+
+async def test_a_remote_that_fails_during_a_tool_call_is_reported_by_its_status(
+    remote: RemoteAdapter,
+) -> None:
+    # The remote gives up (RESOURCE_EXHAUSTED, retry in 2 s) while the tool still runs: writing the
+    # outcome then finds the call finished, and the remote's own status is what the caller gets.
+    tools = LocalToolBox("lookup", delay=0.3)
+    with pytest.raises(errors.AdapterRateLimited) as limited:
+        await remote.invoke(with_tools("toolthenfail:lookup:RESOURCE_EXHAUSTED", tools))
+    assert limited.value.retry_after == 2.0
+    assert len(tools.calls) == 1
+
+
+async def test_nan_never_crosses_to_or_from_a_remote(remote: RemoteAdapter) -> None:
+    # Python's json writes and reads NaN; no other JSON parser does.
+    result = await remote.invoke(
+        with_tools(
+            'tool:lookup:{"key": "k"}', LocalToolBox("lookup", outcome=ToolOutcome(result=float("nan")))
+        )
+    )
+    outcome = json.loads(result.text.removeprefix("remote:"))
+    assert outcome["error"].startswith("the tool's result is not valid JSON")
+    tools = LocalToolBox("lookup")
+    arguments = await remote.invoke(with_tools("nanargs:lookup", tools))
+    outcome = json.loads(arguments.text.removeprefix("remote:"))
+    assert "NaN is not a JSON number" in outcome["error"]
+    assert tools.calls == []
+
+
+async def test_with_every_tool_hidden_the_call_goes_without_tools(remote: RemoteAdapter) -> None:
+    # A filter may hide every tool the caller brought: CallWithTools promises at least one.
+    reply = await remote.invoke(with_tools("tools:", LocalToolBox()))
+    assert reply.text == "remote:tools:"  # Invoke's echo, not CallWithTools' list of names
+
+
+def test_a_conversation_state_that_is_not_json_is_an_internal_failure() -> None:
+    response = adapter_pb2.InvokeResponse(text="x")
+    response.conversation_state.number_value = float("inf")
+    with pytest.raises(errors.AdapterInternal, match="conversation_state is not valid JSON"):
+        reply_state("far", response)
+    assert reply_state("far", adapter_pb2.InvokeResponse(text="x")) is None

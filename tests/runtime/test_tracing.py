@@ -205,7 +205,7 @@ trace.set_tracer_provider(provider)
 
 async def main(socket):
     running = await start_server(lambda server: None, (), ServerOptions(listen=[f"unix:{socket}"], otel=True))
-    assert running.tracing is not None and running.tracing.provider is None
+    assert running.tracing is not None and running.tracing.provider is provider
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
         await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     await running.stop()
@@ -215,6 +215,41 @@ async def main(socket):
 
 asyncio.run(main(sys.argv[1]))
 """
+
+
+# Two servers, one after the other, in one process (an embedding program, a test run):
+# the second must still export, through the provider the first one set up.
+TWICE = """
+import asyncio, sys
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sidecar_runtime.server import ServerOptions, start_server
+
+async def serve_once(socket):
+    running = await start_server(lambda server: None, (), ServerOptions(listen=[f"unix:{socket}"], otel=True))
+    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    await running.stop()
+
+async def main(directory):
+    await serve_once(f"{directory}/first.sock")
+    await serve_once(f"{directory}/second.sock")
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_second_server_in_the_process_still_exports(socket_dir: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", TWICE, str(socket_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "embedded"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count('"name": "/grpc.health.v1.Health/Check"') == 2
 
 
 def test_a_tracer_provider_set_by_the_process_is_kept(socket_dir: Path) -> None:

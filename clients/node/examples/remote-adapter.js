@@ -32,7 +32,13 @@ function declaration(shortname) {
 
 /** What one tool outcome says, as the stub model reports it. */
 function outcomeJson(name, outcome) {
-  if (outcome.outcome === 'resultJson') return { tool: name, result: JSON.parse(outcome.resultJson) };
+  if (outcome.outcome === 'resultJson') {
+    try {
+      return { tool: name, result: JSON.parse(outcome.resultJson) };
+    } catch (error) {
+      return { tool: name, error: `the result is not JSON: ${error.message}`, denied: false };
+    }
+  }
   return { tool: name, error: outcome.error, denied: outcome.denied };
 }
 
@@ -83,7 +89,8 @@ export async function startNodeAdapter({ listen, shortname = 'node-echo' }) {
   const { AdapterService } = loadProtos().agentsidecar.adapter.v1;
   const server = new grpc.Server();
   server.addService(AdapterService.service, {
-    getDeclaration: (_call, done) => done(null, { declaration: declaration(shortname) }),
+    // Revision 1 of the contract: CallWithTools and the fields that came with it.
+    getDeclaration: (_call, done) => done(null, { declaration: declaration(shortname), contractRevision: 1 }),
     invoke: (call, done) => done(null, { text: `node:${call.request.prompt}` }),
     produce: (call, done) => done(null, { outputJson: JSON.stringify({ echo: call.request.prompt }) }),
     callWithTools,
