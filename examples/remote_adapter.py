@@ -155,15 +155,7 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
         self, request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adapter_pb2.ProduceResponse:
         await _refuse_unsupported(request.options, context)
-        try:
-            schema = json.loads(request.output_schema)
-        except json.JSONDecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"output_schema is not JSON: {exc}")
-        formats = sorted(set(schema_formats(schema)) - set(STRING_FORMATS))
-        if formats:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, f"unsupported string formats: {', '.join(formats)}"
-            )
+        await _refuse_unsupported_formats(request, context)
         await _act_on(request.prompt, "Produce", context)
         return _produce_reply(request, {})
 
@@ -178,6 +170,8 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
         start = first.start
         call = start.produce if start.HasField("produce") else start.invoke
         await _refuse_unsupported(call.options, context)
+        if start.HasField("produce"):
+            await _refuse_unsupported_formats(start.produce, context)
         prompt = call.prompt
         extra: dict[str, Any] = {}
         if prompt == "noreply:":
@@ -276,6 +270,20 @@ async def _refuse_unsupported(
     if unsupported:
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION, f"this adapter does not implement: {', '.join(unsupported)}"
+        )
+
+
+async def _refuse_unsupported_formats(
+    request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
+) -> None:
+    try:
+        schema = json.loads(request.output_schema)
+    except json.JSONDecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"output_schema is not JSON: {exc}")
+    formats = sorted(set(schema_formats(schema)) - set(STRING_FORMATS))
+    if formats:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, f"unsupported string formats: {', '.join(formats)}"
         )
 
 
