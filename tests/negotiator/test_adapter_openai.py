@@ -7,6 +7,7 @@ import email.utils
 import json
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -436,9 +437,10 @@ def test_retry_after_forms() -> None:
     assert retry_after_seconds({}) is None
 
 
-async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not_per_http_request(
-    server: MockOpenAI, api_key: str, tmp_path: Path
-) -> None:
+def serve_with_llm(
+    server: MockOpenAI, tmp_path: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], Path]:
+    """`negotiator serve` as a process, with one openai adapter "llm" on the mock; it and its socket."""
     config = tmp_path / "negotiator.yaml"
     adapter = {
         "shortname": "llm",
@@ -448,9 +450,16 @@ async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not
     config.write_text(json.dumps({"adapters": [adapter]}))
     socket_path = tmp_path / "n.sock"
     process, _ = start_process(
-        [str(NEGOTIATOR_BIN), "serve", "--config", str(config), "--listen", f"unix:{socket_path}"],
-        env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        [str(NEGOTIATOR_BIN), "serve", "--config", str(config), "--listen", f"unix:{socket_path}", *flags],
+        env={"XDG_STATE_HOME": str(tmp_path / "state"), **(env or {})},
     )
+    return process, socket_path
+
+
+async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not_per_http_request(
+    server: MockOpenAI, api_key: str, tmp_path: Path
+) -> None:
+    process, socket_path = serve_with_llm(server, tmp_path)
     try:
         async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
             stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
@@ -470,19 +479,8 @@ async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not
 async def test_with_otel_the_provider_request_carries_the_callers_trace(
     otel: bool, server: MockOpenAI, api_key: str, tmp_path: Path
 ) -> None:
-    config = tmp_path / "negotiator.yaml"
-    adapter = {
-        "shortname": "llm",
-        "implementation": "openai",
-        "options": {"base_url": server.base_url, "api_key_env": KEY_ENV, "model": "gpt-test"},
-    }
-    config.write_text(json.dumps({"adapters": [adapter]}))
-    socket_path = tmp_path / "n.sock"
-    argv = [str(NEGOTIATOR_BIN), "serve", "--config", str(config), "--listen", f"unix:{socket_path}"]
-    process, _ = start_process(
-        [*argv, "--otel"] if otel else argv,
-        env={"XDG_STATE_HOME": str(tmp_path / "state"), "OTEL_TRACES_EXPORTER": "none"},
-    )
+    flags = ["--otel"] if otel else []
+    process, socket_path = serve_with_llm(server, tmp_path, *flags, env={"OTEL_TRACES_EXPORTER": "none"})
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     try:
         async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -27,6 +28,17 @@ INVOKE = "/agentsidecar.negotiator.v1.NegotiatorService/Invoke"
 EXAMPLE_ADAPTER = REPO / "examples" / "remote_adapter.py"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
+
+
+def console_spans(printed: str) -> list[dict[str, Any]]:
+    """The spans OpenTelemetry's console exporter printed: one JSON object after another."""
+    decoder = json.JSONDecoder()
+    spans, position = [], printed.find("{")
+    while position != -1:
+        span, end = decoder.raw_decode(printed, position)
+        spans.append(span)
+        position = printed.find("{", end)
+    return spans
 
 
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -134,12 +146,7 @@ async def test_seedstore_spans_on_stdout_under_the_configured_service_name(
     assert code == 0
     assert sidecar.process.stdout is not None
     printed = (await sidecar.process.stdout.read()).decode()
-    decoder = json.JSONDecoder()
-    spans, position = [], printed.find("{")
-    while position != -1:
-        span, end = decoder.raw_decode(printed, position)
-        spans.append(span)
-        position = printed.find("{", end)
+    spans = console_spans(printed)
     listed = [s for s in spans if s["name"] == "/agentsidecar.seedstore.v1.SeedStoreService/ListSeeds"]
     assert len(listed) == 1
     assert listed[0]["resource"]["attributes"]["service.name"] == "seeds-of-team-a"
@@ -347,12 +354,7 @@ async def test_the_trace_continues_from_the_negotiator_into_the_seedstore(
     assert (await seedstore.stop())[0] == 0
     assert seedstore.process.stdout is not None
     printed = (await seedstore.process.stdout.read()).decode()
-    decoder = json.JSONDecoder()
-    spans, position = [], printed.find("{")
-    while position != -1:
-        span, end = decoder.raw_decode(printed, position)
-        spans.append(span)
-        position = printed.find("{", end)
+    spans = console_spans(printed)
     searches = [s for s in spans if s["name"] == "/agentsidecar.seedstore.v1.SeedStoreService/SearchSeeds"]
     assert searches, spans
     assert {s["context"]["trace_id"] for s in searches} == {f"0x{TRACE_ID}"}
