@@ -1,6 +1,7 @@
 """Run the sidecar pair (seedstore + negotiator) with the embedded defaults.
 
-Each service runs in its own process, as it would in a pod; this launcher
+Each service runs in its own process, as it would in a pod; the negotiator
+asks this seedstore for capability bootstrap (`--seedstore`). This launcher
 waits until both report READY, prints where they listen, forwards SIGTERM /
 SIGINT to both and exits when both have drained.
 """
@@ -36,12 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--negotiator-config", default=None, help="negotiator YAML config (default: embedded)"
     )
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="OpenTelemetry spans from both services, exported as the OTEL_* variables say",
+    )
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent
-    seedstore_cmd = [str(bin_dir / "seedstore"), "serve", "--listen", f"unix:{run_dir / 'seedstore.sock'}"]
+    seedstore_socket = f"unix:{run_dir / 'seedstore.sock'}"
+    seedstore_cmd = [str(bin_dir / "seedstore"), "serve", "--listen", seedstore_socket]
     if args.seedstore_tcp:
         seedstore_cmd += ["--listen", args.seedstore_tcp]
     negotiator_cmd = [str(bin_dir / "negotiator"), "serve", "--listen", f"unix:{run_dir / 'negotiator.sock'}"]
@@ -49,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         negotiator_cmd += ["--listen", args.negotiator_tcp]
     if args.negotiator_config:
         negotiator_cmd += ["--config", args.negotiator_config]
+    negotiator_cmd += ["--seedstore", seedstore_socket]
+    if args.otel:
+        seedstore_cmd.append("--otel")
+        negotiator_cmd.append("--otel")
 
     processes: list[subprocess.Popen[str]] = []
 

@@ -1,0 +1,73 @@
+"""`agentsidecar-pair`, the README's run command, as a real process: both services, wired together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+
+PAIR = Path(sys.executable).parent / "agentsidecar-pair"
+
+
+@pytest.fixture
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """The launcher running, and the directory of its sockets."""
+    run_dir = tmp_path_factory.mktemp("pair")  # short: Unix socket paths hold ~107 bytes
+    home = tmp_path_factory.mktemp("home")
+    process = subprocess.Popen(
+        [str(PAIR), "--run-dir", str(run_dir), "--seedstore-tcp", "", "--negotiator-tcp", ""],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SKILLSPEC_HOME": str(home), "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stdout is not None
+    lines = [process.stdout.readline() for _ in range(3)]
+    if not lines[2].startswith("pair ready"):
+        process.kill()
+        raise AssertionError(f"the pair did not start: {lines} {process.communicate(timeout=10)}")
+    yield process, run_dir
+    if process.poll() is None:  # the test failed before stopping it: stop both services too
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate(timeout=10)
+
+
+async def test_the_pair_serves_both_and_the_negotiator_asks_its_seedstore(
+    pair: tuple[subprocess.Popen[str], Path],
+) -> None:
+    launcher, run_dir = pair
+    async with grpc.aio.insecure_channel(f"unix:{run_dir / 'seedstore.sock'}") as channel:
+        seeds = seedstore_pb2_grpc.SeedStoreServiceStub(channel)
+        await seeds.AddSeed(
+            seedstore_pb2.AddSeedRequest(
+                id="say", domain="voice", kind="cli", command="cat", provides=["text_to_speech"]
+            ),
+            timeout=10,
+        )
+    async with grpc.aio.insecure_channel(f"unix:{run_dir / 'negotiator.sock'}") as channel:
+        negotiator = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        # Bootstrap works only when the negotiator was given the seedstore (`--seedstore`).
+        response = await negotiator.Bootstrap(
+            negotiator_pb2.BootstrapRequest(capability="text_to_speech"), timeout=10
+        )
+    assert [candidate.id for candidate in response.candidates] == ["say"]
+
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode == 0, stderr
+    assert "negotiator: stopping" in stderr
+    assert "seedstore: stopping" in stderr
+    assert not (run_dir / "seedstore.sock").exists()
+    assert not (run_dir / "negotiator.sock").exists()
