@@ -8,6 +8,8 @@
     negotiator [--server ADDR] negotiate (--adapter X | --agent Y) [--schema FILE_OR_JSON] PROMPT [options]
     negotiator [--server ADDR] produce (--adapter X | --agent Y) --schema FILE_OR_JSON PROMPT [options]
     negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [options]
+    negotiator [--server ADDR] bootstrap CAPABILITY [--domain D] [--local-only] [--seed DOMAIN/ID]
+                     [--approve GATE]... [--run [--prompt PROMPT]]
 
 ADDR is `unix:PATH`, `unix:///PATH` or `HOST:PORT`; `--server` defaults to
 $NEGOTIATOR_SERVER. `serve` without `--config` uses the embedded demo config;
@@ -40,6 +42,9 @@ Output: JSON on stdout.
     produce              {"adapter", "declaration_version", "output": <the output, parsed>,
                           "verdicts": [VERDICT], "events": [{"type", "text"}]}
     invoke               {"adapter", "declaration_version", "text", "verdicts": [VERDICT], "events": [...]}
+    bootstrap            the BootstrapResponse in proto JSON with the proto's field names:
+                         {"candidates": [...], "selected", "ask_policy", "run": {"seed", "argv",
+                          "exit_code", "output", "evidence"}} (absent fields left out)
 where
     ADAPTER = {"shortname", "kind": "agent-framework"|"agent-harness", "implementation",
                "source": "config"|"runtime", "target", "declaration_version", "scripted",
@@ -82,7 +87,7 @@ from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from google.protobuf import json_format, struct_pb2
 
 from clients.errors import SidecarError
-from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, refusal_gaps
+from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, gate, refusal_gaps
 from sidecar_runtime.addresses import parse_address
 from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
 
@@ -179,6 +184,25 @@ def build_parser() -> argparse.ArgumentParser:
     produce = commands.add_parser("produce", parents=[call_options], help="structured output")
     produce.add_argument("--schema", required=True, metavar="FILE_OR_JSON")
     commands.add_parser("invoke", parents=[call_options], help="plain text")
+    bootstrap = commands.add_parser(
+        "bootstrap", help="seeds that may provide a capability no adapter declares; --run runs one"
+    )
+    bootstrap.add_argument("capability", metavar="CAPABILITY")
+    bootstrap.add_argument("--domain", default="", help="only seeds of this domain")
+    bootstrap.add_argument("--local-only", action="store_true", help="leave out external services")
+    bootstrap.add_argument(
+        "--seed", default="", metavar="DOMAIN/ID", help="run this seed rather than the search's selection"
+    )
+    bootstrap.add_argument(
+        "--approve",
+        action="append",
+        default=[],
+        metavar="GATE",
+        help="a gate the seed requires that you approve, e.g. provider_cost_approval (repeatable)",
+    )
+    bootstrap.add_argument("--run", action="store_true", help="run the chosen seed's command")
+    bootstrap.add_argument("--prompt", default="", help="the run's stdin; - reads it from stdin")
+    bootstrap.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
     return parser
 
 
@@ -452,6 +476,21 @@ def run_client_command(args: argparse.Namespace) -> int:
             _print(produce_json(client.produce(produce_request(args))))
         elif command == "invoke":
             _print(invoke_json(client.invoke(invoke_request(args))))
+        elif command == "bootstrap":
+            try:
+                gates = [gate(name) for name in args.approve]
+            except ValueError as exc:
+                raise UsageError(f"--approve: {exc}") from exc
+            response = client.bootstrap(
+                capability=args.capability,
+                domain=args.domain,
+                local_only=args.local_only,
+                seed=args.seed,
+                approved_gates=gates,
+                run=args.run,
+                prompt=_prompt(args.prompt) if args.prompt else "",
+            )
+            _print(json_format.MessageToDict(response, preserving_proto_field_name=True))
         else:  # pragma: no cover - argparse only accepts the commands above
             raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

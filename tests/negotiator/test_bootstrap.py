@@ -640,6 +640,40 @@ async def test_serve_seedstore_flag_wires_bootstrap_to_that_seedstore(
     assert response.run.output == "hi"
 
 
+async def test_the_cli_bootstraps_and_runs_a_seed(
+    short_dir: Path, seeds: AsyncSeedStoreClient, seedstore: SeedStoreServer, tmp_path: Path
+) -> None:
+    await add_seed(seeds, "say", "voice", Script(tmp_path, "say", "cat").command, provides=["text_to_speech"])
+    target = f"unix:{short_dir / 'cli-bootstrap.sock'}"
+    serve = [str(NEGOTIATOR_BIN), "serve", "--listen", target, "--state-dir", str(tmp_path / "state")]
+    process, _ = start_process([*serve, "--seedstore", seedstore.bound[0]])
+    try:
+        cli = [str(NEGOTIATOR_BIN), "--server", target, "bootstrap", "text_to_speech"]
+        listed = await asyncio.to_thread(subprocess.run, cli, capture_output=True, text=True, timeout=60)
+        ran = await asyncio.to_thread(
+            subprocess.run,
+            [*cli, "--run", "--prompt", "-"],
+            input="hello",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        bad_gate = await asyncio.to_thread(
+            subprocess.run, [*cli, "--approve", "blessing"], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        stop_process(process)
+    assert listed.returncode == 0, listed.stderr
+    found = json.loads(listed.stdout)
+    assert [(c["domain"], c["id"]) for c in found["candidates"]] == [("voice", "say")]
+    assert "run" not in found
+    assert ran.returncode == 0, ran.stderr
+    run = json.loads(ran.stdout)["run"]
+    assert (run["seed"], run["output"]) == ("voice/say", "hello")
+    assert bad_gate.returncode == 2
+    assert "--approve: 'blessing' is not one of:" in bad_gate.stderr
+
+
 def test_serve_refuses_a_malformed_seedstore_address_as_a_usage_error(short_dir: Path) -> None:
     bad = subprocess.run(
         [
