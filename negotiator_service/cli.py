@@ -44,7 +44,7 @@ Output: JSON on stdout.
     invoke               {"adapter", "declaration_version", "text", "verdicts": [VERDICT], "events": [...]}
     bootstrap            the BootstrapResponse in proto JSON with the proto's field names:
                          {"candidates": [...], "selected", "ask_policy", "run": {"seed", "argv",
-                          "exit_code", "output", "evidence"}} (absent fields left out)
+                          "exit_code", "output", "evidence"}} ("ask_policy" and "run" only when set)
 where
     ADAPTER = {"shortname", "kind": "agent-framework"|"agent-harness", "implementation",
                "source": "config"|"runtime", "target", "declaration_version", "scripted",
@@ -490,7 +490,11 @@ def run_client_command(args: argparse.Namespace) -> int:
                 run=args.run,
                 prompt=_prompt(args.prompt) if args.prompt else "",
             )
-            _print(json_format.MessageToDict(response, preserving_proto_field_name=True))
+            _print(
+                json_format.MessageToDict(
+                    response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+                )
+            )
         else:  # pragma: no cover - argparse only accepts the commands above
             raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

@@ -666,6 +666,7 @@ async def test_the_cli_bootstraps_and_runs_a_seed(
     assert listed.returncode == 0, listed.stderr
     found = json.loads(listed.stdout)
     assert [(c["domain"], c["id"]) for c in found["candidates"]] == [("voice", "say")]
+    assert found["selected"] == "voice/say"
     assert "run" not in found
     assert ran.returncode == 0, ran.stderr
     run = json.loads(ran.stdout)["run"]
