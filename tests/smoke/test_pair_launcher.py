@@ -14,6 +14,8 @@ import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
 
+from tests.procs import stop_process
+
 PAIR = Path(sys.executable).parent / "agentsidecar-pair"
 
 
@@ -35,13 +37,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.
         process.kill()
         raise AssertionError(f"the pair did not start: {lines} {process.communicate(timeout=10)}")
     yield process, run_dir
-    if process.poll() is None:  # the test failed before stopping it: stop both services too
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate(timeout=10)
+    stop_process(process)  # when the test failed before stopping it: SIGTERM reaches both services
 
 
 async def test_the_pair_serves_both_and_the_negotiator_asks_its_seedstore(
