@@ -75,15 +75,18 @@ DELEGATION_DEPTH_METADATA = "x-delegation-depth"
 # would ignore those fields, an accept-then-ignore: for it they stay UNSUPPORTED,
 # whatever it declares, and provider-managed depth is refused.
 CONTRACT_REVISION = 1
-_REVISION_1_CAPABILITIES = frozenset(
-    {Capability.MCP, Capability.TOOL_FILTER, Capability.TOOL_REGISTRATION, Capability.STATEFUL_HISTORY}
+_IMPLEMENTED_BY_REVISION: Mapping[int, frozenset[Capability]] = MappingProxyType(
+    {
+        0: ALL_CAPABILITIES
+        - {Capability.MCP, Capability.TOOL_FILTER, Capability.TOOL_REGISTRATION, Capability.STATEFUL_HISTORY},
+        1: ALL_CAPABILITIES,
+    }
 )
-IMPLEMENTED = ALL_CAPABILITIES
 
 
 def implemented_in(revision: int) -> frozenset[Capability]:
-    """The capabilities a remote adapter of that contract revision can be sent."""
-    return IMPLEMENTED if revision >= 1 else IMPLEMENTED - _REVISION_1_CAPABILITIES
+    """The capabilities a remote adapter of that contract revision can be sent (a later one: as ours)."""
+    return _IMPLEMENTED_BY_REVISION[min(revision, CONTRACT_REVISION)]
 
 
 # Tool calls one CallWithTools stream may make; past it the call fails (INTERNAL).
@@ -242,6 +245,12 @@ def call_options(call: AdapterCall) -> adapter_pb2.AdapterCallOptions:
     return options
 
 
+def _json_text(value: JsonValue) -> str:
+    """JSON text for the remote: compact, and strict (ValueError for NaN or Infinity, which no
+    JSON parser but Python's would read at the far end)."""
+    return json.dumps(plain_json(value), separators=(",", ":"), allow_nan=False)
+
+
 def _state(call: AdapterCall) -> dict[str, struct_pb2.Value]:
     """The request's `conversation_state` field: the committed state, when the conversation has one."""
     if call.conversation_state is None:
@@ -257,7 +266,7 @@ def adapter_tools(tools: ToolBox) -> list[adapter_pb2.AdapterTool]:
         adapter_pb2.AdapterTool(
             name=spec.name,
             description=spec.description,
-            arguments_schema=json.dumps(plain_json(spec.arguments_schema), separators=(",", ":")),
+            arguments_schema=_json_text(spec.arguments_schema),
         )
         for spec in tools.specs
     ]
@@ -269,8 +278,8 @@ def tool_outcome(call_id: str, outcome: ToolOutcome) -> adapter_pb2.ToolOutcome:
         message.error = outcome.error
         return message
     try:
-        message.result_json = json.dumps(plain_json(outcome.result), separators=(",", ":"), allow_nan=False)
-    except ValueError as exc:  # NaN or Infinity: no JSON parser at the far end would read it
+        message.result_json = _json_text(outcome.result)
+    except ValueError as exc:  # NaN or Infinity
         message.error = f"the tool's result is not valid JSON ({exc})"
     return message
 
@@ -367,10 +376,9 @@ class RemoteAdapter:
     async def produce(self, call: AdapterCall) -> AdapterReply:
         self._check(call, CallKind.PRODUCE)
         assert call.output_schema is not None  # _check refuses Produce without one
-        schema = plain_json(call.output_schema)
         request = adapter_pb2.ProduceRequest(
             prompt=call.prompt,
-            output_schema=json.dumps(schema, separators=(",", ":")),
+            output_schema=_json_text(call.output_schema),
             options=call_options(call),
             **_state(call),
         )
