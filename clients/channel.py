@@ -217,32 +217,42 @@ class _SyncBearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
         return continuation(self._details(client_call_details), request)
 
 
-class _AioBearer:
-    """Adds `authorization: Bearer ...` to every call of a plain loopback aio channel.
+MetadataSource = Callable[[], Sequence[tuple[str, str]]]
+
+
+class _AioAddedMetadata:
+    """Adds what `extra()` returns (asked per call; nothing when empty) to each call of an aio channel.
 
     One subclass per call kind: grpc.aio files an interceptor under the first kind it implements.
     """
 
-    def __init__(self, source: _TokenSource) -> None:
-        self._source = source
+    def __init__(self, extra: MetadataSource) -> None:
+        self._extra = extra
 
     async def _intercept(
         self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
-        details = client_call_details
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._source.header())
-        with_token = grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-        )
-        return await continuation(with_token, request)
+        extra = self._extra()
+        if extra:
+            details = client_call_details
+            metadata = grpc.aio.Metadata(*(details.metadata or ()), *extra)
+            client_call_details = grpc.aio.ClientCallDetails(
+                details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+            )
+        return await continuation(client_call_details, request)
 
 
-class _AioBearerUnaryUnary(_AioBearer, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
-    intercept_unary_unary = _AioBearer._intercept
+class _AioAddedMetadataUnaryUnary(_AioAddedMetadata, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    intercept_unary_unary = _AioAddedMetadata._intercept
 
 
-class _AioBearerUnaryStream(_AioBearer, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
-    intercept_unary_stream = _AioBearer._intercept
+class _AioAddedMetadataUnaryStream(_AioAddedMetadata, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    intercept_unary_stream = _AioAddedMetadata._intercept
+
+
+def metadata_interceptors(extra: MetadataSource) -> list[Any]:
+    """aio interceptors adding `extra()` to every unary-request call (pass to `open_channel`)."""
+    return [_AioAddedMetadataUnaryUnary(extra), _AioAddedMetadataUnaryStream(extra)]
 
 
 @overload
@@ -328,7 +338,7 @@ def open_channel(
             )
         chain: list[Any] = []
         if source is not None:
-            chain = [_AioBearerUnaryUnary(source), _AioBearerUnaryStream(source)]
+            chain = metadata_interceptors(lambda: (source.header(),))
         chain += interceptors
         return grpc.aio.insecure_channel(address.target, options=channel_options, interceptors=chain or None)
     if credentials is not None:
@@ -438,6 +448,7 @@ __all__ = [
     "Timeout",
     "TlsConfig",
     "is_loopback_host",
+    "metadata_interceptors",
     "open_channel",
     "resolve_timeout",
     "retry_service_config",

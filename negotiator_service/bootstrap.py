@@ -46,7 +46,7 @@ from agentsidecar.common.v1 import common_pb2
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 
 from clients.aio import AsyncSeedStoreClient
-from clients.channel import CLIENT_TIMEOUT, Timeout, open_channel
+from clients.channel import CLIENT_TIMEOUT, Timeout, metadata_interceptors, open_channel
 from clients.errors import SidecarError
 from negotiator_service.adapters.command import (
     DEFAULT_OUTPUT_CAP_BYTES,
@@ -76,7 +76,7 @@ from negotiator_service.errors import (
 )
 from negotiator_service.model import AuditOutcome, AuditRecord
 from sidecar_runtime.addresses import parse_address
-from sidecar_runtime.tracing import TraceContextInterceptor
+from sidecar_runtime.tracing import trace_metadata
 
 # SkillSpec: "If the top two candidates are within 10 points, selected is null".
 ASK_POLICY_WINDOW = 10
@@ -480,14 +480,14 @@ class GrpcSeedSource:
         """Build inside the event loop that uses it. Raises ValueError for a malformed address.
 
         Without a `channel`, it opens its own, which carries the caller's trace
-        context with --otel (`TraceContextInterceptor`), and closes it on `close`.
+        context with --otel (`trace_metadata`), and closes it on `close`.
         """
         self._own_channel: grpc.aio.Channel | None = None
         self.target = target
         if channel is None:
             self.target = parse_address(target).target
             channel = self._own_channel = open_channel(
-                target, aio=True, interceptors=[TraceContextInterceptor()]
+                target, aio=True, interceptors=metadata_interceptors(trace_metadata)
             )
         self._client = AsyncSeedStoreClient(channel=channel)
 

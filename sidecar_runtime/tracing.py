@@ -27,8 +27,9 @@ so `--otel` alone is enough:
 Outgoing calls: `trace_metadata()` is the current trace context as W3C
 `traceparent` / `tracestate` metadata, for the sidecar's own calls to other
 services (the negotiator's remote adapters; as HTTP headers, its openai
-adapter's requests; through `TraceContextInterceptor`, its seedstore
-connection), so their spans join the caller's trace. It is empty until `start_tracing` ran.
+adapter's requests; its seedstore connection, through
+`clients.channel.metadata_interceptors(trace_metadata)`), so their spans join
+the caller's trace. It is empty until `start_tracing` ran.
 
 Packages: `pip install 'agentsidecar[otel]'` (the instrumentation, the SDK
 and the OTLP/gRPC exporter). Without them `--otel` fails at start-up,
@@ -72,25 +73,6 @@ def trace_metadata() -> tuple[tuple[str, str], ...]:
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)
     return tuple(carrier.items())
-
-
-class TraceContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
-    """Adds `trace_metadata()` to every unary call of an aio channel (nothing without --otel)."""
-
-    async def intercept_unary_unary(
-        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
-    ) -> Any:
-        context = trace_metadata()
-        if context:
-            details = client_call_details
-            client_call_details = grpc.aio.ClientCallDetails(
-                details.method,
-                details.timeout,
-                grpc.aio.Metadata(*(details.metadata or ()), *context),
-                details.credentials,
-                details.wait_for_ready,
-            )
-        return await continuation(client_call_details, request)
 
 
 class TracingConfigError(RuntimeError):
