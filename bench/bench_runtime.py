@@ -114,7 +114,7 @@ async def _serve(config: str, listen: str) -> None:
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     options = server_options_from_args(parser.parse_args(_serve_flags(config, listen)), {TOKEN_ENV: TOKEN})
-    running = await start_server(_register, (ECHO_SERVICE,), options, mutating_methods={ECHO_METHOD})
+    running = await start_server(_register, (ECHO_SERVICE,), options)  # with a token, Echo needs it
     await serve_until_signalled(running, config)
 
 

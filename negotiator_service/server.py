@@ -50,9 +50,16 @@ from sidecar_runtime.server import (
 )
 
 DEFAULT_GRACE_SECONDS = 10.0
-# What a bearer token guards when one is configured (`--token-file`/`--token-env`).
-MUTATING_METHODS = frozenset(
-    f"/{SERVICE_NAME}/{method}" for method in ("RegisterAdapter", "DeregisterAdapter")
+# With a token configured (`--token-file`/`--token-env`) every method needs it;
+# `--open-reads` leaves these open: they read declarations and run no adapter.
+# Bootstrap is here for its candidates; with `run` set it executes a seed's
+# command, and the servicer asks for the token itself. RegisterAdapter and
+# DeregisterAdapter (writes), Produce, Invoke and ToolSession (run adapters)
+# and WatchAudit (its records carry callers and conversation ids) always
+# need it.
+READ_METHODS = frozenset(
+    f"/{SERVICE_NAME}/{method}"
+    for method in ("ListAdapters", "GetAdapter", "WatchAdapters", "Negotiate", "Bootstrap")
 )
 
 
@@ -217,7 +224,7 @@ async def create_server(
             register,
             (SERVICE_NAME,),
             options,
-            mutating_methods=MUTATING_METHODS,
+            read_methods=READ_METHODS,
             call_log=shared_log,
             name="negotiator",
         )

@@ -50,6 +50,7 @@ from negotiator_service.model import (
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
 from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.auth import require_token
 from sidecar_runtime.handlers import call_metadata
 from sidecar_runtime.richstatus import RichError, abort_with
 
@@ -316,7 +317,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.BootstrapRequest, context: Context
     ) -> negotiator_pb2.BootstrapResponse:
         """Seeds for a capability, and a gated run of one; the rules are bootstrap.py's."""
-
+        if request.run:
+            # The token layer leaves Bootstrap open with --open-reads; a run executes a command.
+            await require_token(context, "with `run` set")
         try:
             result = await self._bootstrapper.bootstrap(
                 convert.bootstrap_request(request),

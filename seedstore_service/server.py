@@ -50,10 +50,13 @@ from sidecar_runtime.server import (
 )
 
 SERVICE_NAME = seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
-# What a bearer token guards when one is configured (`--token-file`/`--token-env`).
-MUTATING_METHODS = frozenset(
+# With a token configured (`--token-file`/`--token-env`) every method needs it;
+# `--open-reads` leaves these open: they read the store and run nothing.
+# AddSeed, UpdateSeed, PreferSeed, RemoveSeed (writes) and VerifySeeds (runs
+# evidence commands) always need it.
+READ_METHODS = frozenset(
     f"/{SERVICE_NAME}/{method}"
-    for method in ("AddSeed", "UpdateSeed", "PreferSeed", "RemoveSeed", "VerifySeeds")
+    for method in ("GetStore", "ListSeeds", "SearchSeeds", "InspectSeed", "ScanSeeds", "WatchSeeds")
 )
 DEFAULT_REFRESH_INTERVAL_SECONDS = 1.0
 DEFAULT_GRACE_SECONDS = 10.0
@@ -216,7 +219,7 @@ async def create_server(settings: Settings) -> SeedStoreServer:
         grace_seconds=settings.grace_seconds,
     )
     running = await start_server(
-        register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS, name="seedstore"
+        register, (SERVICE_NAME,), options, read_methods=READ_METHODS, name="seedstore"
     )
     refresher = asyncio.create_task(_refresh_forever(operations, settings.refresh_interval))
     # Every field of the runtime's RunningServer, whatever it grows, plus ours.

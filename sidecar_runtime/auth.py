@@ -1,4 +1,4 @@
-"""Who may call: bearer tokens on mutating methods, TLS and mutual TLS on TCP listeners.
+"""Who may call: bearer tokens, TLS and mutual TLS on TCP listeners.
 
 Tokens travel as `authorization: Bearer <token>` metadata. A token is a
 secret, so it is only accepted on a transport that does not expose it:
@@ -13,10 +13,15 @@ secret, so it is only accepted on a transport that does not expose it:
 A token on any other plaintext TCP listener (0.0.0.0, a pod IP) is refused at
 start-up: it would cross the network in clear.
 
-Only the methods a service declares as mutating need a token; reads stay open
-to whoever can reach the listener (socket permissions, mTLS). Mutual TLS
-(`--tls-client-ca`) makes every TCP call present a client certificate signed
-by that CA; it does not replace the token check on mutating methods.
+With a token configured, every method needs it, except grpc.health.v1 and
+server reflection (probes and tools that discover the API carry no secret).
+A service names its read-only methods, which read state and run nothing;
+`open_reads` (`--open-reads`) leaves those open to whoever can reach the
+listener (socket permissions, mTLS). A method that decides per request
+whether it executes something (the negotiator's Bootstrap with `run`) is a
+read to this layer and asks `require_token` itself when it is about to
+execute. Mutual TLS (`--tls-client-ca`) makes every TCP call present a
+client certificate signed by that CA; it does not replace the token check.
 
 Token files hold one token per line (blank lines and `#` comments ignored),
 so a rotation can list the old and the new token; the file is re-read when it
@@ -33,6 +38,7 @@ import os
 import re
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +57,14 @@ BEARER = "bearer"
 # RFC 6750 b64token characters: what can travel unquoted in the header.
 _TOKEN_SYNTAX = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 _RELOAD_CHECK_SECONDS = 1.0
+# Served without a token whatever the options: health for probes, reflection for discovery.
+OPEN_SERVICES = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
 _LOGGER = logging.getLogger("sidecar_runtime.auth")
 
 
@@ -241,10 +255,12 @@ def token_matches(given: bytes, accepted: Sequence[bytes]) -> bool:
     return matched
 
 
-def missing_token(method: str) -> RichError:
+def missing_token(method: str, action: str = "") -> RichError:
+    """`action` says what needs the token when it is not the whole method (`with run set`)."""
+    what = f"{method} {action}".strip()
     return RichError(
         code=grpc.StatusCode.UNAUTHENTICATED,
-        message=f"{method} changes state and needs a bearer token: send `authorization: Bearer <token>`",
+        message=f"{what} needs a bearer token: send `authorization: Bearer <token>`",
         reason=TOKEN_MISSING,
         domain=DOMAIN,
         metadata={"method": method},
@@ -262,32 +278,75 @@ def invalid_token(method: str) -> RichError:
 
 
 def judge(
-    method: str, metadata: Iterable[tuple[str, Any]] | None, accepted: Sequence[bytes]
+    method: str, metadata: Iterable[tuple[str, Any]] | None, accepted: Sequence[bytes], action: str = ""
 ) -> RichError | None:
     """None when the call carries an accepted token, else the error to end it with."""
     given = bearer_values(metadata)
     if not given:
-        return missing_token(method)
+        return missing_token(method, action)
     if any(token_matches(token, accepted) for token in given):
         return None
     return invalid_token(method)
 
 
-class TokenCheck:
-    """The bearer token check on `mutating_methods` (full names: `/pkg.Service/Method`), as a layer.
+@dataclass(frozen=True, slots=True)
+class _Unchecked:
+    """A call the layer let through without a token: its method and the tokens it would need."""
 
-    The check runs when the call starts, before the servicer: a refused call
-    never reaches it, and its request stream is never read.
+    method: str
+    source: TokenSource
+
+
+# Set for the duration of a call the token layer let through unchecked (an
+# open read); grpc.aio runs each call in a task of its own, so the value is
+# this call's. Unset: tokens are off, or the layer already checked the call.
+_UNCHECKED: ContextVar[_Unchecked | None] = ContextVar("unchecked_call", default=None)
+
+
+def token_refusal(context: Any, action: str = "") -> RichError | None:
+    """For a servicer about to execute inside a call the layer left open: the error, if any.
+
+    None when no token is configured, or when the call already passed the
+    layer's check; else the same refusal the layer gives (`action` names
+    what needs the token, such as "with `run` set").
+    """
+    unchecked = _UNCHECKED.get()
+    if unchecked is None:
+        return None
+    return judge(unchecked.method, call_metadata(context), unchecked.source.tokens(), action)
+
+
+async def require_token(context: Any, action: str = "") -> None:
+    """End the call with the token layer's refusal unless `token_refusal` finds none."""
+    error = token_refusal(context, action)
+    if error is not None:
+        await abort_with(context, error)
+
+
+class TokenCheck:
+    """The bearer token check on every method but `open_methods` and `OPEN_SERVICES`, as a layer.
+
+    `open_methods` are full names (`/pkg.Service/Method`). The check runs
+    when the call starts, before the servicer: a refused call never reaches
+    it, and its request stream is never read.
     """
 
-    def __init__(self, source: TokenSource, mutating_methods: Collection[str]) -> None:
+    def __init__(self, source: TokenSource, open_methods: Collection[str] = ()) -> None:
         self._source = source
-        self._mutating = frozenset(mutating_methods)
+        self._open = frozenset(open_methods)
 
     def wrap(self, method: MethodInfo, inner: Behavior) -> Behavior:
-        if method.full_name not in self._mutating:
+        if method.service in OPEN_SERVICES:
             return inner
         full_method, source = method.full_name, self._source
+        if full_method in self._open:
+            unchecked = _Unchecked(full_method, source)
+
+            async def open_call(request: Any, context: Any) -> Any:
+                _UNCHECKED.set(unchecked)
+                return await inner(request, context)
+
+            return open_call
 
         async def authorized(request: Any, context: Any) -> Any:
             error = judge(full_method, call_metadata(context), source.tokens())
@@ -299,6 +358,7 @@ class TokenCheck:
 
     def refusal(self, full_method: str, metadata: Iterable[tuple[str, Any]] | None) -> RichError | None:
         """For a synchronous behaviour, which no layer wraps: the error ending the call, if any."""
-        if full_method not in self._mutating:
+        service = full_method.lstrip("/").partition("/")[0]
+        if service in OPEN_SERVICES or full_method in self._open:
             return None
         return judge(full_method, metadata, self._source.tokens())

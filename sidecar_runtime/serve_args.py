@@ -10,7 +10,8 @@ Listeners and shutdown:
     --socket-mode MODE       octal permissions of Unix socket files (default 0660)
 Auth:
     --token-file PATH | --token-env NAME
-                             bearer token(s) required on mutating methods
+                             bearer token(s) required on every method (health, reflection aside)
+    --open-reads             with a token: the read-only methods need none
     --tls-cert PEM --tls-key PEM [--tls-client-ca PEM]
                              TLS on TCP listeners; with a client CA, mutual TLS
 Limits:
@@ -139,10 +140,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, listen_help: str = "
 
     auth = parser.add_argument_group(
         "auth",
-        "Mutating methods (seed add/update/prefer/remove/verify, adapter register/deregister) need "
-        "`authorization: Bearer <token>` once a token is configured: UNAUTHENTICATED without one, "
-        "PERMISSION_DENIED with a wrong one. Tokens are accepted on Unix sockets, loopback TCP and "
-        "TLS listeners only; start-up fails for a token on another plaintext TCP listener.",
+        "Once a token is configured every method needs `authorization: Bearer <token>` (health and "
+        "reflection aside): UNAUTHENTICATED without one, PERMISSION_DENIED with a wrong one. Tokens "
+        "are accepted on Unix sockets, loopback TCP and TLS listeners only; start-up fails for a token "
+        "on another plaintext TCP listener.",
     )
     tokens = auth.add_mutually_exclusive_group()
     tokens.add_argument(
@@ -152,6 +153,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, listen_help: str = "
         help="file of accepted tokens, one per line (# comments allowed); re-read when it changes",
     )
     tokens.add_argument("--token-env", metavar="NAME", help="environment variable holding the accepted token")
+    auth.add_argument(
+        "--open-reads",
+        action="store_true",
+        help="with a token: leave the methods that only read (listed in protos/README.md) open to "
+        "anyone who can reach the listener; methods that change state or run something always "
+        "need the token",
+    )
     auth.add_argument("--tls-cert", type=Path, metavar="PEM", help="server certificate chain (TCP listeners)")
     auth.add_argument("--tls-key", type=Path, metavar="PEM", help="server private key")
     auth.add_argument(
@@ -239,6 +247,7 @@ def server_options_from_args(args: argparse.Namespace, env: Mapping[str, str] | 
         default_timeout=args.default_timeout,
         unix_socket_mode=args.socket_mode,
         tokens=tokens,
+        open_reads=args.open_reads,
         tls=tls,
         call_log=call_log,
         metrics_listen=args.metrics_listen,

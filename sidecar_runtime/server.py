@@ -8,10 +8,10 @@ are removed so a restarted sidecar binds a clean path.
 Interceptors, outermost first: OpenTelemetry (`otel`, see `tracing`), the runtime's own
 (`handlers.RuntimeInterceptor`), then any the caller passes. The runtime's
 interceptor wraps each method once in its layers, outermost first: the call
-log and metrics (they see every refusal below them), bearer tokens on
-mutating methods, the concurrent call limit, the default timeout, and the
-check that answers undecodable request bytes with INVALID_ARGUMENT. Each
-layer is there only when its option is set; the decode check always is.
+log and metrics (they see every refusal below them), bearer tokens, the
+concurrent call limit, the default timeout, and the check that answers
+undecodable request bytes with INVALID_ARGUMENT. Each layer is there only
+when its option is set; the decode check always is.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ class ServerOptions:
     max_concurrent_calls: int | None = None  # None: unlimited
     default_timeout: float | None = None  # seconds, for unary-response calls sent without a deadline
     unix_socket_mode: int = 0o660  # owner and group only: the socket is the access boundary
-    tokens: TokenSource | None = None  # required on the mutating methods start_server is given
+    tokens: TokenSource | None = None  # required on every method but health, reflection and open reads
+    open_reads: bool = False  # with tokens: the read methods start_server is given need none
     tls: TlsFiles | None = None  # TCP listeners only; health-only listeners stay plaintext
     call_log: str | None = None  # "-" for stderr, a file path, or None for no call log
     metrics_listen: str | None = None  # HOST:PORT of the Prometheus endpoint
@@ -145,7 +146,7 @@ class RunningServer:
 
 
 def build_layers(
-    options: ServerOptions, mutating_methods: Collection[str], call_log: CallLog | None
+    options: ServerOptions, read_methods: Collection[str], call_log: CallLog | None
 ) -> tuple[CallObserver | None, TokenCheck | None, list[Layer]]:
     """The runtime's layers for `options`, outermost first, with the two the interceptor also needs."""
     layers: list[Layer] = []
@@ -155,7 +156,7 @@ def build_layers(
         layers.append(observer)
     token_check = None
     if options.tokens is not None:
-        token_check = TokenCheck(options.tokens, mutating_methods)
+        token_check = TokenCheck(options.tokens, read_methods if options.open_reads else ())
         layers.append(token_check)
     if options.max_concurrent_calls is not None:
         layers.append(CallLimit(options.max_concurrent_calls))
@@ -166,7 +167,7 @@ def build_layers(
 
 def build_interceptors(
     options: ServerOptions,
-    mutating_methods: Collection[str],
+    read_methods: Collection[str],
     call_log: CallLog | None,
     tracing: Tracing | None = None,
 ) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
@@ -174,7 +175,7 @@ def build_interceptors(
     chain: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
     if tracing is not None:
         chain.append(tracing.interceptor)
-    observer, token_check, layers = build_layers(options, mutating_methods, call_log)
+    observer, token_check, layers = build_layers(options, read_methods, call_log)
     chain.append(
         RuntimeInterceptor(
             layers,
@@ -250,15 +251,16 @@ async def start_server(
     service_names: Sequence[str],
     options: ServerOptions,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),  # type: ignore[type-arg]
-    mutating_methods: Collection[str] = (),
+    read_methods: Collection[str] = (),
     call_log: CallLog | None = None,
     name: str | None = None,
 ) -> RunningServer:
     """Create, bind and start a grpc.aio server with health and reflection.
 
-    `register` adds the application servicers. `mutating_methods` (full
-    names, `/pkg.Service/Method`) need a bearer token when `options.tokens`
-    is set. `call_log`, when given, is the already open writer for
+    `register` adds the application servicers. When `options.tokens` is
+    set, every method needs a bearer token but health, reflection and, with
+    `options.open_reads`, `read_methods` (full names, `/pkg.Service/Method`:
+    methods that read state and run nothing). `call_log`, when given, is the already open writer for
     `options.call_log` (a service that writes its own lines to the same
     stream shares it, so lines keep their order); the server owns it from
     then on and closes it when it stops or fails to start. `name` (say
@@ -290,7 +292,7 @@ async def start_server(
     try:
         if options.otel:
             tracing = start_tracing(name or next(iter(service_names), "sidecar"))
-        chain = build_interceptors(options, mutating_methods, call_log, tracing)
+        chain = build_interceptors(options, read_methods, call_log, tracing)
         server = grpc.aio.server(
             interceptors=[*chain, *interceptors],
             options=[

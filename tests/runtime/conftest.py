@@ -11,7 +11,7 @@ import pytest
 
 from sidecar_runtime.server import RunningServer, ServerOptions, start_server
 
-from .runtime_support import MUTATE, PROBE_SERVICE, Pki, Probe, StartProbe, make_pki
+from .runtime_support import PROBE_READS, PROBE_SERVICE, Pki, Probe, StartProbe, make_pki
 
 
 @pytest.fixture
@@ -27,7 +27,10 @@ def probe() -> Probe:
 
 @pytest.fixture
 async def start_probe(probe: Probe, socket_dir: Path) -> AsyncIterator[StartProbe]:
-    """`await start_probe(**server_option_overrides)`: the probe on a Unix socket and 127.0.0.1:0."""
+    """`await start_probe(**server_option_overrides)`: the probe on a Unix socket and 127.0.0.1:0.
+
+    Every probe method but Mutate is a read (open with `open_reads=True`).
+    """
     running: list[RunningServer] = []
 
     async def start(**overrides: Any) -> RunningServer:
@@ -35,7 +38,7 @@ async def start_probe(probe: Probe, socket_dir: Path) -> AsyncIterator[StartProb
             listen=(f"unix:{socket_dir / 'probe.sock'}", "127.0.0.1:0"), grace_seconds=0.5
         )
         server = await start_server(
-            probe.register, (PROBE_SERVICE,), replace(options, **overrides), mutating_methods={MUTATE}
+            probe.register, (PROBE_SERVICE,), replace(options, **overrides), read_methods=PROBE_READS
         )
         running.append(server)
         return server

@@ -5,7 +5,7 @@ no generated code:
 
     Echo     unary; answers the request, or: b"big:N" N bytes, b"remaining"
              the handler's context.time_remaining(), b"fail" a rich NOT_FOUND
-    Mutate   unary; the method tests mark as mutating
+    Mutate   unary; the one method the probe does not declare a read
     Hold     unary; waits until the test calls `probe.release()`
     Sleep    unary; sleeps float(request) seconds
     Count    server stream (async generator); int(request) messages, 0.2 s apart
@@ -33,6 +33,9 @@ STREAM_INTERVAL_SECONDS = 0.2
 
 def method(name: str) -> str:
     return f"/{PROBE_SERVICE}/{name}"
+
+
+PROBE_READS = frozenset(method(name) for name in ("Echo", "Hold", "Sleep", "Count", "Tick"))
 
 
 @dataclass

@@ -74,7 +74,9 @@ class Typed:
 
 async def start_typed(socket_dir: Path, typed: Typed, **overrides: Any) -> RunningServer:
     options = ServerOptions(listen=(f"unix:{socket_dir / 'typed.sock'}",), grace_seconds=0.5, **overrides)
-    return await start_server(typed.register, (TYPED_SERVICE,), options, mutating_methods={TYPED_WRITE})
+    return await start_server(
+        typed.register, (TYPED_SERVICE,), options, read_methods={TYPED_CHECK, f"/{TYPED_SERVICE}/Collect"}
+    )
 
 
 async def refused(call: Any) -> DecodedError:
@@ -167,6 +169,7 @@ async def test_malformed_calls_are_logged_and_tokens_are_checked_first(
         typed,
         call_log=str(log_file),
         tokens=EnvToken("TOKEN", (b"secret",)),
+        open_reads=True,
         max_concurrent_calls=4,
         default_timeout=5.0,
     )

@@ -36,7 +36,9 @@ async def fails(call: Awaitable[object]) -> grpc.StatusCode:
 
 async def test_one_json_line_per_call_with_its_final_status(start_probe: StartProbe, tmp_path: Path) -> None:
     log_file = tmp_path / "calls.jsonl"
-    server = await start_probe(call_log=str(log_file), tokens=EnvToken("TOKEN", (b"secret",)))
+    server = await start_probe(
+        call_log=str(log_file), tokens=EnvToken("TOKEN", (b"secret",)), open_reads=True
+    )
     async with grpc.aio.insecure_channel(server.bound[0]) as channel:
         assert await unary(channel, "Echo", b"hi", metadata=(("x-request-id", "req-1"),), timeout=5) == b"hi"
         assert await fails(unary(channel, "Echo", b"fail", timeout=5)) == grpc.StatusCode.NOT_FOUND

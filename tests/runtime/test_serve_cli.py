@@ -115,13 +115,18 @@ async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
                 negotiator_pb2.RegisterAdapterRequest(target="unix:/nowhere"), timeout=5
             )
         assert decode_error(unauthenticated.value).reason == "TOKEN_MISSING"
+        hello = negotiator_pb2.InvokeRequest(adapter="demo", prompt="hi")
+        with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+            await stub.Invoke(hello, timeout=5)  # Invoke runs an adapter: it needs the token too
+        assert decode_error(anonymous.value).reason == "TOKEN_MISSING"
+        token = (("authorization", f"Bearer {TOKEN}"),)
         refused_call = negotiator_pb2.InvokeRequest(
             adapter="demo", prompt="hi", options=negotiator_pb2.CallOptions(persona="pirate")
         )
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.Invoke(refused_call, timeout=5)
+            await stub.Invoke(refused_call, metadata=token, timeout=5)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        accepted = await stub.Invoke(negotiator_pb2.InvokeRequest(adapter="demo", prompt="hi"), timeout=5)
+        accepted = await stub.Invoke(hello, metadata=token, timeout=5)
         assert accepted.text
 
     async with httpx.AsyncClient() as client:
@@ -131,7 +136,8 @@ async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
     invoke = {"grpc_service": service, "grpc_method": "Invoke"}
     assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="OK") == 1
     assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="FAILED_PRECONDITION") == 1
-    assert metric(scrape, "grpc_server_handling_seconds_count", **invoke) == 2
+    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="UNAUTHENTICATED") == 1
+    assert metric(scrape, "grpc_server_handling_seconds_count", **invoke) == 3
 
     code, stderr = await sidecar.stop()
     assert code == 0
@@ -140,6 +146,7 @@ async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
     outcomes = [(r["method"], r["status"], r.get("error_reason")) for r in records]
     assert outcomes == [
         ("RegisterAdapter", "UNAUTHENTICATED", "TOKEN_MISSING"),
+        ("Invoke", "UNAUTHENTICATED", "TOKEN_MISSING"),
         ("Invoke", "FAILED_PRECONDITION", "UNSUPPORTED_CAPABILITY"),
         ("Invoke", "OK", None),
     ]
@@ -250,7 +257,7 @@ def test_every_flag_reaches_server_options(tmp_path: Path) -> None:
         [
             "--listen", "unix:/run/a.sock", "--listen", "127.0.0.1:0", "--health-listen", "0.0.0.0:8081",
             "--grace-seconds", "3", "--socket-mode", "0640", "--token-file", str(token_file),
-            "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem",
+            "--open-reads", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem",
             "--max-message-bytes", "1024", "--max-concurrent-calls", "16", "--default-timeout", "2.5",
             "--log-file", "/var/log/calls.jsonl", "--metrics-listen", "127.0.0.1:9464", "--otel",
         ]
@@ -262,6 +269,7 @@ def test_every_flag_reaches_server_options(tmp_path: Path) -> None:
     assert options.unix_socket_mode == 0o640
     assert isinstance(options.tokens, TokenFile)
     assert options.tokens.tokens() == (b"abc",)
+    assert options.open_reads
     assert options.tls == TlsFiles(Path("c.pem"), Path("k.pem"), Path("ca.pem"))
     assert options.max_message_bytes == 1024
     assert options.max_concurrent_calls == 16
@@ -279,6 +287,7 @@ def test_defaults() -> None:
         "grace_seconds": 10.0,
         "unix_socket_mode": 0o660,
         "tokens": None,
+        "open_reads": False,
         "tls": None,
         "max_message_bytes": 4 * 1024 * 1024,
         "max_concurrent_calls": None,
