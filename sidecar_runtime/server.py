@@ -21,6 +21,7 @@ import contextlib
 import gc
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ from sidecar_runtime.observability import CallLog, CallObserver, open_call_log
 from sidecar_runtime.tracing import Tracing, start_tracing
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# A listening socket accepts a connect at once (the kernel queues it); the
+# timeout only bounds a backlog that is full.
+_SOCKET_PROBE_SECONDS = 1.0
 
 
 class DrainingHealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
@@ -268,7 +272,8 @@ async def start_server(
     the first of `service_names`, else "sidecar".
 
     Raises RuntimeError when an address cannot be bound (a TCP port
-    clash fails fast: SO_REUSEPORT is off), TracingConfigError (a
+    clash fails fast: SO_REUSEPORT is off; SocketInUseError for a Unix
+    socket another process serves on), TracingConfigError (a
     RuntimeError) when `otel` cannot work as configured, and ValueError (AuthConfigError) for auth
     options that cannot work, such as tokens on a plaintext non-loopback
     TCP listener.
@@ -373,12 +378,48 @@ async def start_server(
     )
 
 
+class SocketInUseError(RuntimeError):
+    """A Unix socket path another live process is serving on."""
+
+
 def _prepare_socket_path(path: Path) -> None:
+    """Make way for a socket at `path`: replace a stale socket file, never a live one.
+
+    A socket file whose connect is refused is left by a process that is gone
+    (a killed sidecar), and is removed. One that accepts a connection, or
+    whose backlog is full, belongs to a running server: grpc's bind unlinks
+    an existing socket file itself, which would leave that server running
+    but unreachable, so start-up fails instead. So it does when the probe
+    cannot tell (permission denied): only a refused connect proves the path
+    stale.
+
+    Raises:
+        SocketInUseError: something serves on `path`, or the probe cannot tell.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_socket():
-        # A socket file left by a killed sidecar: nobody can be
-        # listening on it if we are about to own this path.
-        path.unlink()
+    if not path.is_socket():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(_SOCKET_PROBE_SECONDS)
+        probe.connect(os.fspath(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    except TimeoutError:
+        pass  # a full backlog: a live server
+    except OSError as exc:
+        raise SocketInUseError(
+            f"cannot listen on unix:{path}: cannot tell whether another process serves on it "
+            f"({exc.strerror or exc}); remove the file if it is stale, or choose another --listen path"
+        ) from exc
+    finally:
+        probe.close()
+    raise SocketInUseError(
+        f"cannot listen on unix:{path}: another process is serving on it; stop it first, or "
+        "choose another --listen path"
+    )
 
 
 def settle_heap() -> None:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from negotiator_service import cli as negotiator_cli
@@ -180,6 +181,47 @@ async def test_seedstore_serve_with_token_file_logs_calls_on_stderr(
     assert [(c["method"], c["status"]) for c in calls] == [("AddSeed", "UNAUTHENTICATED"), ("AddSeed", "OK")]
     assert calls[0]["request_id"] == "add-1"
     assert calls[0]["service"] == "agentsidecar.seedstore.v1.SeedStoreService"
+
+
+async def health_status(target: str) -> int:
+    async with grpc.aio.insecure_channel(target) as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        return (await check).status
+
+
+@pytest.mark.parametrize("binary", ["seedstore", "negotiator"])
+async def test_a_second_instance_refuses_a_live_socket_and_replaces_a_stale_one(
+    binary: str, env: dict[str, str], socket_dir: Path, tmp_path: Path, cleanup: list[Sidecar]
+) -> None:
+    socket = socket_dir / f"{binary}.sock"
+    argv = [str(BIN / binary), "serve", "--listen", f"unix:{socket}", "--grace-seconds", "1"]
+    if binary == "negotiator":
+        argv += ["--state-dir", str(tmp_path / "state")]
+    first = await launch(argv, env)
+    cleanup.append(first)
+
+    second = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    cleanup.append(Sidecar(second, [], []))
+    assert second.stdout is not None
+    assert b"READY" not in await asyncio.wait_for(second.stdout.readline(), 30)
+    _, stderr = await asyncio.wait_for(second.communicate(), 30)
+    assert second.returncode == 1
+    assert f"error: cannot listen on unix:{socket}: another process is serving on it" in stderr.decode()
+    # The first keeps its socket, and answers on it.
+    assert socket.is_socket()
+    assert await health_status(f"unix:{socket}") == health_pb2.HealthCheckResponse.SERVING
+
+    # Killed, the first leaves its socket file behind: a new instance replaces it.
+    first.process.kill()
+    await first.process.wait()
+    assert socket.is_socket()
+    third = await launch(argv, env)
+    cleanup.append(third)
+    assert await health_status(f"unix:{socket}") == health_pb2.HealthCheckResponse.SERVING
+    code, _ = await third.stop()
+    assert code == 0
 
 
 # --- refusals at start-up, in-process -------------------------------------------------------
