@@ -186,7 +186,8 @@ async def test_seedstore_serve_with_token_file_logs_calls_on_stderr(
 async def health_status(target: str) -> int:
     async with grpc.aio.insecure_channel(target) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        return (await check).status
+        status: int = (await check).status
+        return status
 
 
 @pytest.mark.parametrize("binary", ["seedstore", "negotiator"])
