@@ -76,7 +76,13 @@ from typing import ClassVar, Generic, Never, Self, TypeVar, overload
 import grpc
 
 from negotiator_service.model import SET_CAPABILITY
-from sidecar_runtime.richstatus import DecodedError, PreconditionViolation, decode_error
+from sidecar_runtime.richstatus import (
+    TRUNCATED,
+    VIOLATIONS_OMITTED,
+    DecodedError,
+    PreconditionViolation,
+    decode_error,
+)
 
 UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
 # PreconditionFailure violation type of a refusal's gap -> the declaration's state.
@@ -151,6 +157,16 @@ class SidecarError(Exception):
     @property
     def precondition_violations(self) -> tuple[PreconditionViolation, ...]:
         return self.decoded.precondition_violations
+
+    @property
+    def violations_omitted(self) -> int:
+        """Violations the server left out to keep the error within gRPC's metadata limits; 0 for none."""
+        return _whole_number(self.metadata.get(VIOLATIONS_OMITTED, ""))
+
+    @property
+    def truncated(self) -> tuple[str, ...]:
+        """What the server shortened for the same reason: "message", metadata keys, "violations"."""
+        return _listed(self.metadata.get(TRUNCATED, ""))
 
     def __repr__(self) -> str:
         return (
