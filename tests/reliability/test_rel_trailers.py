@@ -160,3 +160,18 @@ def test_oversized_errors_arrive_with_their_code_and_error_info(
         "error trailers",
         {f"{case}.trailer_bytes": size, f"{case}.code": error.code.name, f"{case}.violations_kept": kept},
     )
+
+
+def test_an_oversized_request_is_grpcs_own_resource_exhausted(pair: Pair, figures: Figures) -> None:
+    """Over --max-message-bytes (4 MiB): refused by grpc before the sidecar runs, so no ErrorInfo."""
+    seed = seedstore_pb2.AddSeedRequest(
+        id="big", domain="d", kind="cli", command="x" * (5 << 20), provides=["p"]
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        pair.seedstore.AddSeed(seed, timeout=30)
+    error = decode_error(caught.value)
+    assert error.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "Received message larger than max" in error.message
+    assert (error.reason, error.domain) == ("", "")
+    assert pair.seedstore.GetStore(seedstore_pb2.GetStoreRequest(), timeout=10).seed_store
+    figures.record("error trailers", {"oversized_request.code": error.code.name})

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import Awaitable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -31,6 +34,27 @@ async def test_an_oversized_request_is_resource_exhausted(start_probe: StartProb
         error = await failure(unary(channel, "Echo", b"y" * 2048, timeout=5))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "larger than max" in (error.details() or "")
+
+
+async def test_an_oversized_request_is_grpcs_own_refusal_before_any_layer(
+    start_probe: StartProbe, tmp_path: Path
+) -> None:
+    # C-core refuses the message before any Python code of the call runs: no
+    # ErrorInfo, no call log line, no layer. protos/README.md documents it as such.
+    log_file = tmp_path / "calls.jsonl"
+    server = await start_probe(max_message_bytes=1024, call_log=str(log_file))
+    async with grpc.aio.insecure_channel(server.bound[0]) as channel:
+        error = await failure(unary(channel, "Echo", b"y" * 2048, timeout=5))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert re.fullmatch(
+            r"SERVER: Received message larger than max \(2048 vs\. 1024\)", error.details() or ""
+        )
+        decoded = decode_error(error)
+        assert (decoded.reason, decoded.domain, decoded.metadata) == ("", "", {})
+        # The server goes on serving, the same channel included.
+        assert await unary(channel, "Echo", b"after", timeout=5) == b"after"
+    await server.stop()
+    assert [json.loads(line)["status"] for line in log_file.read_text().splitlines()] == ["OK"]
 
 
 async def test_an_oversized_response_is_resource_exhausted(start_probe: StartProbe) -> None:
