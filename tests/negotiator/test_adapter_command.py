@@ -125,10 +125,23 @@ async def test_only_the_last_500_bytes_of_stderr_are_kept() -> None:
     assert len(raised.value.cause) <= len("exited with 1: ") + 500
 
 
-async def test_missing_executable_is_misconfigured() -> None:
+def test_missing_executable_fails_start_up_naming_the_adapter() -> None:
+    with pytest.raises(errors.ConfigError) as raised:
+        command(["no-such-agent-cli-xyz", "{prompt}"])
+    assert '"cli"' in raised.value.message
+    assert "`argv[0]`" in raised.value.message
+    assert "no-such-agent-cli-xyz" in raised.value.message
+
+
+async def test_a_program_gone_after_start_up_is_misconfigured(tmp_path: Path) -> None:
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o755)
+    adapter = command([str(script)])
+    script.unlink()
     with pytest.raises(errors.AdapterMisconfigured) as raised:
-        await command(["no-such-agent-cli-xyz", "{prompt}"]).invoke(call())
-    assert "no-such-agent-cli-xyz" in raised.value.cause
+        await adapter.invoke(call())
+    assert str(script) in raised.value.cause
     assert raised.value.adapter == "cli"
 
 
@@ -204,7 +217,7 @@ async def test_minimal_environment_plus_configured_env(monkeypatch: pytest.Monke
 
 
 async def test_settings_env_is_layered_over_the_configured_env() -> None:
-    adapter = command(["env"], env={"A": "config", "B": "config"})
+    adapter = command(["env"], env={"A": "config", "B": "config"}, call_env=["B", "C"])
     reply = await adapter.invoke(call(settings=settings(env={"B": "call", "C": "call"})))
     lines = set(reply.text.splitlines())
     assert {"A=config", "B=call", "C=call"} <= lines
@@ -215,7 +228,7 @@ async def test_settings_cwd_overrides_the_configured_cwd(tmp_path: Path) -> None
     per_call = tmp_path / "per-call"
     configured.mkdir()
     per_call.mkdir()
-    adapter = command(["pwd"], cwd=str(configured))
+    adapter = command(["pwd"], cwd=str(configured), cwd_roots=[str(tmp_path)])
     assert (await adapter.invoke(call())).text.strip() == str(configured)
     reply = await adapter.invoke(call(settings=settings(cwd=str(per_call))))
     assert reply.text.strip() == str(per_call)
@@ -238,11 +251,14 @@ async def test_settings_timeout_lowers_the_timeout() -> None:
         ({"cwd": "/no/such/dir"}, "cwd"),
         ({"env": {"A": 1}}, "env"),
         ({"env": "A=1"}, "env"),
+        ({"env": {"A": "a\0b"}}, "env"),
+        ({"cwd": "a\0b"}, "cwd"),
     ],
 )
 async def test_bad_settings_are_refused(values: dict[str, Any], named: str) -> None:
+    adapter = command(["true"], call_env=["A"], cwd_roots=["/"])
     with pytest.raises(errors.AdapterRefused, match=f"setting {named}"):
-        await command(["true"]).invoke(call(settings=settings(**values)))
+        await adapter.invoke(call(settings=settings(**values)))
 
 
 async def test_unaccepted_setting_and_other_options_are_refused() -> None:
@@ -276,7 +292,7 @@ def test_declaration_advertises_only_settings() -> None:
     assert declaration.kind is AdapterKind.HARNESS
     assert declaration.shortname == "cli"
     assert declaration.scripted is False
-    assert declaration.accepted_settings == {"cwd", "env", "timeout"}
+    assert declaration.accepted_settings == {"timeout"}
     for capability in Capability:
         expected = (
             CapabilityState.SUPPORTED if capability is Capability.SETTINGS else CapabilityState.UNSUPPORTED
@@ -284,8 +300,25 @@ def test_declaration_advertises_only_settings() -> None:
         assert declaration.state(capability) is expected, capability
 
 
-async def test_config_may_narrow_the_settings() -> None:
-    adapter = command(["env"], declaration=DeclarationOverride(accepted_settings=frozenset({"cwd"})))
+def test_the_declaration_lists_env_and_cwd_only_when_the_operator_allowed_them(tmp_path: Path) -> None:
+    assert command(["cat"], call_env=["A"]).declaration.accepted_settings == {"env", "timeout"}
+    assert command(["cat"], cwd_roots=[str(tmp_path)]).declaration.accepted_settings == {"cwd", "timeout"}
+    both = command(["cat"], call_env=["A"], cwd_roots=[str(tmp_path)])
+    assert both.declaration.accepted_settings == {"cwd", "env", "timeout"}
+
+
+def test_config_may_not_declare_settings_the_options_do_not_allow() -> None:
+    with pytest.raises(errors.ConfigError, match='accepted_settings contains "env"'):
+        command(["cat"], declaration=DeclarationOverride(accepted_settings=frozenset({"env"})))
+
+
+async def test_config_may_narrow_the_settings(tmp_path: Path) -> None:
+    adapter = command(
+        ["env"],
+        declaration=DeclarationOverride(accepted_settings=frozenset({"cwd"})),
+        call_env=["A"],
+        cwd_roots=[str(tmp_path)],
+    )
     assert adapter.declaration.accepted_settings == {"cwd"}
     with pytest.raises(errors.AdapterRefused, match="accepted_settings:env"):
         await adapter.invoke(call(settings=settings(env={"A": "1"})))
@@ -314,6 +347,17 @@ def test_config_may_not_widen_the_declaration() -> None:
         ({"argv": ["cat"], "env": {"A": 1}}, "env.A"),
         ({"argv": ["cat"], "output_cap_bytes": 0}, "output_cap_bytes"),
         ({"argv": ["cat"], "shell": True}, "shell"),
+        ({"argv": ["no-such-agent-cli-xyz"]}, "argv[0]"),
+        ({"argv": ["/etc/passwd"]}, "argv[0]"),  # not executable
+        ({"argv": ["cat"], "call_env": "A"}, "call_env"),
+        ({"argv": ["cat"], "call_env": ["A", ""]}, "call_env[1]"),
+        ({"argv": ["cat"], "call_env": ["A=B"]}, "call_env[0]"),
+        ({"argv": ["cat"], "call_env": ["PATH"]}, "call_env[0]"),
+        ({"argv": ["cat"], "call_env": ["OK", "LD_PRELOAD"]}, "call_env[1]"),
+        ({"argv": ["cat"], "call_env": ["PYTHONPATH"]}, "call_env[0]"),
+        ({"argv": ["cat"], "call_env": ["BASH_ENV"]}, "call_env[0]"),
+        ({"argv": ["cat"], "cwd_roots": ["relative/dir"]}, "cwd_roots[0]"),
+        ({"argv": ["cat"], "cwd_roots": ["/no/such/dir"]}, "cwd_roots[0]"),
     ],
 )
 def test_bad_options_are_config_errors_naming_the_option(options: dict[str, Any], named: str) -> None:
