@@ -18,8 +18,8 @@ line would be readable by every user through /proc/PID/cmdline), then:
   left or the time bound runs out;
 * exits as the command did: its exit code, or the same signal raised again on itself.
 
-Stdlib only, and only modules that load fast: `_signal` rather than `signal` (which builds enums
-at import), `os.read` rather than `socket`. Nothing here may raise past `main`: an exception is
+Stdlib only, and only modules that load fast: `_signal` rather than `signal`, `os.read` rather
+than `socket`. Nothing here may raise past `main`: an exception is
 turned into killing the tree and exit status 125.
 """
 
@@ -28,7 +28,13 @@ import os
 import sys
 import time
 
-import _signal
+# `signal` wraps `_signal` in enums, whose import costs more than the rest of this script; the
+# type checker reads `signal`'s stubs for both (it takes TYPE_CHECKING as true by its name).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal
+else:
+    import _signal
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -112,7 +118,7 @@ class Supervisor:
         deadline = time.monotonic() + KILL_BOUND_SECONDS
         while True:
             for pid in _descendants(self.me):
-                try:
+                try:  # noqa: SIM105 (contextlib would be one more import to load per run)
                     os.kill(pid, SIGKILL)
                 except OSError:  # already gone, or not ours to kill
                     pass
