@@ -487,7 +487,7 @@ async def test_the_embedded_shell_echo_runs_no_program_a_caller_chooses(
     marker = fake_cat(tmp_path / "x")
     with negotiator_process(socket_dir) as (_, stub):
         assert stub.Invoke(invoke_request("shell-echo", "plain"), timeout=20).text == "plain"
-        hostile = [
+        hostile: list[dict[str, Any]] = [
             {"env": {"PATH": str(tmp_path / "x")}},
             {"env": {"LD_PRELOAD": str(tmp_path / "x" / "cat")}},
             {"env": {"LD_LIBRARY_PATH": str(tmp_path / "x")}},
