@@ -54,6 +54,8 @@ from negotiator_service.adapters.command import (
     OutputTooLarge,
     RunSettings,
     collect,
+    is_loader_variable,
+    locate_program,
     minimal_env,
     start_process,
 )
@@ -638,25 +640,38 @@ class Bootstrapper:
             raise SeedCommandTimeout(plan.seed, 0, "the caller's time budget was spent before the run")
         env = minimal_env()
         base = sorted(env)
-        passed = [name for name in plan.auth_env if name in self._environ]
-        unset = [name for name in plan.auth_env if name not in self._environ]
+        # The seed names variables to pass, never how its program is loaded.
+        never = [name for name in plan.auth_env if is_loader_variable(name)]
+        wanted = [name for name in plan.auth_env if not is_loader_variable(name)]
+        passed = [name for name in wanted if name in self._environ]
+        unset = [name for name in wanted if name not in self._environ]
         env.update({name: self._environ[name] for name in passed})
-        evidence.append(environment_evidence(base, passed, unset))
+        line = environment_evidence(base, passed, unset)
+        if never:
+            line += f"; never passed (loader or search-path variables): {', '.join(never)}"
+        evidence.append(line)
         settings = RunSettings(
             cwd=None, env=MappingProxyType(env), timeout_seconds=seconds, timeout_source=limit
         )
-        program = plan.argv[0]
+        name = plan.argv[0]
+        # A bare name is looked up on the negotiator's own PATH, here, once; the run executes
+        # the absolute path. What is wrong with an explicit path, exec reports.
+        program = locate_program(name)
+        if program is None:
+            raise SeedCommandNotFound(
+                plan.seed, name, "no executable file by that name on the negotiator's PATH"
+            )
         try:
-            process = await start_process(plan.argv, True, settings)
+            run = await start_process(program, plan.argv, True, settings)
         except FileNotFoundError as exc:
-            raise SeedCommandNotFound(plan.seed, program, exc.strerror or str(exc)) from exc
+            raise SeedCommandNotFound(plan.seed, name, exc.strerror or str(exc)) from exc
         except OSError as exc:
-            raise SeedCommandFailed(plan.seed, f'cannot run "{program}": {exc.strerror or exc}') from exc
+            raise SeedCommandFailed(plan.seed, f'cannot run "{name}": {exc.strerror or exc}') from exc
         progress.started = True
         started = time.monotonic()
         try:
             outcome = await collect(
-                process, prompt.encode(), timeout_seconds=seconds, output_cap_bytes=self._output_cap_bytes
+                run, prompt.encode(), timeout_seconds=seconds, output_cap_bytes=self._output_cap_bytes
             )
         except TimeoutError as exc:
             raise SeedCommandTimeout(plan.seed, seconds, limit) from exc

@@ -90,7 +90,10 @@ adapters:
       produce: {json: {"summary": "scripted reply", "ok": true}}
 
   # Demo adapter: a command harness running `cat`, so the prompt (on stdin)
-  # comes back as the reply.
+  # comes back as the reply. `cat` is resolved on the negotiator's PATH at
+  # start-up; calls may lower `timeout` and nothing else: it lists no
+  # `call_env` (variables a call may set) and no `cwd_roots` (directories a
+  # call's cwd must lie in), so `env` and `cwd` are not accepted settings.
   - shortname: shell-echo
     implementation: command
     options:

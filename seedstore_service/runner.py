@@ -1,11 +1,13 @@
 """Running a seed's checks: the shell around `verification.py`.
 
 Evidence commands come from user-writable YAML, so each one runs without a
-shell, in a fresh scratch directory, with a minimal environment, in its own
-session (so its whole process group can be killed), under a timeout, with its
-output capped. Whatever ends a check early — the timeout, a consumer that
-stops iterating, a cancelled task — the process group is killed and reaped
-before control leaves, so no check outlives its caller.
+shell, in a fresh scratch directory, with a minimal environment, under a
+timeout, with its output capped, and contained by `sidecar_runtime.proctree`:
+whatever it starts, even in a session of its own, is killed when it exits.
+Whatever ends a check early — the timeout, a consumer that stops iterating, a
+cancelled task, the seedstore's own death — the whole process tree is killed
+before control leaves, so no check outlives its caller. The scratch directory
+is removed afterwards even when the command took its permissions away.
 
 Results stream as events: for each check a `CheckStarted` and a
 `CheckFinished`, then one `SeedChecked` with the verdict. Writing the verdict
@@ -18,7 +20,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
@@ -44,19 +45,20 @@ from seedstore_service.verification import (
     plan_checks,
     verdict,
 )
+from sidecar_runtime import proctree
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 _READ_CHUNK = 65536
-# After SIGKILL the group dies at once; this only bounds the wait for a
-# process that escaped the group (its own setsid) and still holds the pipe.
-_REAP_GRACE_S = 2.0
+# The supervisor exits only once the whole tree is gone, so the pipe is at EOF by then;
+# this bounds the read for a tree the supervisor could not hold (killed from outside).
+_DRAIN_AFTER_EXIT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class RunnerSettings:
     check_timeout: float = 10.0
-    """Seconds an evidence command may run before its process group is killed."""
+    """Seconds an evidence command may run before its process tree is killed."""
     output_cap_bytes: int = 65536
     """Output kept per command (stdout and stderr together); the rest is read and dropped."""
     path: str = DEFAULT_PATH
@@ -140,10 +142,18 @@ async def run_command(argv: Sequence[str], settings: RunnerSettings, lookup_cwd:
     scratch = Path(tempfile.mkdtemp(prefix="seedstore-verify-"))
     try:
         try:
-            process, exited = await _spawn(argv, program, scratch, settings.path)
+            run = await proctree.start(
+                program,
+                argv,
+                env=_minimal_env(settings.path, scratch),
+                cwd=scratch,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
         except OSError as error:
             return CommandResult(_spawn_failed(error), b"", False, time.monotonic() - started)
-        return await _supervise(process, exited, settings, started)
+        return await _supervise(run, settings, started)
     finally:
         _remove_scratch(scratch)
 
@@ -151,69 +161,40 @@ async def run_command(argv: Sequence[str], settings: RunnerSettings, lookup_cwd:
 def _remove_scratch(scratch: Path) -> None:
     try:
         os.rmdir(scratch)  # most commands leave it empty: one system call
+        return
     except OSError:
-        shutil.rmtree(scratch, ignore_errors=True)
+        pass
+    with contextlib.suppress(OSError):
+        shutil.rmtree(scratch)
+        return
+    # The command took permissions away (a directory made read-only or mode 0, itself
+    # included); it is the service's own, so give the owner them back and remove it again.
+    _restore_directory_permissions(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
-class _ExitSignallingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """Says when the process itself has exited.
-
-    Before Python 3.12, `Process.wait()` also waits for the pipes to close,
-    which a background child holding stdout can put off indefinitely.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=_READ_CHUNK, loop=loop)
-        self.exited = asyncio.Event()
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        self.exited.set()
-
-
-async def _spawn(
-    argv: Sequence[str], program: str, scratch: Path, path_env: str
-) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
-    # What `asyncio.create_subprocess_exec` does, with a protocol that reports the exit.
-    loop = asyncio.get_running_loop()
-    spawning = asyncio.ensure_future(
-        loop.subprocess_exec(
-            lambda: _ExitSignallingProtocol(loop),
-            *argv,
-            executable=program,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            cwd=scratch,
-            env=_minimal_env(path_env, scratch),
-            # A new session makes the child a process group leader, so the whole
-            # group (its children too) can be killed with one killpg.
-            start_new_session=True,
-        )
-    )
-    try:
-        transport, protocol = await asyncio.shield(spawning)
-    except asyncio.CancelledError:
-        # Cancelled mid-spawn, the child may already be running (and starting
-        # its own children); asyncio would kill only the child. Let the
-        # spawn finish, it is quick, then kill the whole group.
-        with contextlib.suppress(Exception):
-            transport, protocol = await spawning
-            _kill_group(transport.get_pid())
-            await _reap(asyncio.subprocess.Process(transport, protocol, loop))
-        raise
-    return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+def _restore_directory_permissions(scratch: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.chmod(scratch, 0o700)
+    # Top-down, so each directory is opened up before the walk lists it; a symlink is never
+    # followed (os.walk does not descend into one, and it is not chmod'ed).
+    for directory, subdirectories, _ in os.walk(scratch):
+        for name in subdirectories:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                with contextlib.suppress(OSError):
+                    os.chmod(path, 0o700)
 
 
 def _resolve_program(name: str, path_env: str, cwd: Path) -> str | SpawnFailed:
     if "/" in name:
         # Let exec report what is wrong with an explicit path (ENOENT, EACCES, ...).
-        return str(cwd / name)
+        return os.path.abspath(cwd / name)
     found = lookup_on_path(name, path_env, cwd, probe_file)
     if found.path is None:
         return _spawn_failed(FileNotFoundError(2, os.strerror(2)))
     # A non-executable hit is still exec'd, so the error is the OS's own EACCES.
-    return str(found.path)
+    return os.path.abspath(found.path)
 
 
 def _spawn_failed(error: OSError) -> SpawnFailed:
@@ -242,50 +223,30 @@ class _CappedOutput:
                 self.truncated = True
 
 
-async def _supervise(
-    process: asyncio.subprocess.Process, exited: asyncio.Event, settings: RunnerSettings, started: float
-) -> CommandResult:
-    assert process.stdout is not None  # stdout=PIPE
+async def _supervise(run: proctree.Run, settings: RunnerSettings, started: float) -> CommandResult:
+    stdout = run.process.stdout
+    assert stdout is not None  # stdout=PIPE
     output = _CappedOutput(settings.output_cap_bytes)
-    reader = asyncio.create_task(output.drain(process.stdout))
+    reader = asyncio.create_task(output.drain(stdout))
     end: CommandEnd
     try:
-        async with asyncio.timeout(settings.check_timeout):
-            await exited.wait()
-            returncode = process.returncode
-            assert returncode is not None  # set before process_exited() is called
-            # Background children left behind would hold the pipe open (and
-            # outlive the check): end them, then read to EOF.
-            _kill_group(process.pid)
-            await reader
-        end = Exited(returncode)
-    except TimeoutError:
-        # If the leader had exited and only the reading ran late, it still exited.
-        end = TimedOut(settings.check_timeout) if process.returncode is None else Exited(process.returncode)
+        try:
+            async with asyncio.timeout(settings.check_timeout):
+                await run.exited.wait()
+        except TimeoutError:
+            end = TimedOut(settings.check_timeout)
+        else:
+            returncode = run.returncode
+            assert returncode is not None  # set before the exit is reported
+            end = Exited(returncode)
     finally:
-        # Also reached on cancellation: the group must not outlive the check.
-        _kill_group(process.pid)
-        await _reap(process, reader)
+        # Also reached on cancellation: the tree must not outlive the check. Once it is
+        # gone the pipe is at EOF; the rest of the output is read, briefly.
+        await run.finish()
+        _, late = await asyncio.wait({reader}, timeout=_DRAIN_AFTER_EXIT_S)
+        for task in late:
+            task.cancel()
     return CommandResult(end, bytes(output.kept), output.truncated, time.monotonic() - started)
-
-
-def _kill_group(pgid: int) -> None:
-    # start_new_session=True made the child a session and group leader, so its
-    # pid is the group id; ESRCH just means everyone has already gone.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-async def _reap(process: asyncio.subprocess.Process, reader: asyncio.Task[None] | None = None) -> None:
-    """Wait (bounded) for a killed process to be reaped and its output pipe to close."""
-    # asyncio.wait, not a timeout context: it works the same while a
-    # cancellation is being delivered.
-    waiting: set[asyncio.Task[int] | asyncio.Task[None]] = {asyncio.create_task(process.wait())}
-    if reader is not None:
-        waiting.add(reader)
-    _, pending = await asyncio.wait(waiting, timeout=_REAP_GRACE_S)
-    for task in pending:
-        task.cancel()
 
 
 # --- one seed ---------------------------------------------------------------
@@ -381,7 +342,7 @@ async def check_seeds(
     `on_checked` hears of each `SeedChecked` as soon as it exists, before the
     consumer takes it, so work on the verdict need not wait for the consumer.
     Stopping early (aclose, break, cancellation) cancels every running check,
-    which kills its process group, before this generator finishes. An
+    which kills its process tree, before this generator finishes. An
     unexpected error in one seed's checks stops the rest and is raised here.
     """
     if concurrency < 1:

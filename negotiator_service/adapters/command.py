@@ -1,31 +1,44 @@
 """The command adapter: a local agent CLI, run as a harness without a shell.
 
-It declares only what it can enforce: per-call `cwd`, `env` and `timeout`
-settings. A CLI's own flags for models, tools or output formats are outside
-what this adapter can check, so everything else is declared unsupported.
+It declares only what it can enforce: per-call `timeout`, and `env` and `cwd`
+when the operator allowed them. A CLI's own flags for models, tools or output
+formats are outside what this adapter can check, so everything else is
+declared unsupported.
+
+No caller chooses the program, how it is loaded, or where it runs: argv[0] is
+resolved once, when the adapter is built, on the negotiator's own PATH, and
+every call executes that absolute path; a call may set only the environment
+variables the operator listed in `call_env` (never a loader or search-path
+variable, see `is_loader_variable`), and a `cwd` only inside `cwd_roots`.
 
 Options:
     argv:             [program, arg, ...] (required); an element containing
                       "{prompt}" has it replaced by the prompt, otherwise the
-                      prompt is written to stdin
+                      prompt is written to stdin. The program must be an
+                      executable file: a path, or a name on the negotiator's PATH
     timeout_seconds:  default 60; a per-call `timeout` setting may only lower it
     cwd:              working directory (default: the negotiator's)
     env:              variables added to a minimal environment (PATH, HOME, LANG)
+    call_env:         [NAME, ...] variables a call may set with its `env` setting
+                      (default none: `env` is not an accepted setting)
+    cwd_roots:        [DIR, ...] directories a call's `cwd` setting must resolve
+                      inside, symlinks and `..` followed (default none: `cwd` is
+                      not an accepted setting)
     output_cap_bytes: most stdout bytes accepted (default 1 MiB)
 
-The process gets its own session; on timeout or cancellation the whole
-process group is killed, and whatever it left running is killed when it exits.
-`start_process` and `collect` are that harness on their own, for other
-callers of local commands (capability bootstrap runs seed commands with it).
+Each run is contained by `sidecar_runtime.proctree`: whatever it starts, even
+in a session of its own, is killed when the command exits, on timeout or
+cancellation, and when the negotiator dies. `start_process` and `collect` are
+that harness on their own, for other callers of local commands (capability
+bootstrap runs seed commands with it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
-from collections.abc import Mapping
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -44,6 +57,7 @@ from negotiator_service.model import (
     Declaration,
     JsonValue,
 )
+from sidecar_runtime import proctree
 
 PROMPT_PLACEHOLDER = "{prompt}"
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -51,15 +65,88 @@ DEFAULT_OUTPUT_CAP_BYTES = 1 << 20
 STDERR_TAIL_BYTES = 500
 _INHERITED_ENV = ("PATH", "HOME", "LANG")
 _READ_CHUNK = 64 * 1024
-_EXIT_POLL_SECONDS = 0.05
-_REAP_SECONDS = 2.0
+# The supervisor exits only once the whole tree is gone, so the pipes are at EOF by then; this
+# bounds the read for a tree the supervisor could not hold (it was itself killed from outside).
+_DRAIN_AFTER_EXIT_SECONDS = 1.0
 
-ACCEPTED_SETTINGS = frozenset({"cwd", "env", "timeout"})
+ALWAYS_ACCEPTED_SETTINGS = frozenset({"timeout"})
 IMPLEMENTED = frozenset({Capability.SETTINGS})
 
+# Variables that choose which code runs rather than what it works on: the dynamic loader's
+# preloads and search paths, interpreters' module paths and start-up code, a shell's start-up
+# files and word splitting, exported shell functions. Whoever sets one chooses the program, so
+# no call may set them and `call_env` may not list them.
+LOADER_VARIABLES = frozenset(
+    {
+        "PATH",
+        "IFS",
+        "ENV",
+        "BASH_ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PS4",
+        "CDPATH",
+        "GLOBIGNORE",
+        "GCONV_PATH",
+        "LOCPATH",
+        "NLSPATH",
+        "HOSTALIASES",
+        "RES_OPTIONS",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "PERL5LIB",
+        "PERL5OPT",
+        "PERLLIB",
+        "PERL5DB",
+        "RUBYLIB",
+        "RUBYOPT",
+        "CLASSPATH",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "JDK_JAVA_OPTIONS",
+        "LUA_PATH",
+        "LUA_CPATH",
+        "LUA_INIT",
+        "TCLLIBPATH",
+        "GIT_EXEC_PATH",
+    }
+)
+LOADER_PREFIXES = ("LD_", "DYLD_", "PYTHON", "BASH_FUNC_", "MALLOC_", "GLIBC_")
 
-def code_declaration(shortname: str) -> Declaration:
-    """What the code enforces: settings, and nothing else."""
+
+def is_loader_variable(name: str) -> bool:
+    """Whether `name` is a loader or search-path variable (see LOADER_VARIABLES); case-sensitive,
+    as the environment is."""
+    return name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES)
+
+
+def resolve_program(name: str, search_path: str | None = None) -> str | None:
+    """The absolute path `name` runs as, or None when that is not an executable file.
+
+    A name with a slash is a path (relative to this process's working directory); a bare
+    name is looked up on `search_path`, by default this process's own PATH.
+    """
+    if "\0" in name:
+        return None
+    if "/" in name:
+        candidate = os.path.abspath(name)
+        return candidate if os.path.isfile(candidate) and os.access(candidate, os.X_OK) else None
+    found = shutil.which(
+        name, path=os.environ.get("PATH", os.defpath) if search_path is None else search_path
+    )
+    return os.path.abspath(found) if found else None
+
+
+def locate_program(name: str) -> str | None:
+    """`name` as an absolute path to exec: a path made absolute as it is (exec reports what is
+    wrong with it), a bare name resolved on this process's own PATH (None: not found there)."""
+    return os.path.abspath(name) if "/" in name else resolve_program(name)
+
+
+def code_declaration(
+    shortname: str, accepted_settings: frozenset[str] = ALWAYS_ACCEPTED_SETTINGS
+) -> Declaration:
+    """What the code enforces: settings (those the options allow), and nothing else."""
     return Declaration(
         shortname=shortname,
         kind=AdapterKind.HARNESS,
@@ -71,17 +158,26 @@ def code_declaration(shortname: str) -> Declaration:
                 for capability in Capability
             }
         ),
-        accepted_settings=ACCEPTED_SETTINGS,
+        accepted_settings=accepted_settings,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class CommandOptions:
     argv: tuple[str, ...]
+    program: str  # argv[0] resolved at start-up: the absolute path every run executes
     timeout_seconds: float
     cwd: str | None
     env: Mapping[str, str]
+    call_env: frozenset[str]
+    cwd_roots: tuple[str, ...]  # real paths
     output_cap_bytes: int
+
+    @property
+    def accepted_settings(self) -> frozenset[str]:
+        return ALWAYS_ACCEPTED_SETTINGS | {
+            name for name, allowed in (("env", self.call_env), ("cwd", self.cwd_roots)) if allowed
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,21 +202,63 @@ def read_options(spec: AdapterSpec) -> CommandOptions:
         reader.fail("argv[0]", "must name the program")
     if PROMPT_PLACEHOLDER in argv[0]:
         reader.fail("argv[0]", f"must name the program; {PROMPT_PLACEHOLDER} belongs in an argument")
+    program = resolve_program(argv[0])
+    if program is None:
+        reader.fail("argv[0]", f'"{argv[0]}" is not an executable file (looked up on the negotiator\'s PATH)')
     timeout = reader.positive_number("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
     assert timeout is not None  # it has a default
     cwd = reader.string("cwd")
     if cwd is not None and not os.path.isdir(cwd):
         reader.fail("cwd", f'"{cwd}" is not an existing directory')
     env = reader.string_map("env")
+    call_env = _read_call_env(reader)
+    cwd_roots = _read_cwd_roots(reader)
     cap = reader.positive_int("output_cap_bytes", DEFAULT_OUTPUT_CAP_BYTES)
     reader.finish()
     return CommandOptions(
         argv=tuple(argv),
+        program=program,
         timeout_seconds=timeout,
         cwd=cwd,
         env=MappingProxyType(env),
+        call_env=call_env,
+        cwd_roots=cwd_roots,
         output_cap_bytes=cap,
     )
+
+
+def _string_list(reader: OptionReader, key: str) -> list[str]:
+    value = reader.raw(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        reader.fail(key, f"must be a list of strings, not {type_name(value)}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item or "\0" in item:
+            reader.fail(f"{key}[{index}]", f"must be a non-empty string, not {item!r}")
+    return list(value)
+
+
+def _read_call_env(reader: OptionReader) -> frozenset[str]:
+    names = _string_list(reader, "call_env")
+    for index, name in enumerate(names):
+        if "=" in name:
+            reader.fail(f"call_env[{index}]", f"{name!r} is not a variable name")
+        if is_loader_variable(name):
+            reader.fail(
+                f"call_env[{index}]",
+                f"{name} is a loader or search-path variable, which no call may set",
+            )
+    return frozenset(names)
+
+
+def _read_cwd_roots(reader: OptionReader) -> tuple[str, ...]:
+    roots = []
+    for index, root in enumerate(_string_list(reader, "cwd_roots")):
+        if not os.path.isabs(root) or not os.path.isdir(root):
+            reader.fail(f"cwd_roots[{index}]", f'"{root}" is not an existing absolute directory')
+        roots.append(os.path.realpath(root))
+    return tuple(roots)
 
 
 def build_argv(argv: tuple[str, ...], prompt: str) -> tuple[tuple[str, ...], bool]:
@@ -150,7 +288,7 @@ class CommandAdapter:
     def __init__(self, spec: AdapterSpec) -> None:
         self._options = read_options(spec)
         self._declaration = narrow(
-            code_declaration(spec.shortname),
+            code_declaration(spec.shortname, self._options.accepted_settings),
             spec.declaration,
             shortname=spec.shortname,
             implementation="command",
@@ -187,23 +325,16 @@ class CommandAdapter:
         return errors.AdapterRefused(self._declaration.shortname, f"setting {setting}: {problem}")
 
     def _run_settings(self, settings: Mapping[str, JsonValue]) -> RunSettings:
+        accepted = self._options.accepted_settings
         for name in settings:
-            if name not in ACCEPTED_SETTINGS:
-                raise self._refuse(name, f"not one of {', '.join(sorted(ACCEPTED_SETTINGS))}")
+            if name not in accepted:
+                raise self._refuse(name, f"not one of {', '.join(sorted(accepted))}")
         cwd = self._options.cwd
         if "cwd" in settings:
-            value = settings["cwd"]
-            if not isinstance(value, str) or not os.path.isdir(value):
-                raise self._refuse("cwd", f"{value!r} is not an existing directory")
-            cwd = value
+            cwd = self._call_cwd(settings["cwd"])
         call_env: dict[str, str] = {}
         if "env" in settings:
-            value = settings["env"]
-            if not isinstance(value, Mapping) or not all(
-                isinstance(k, str) and k and isinstance(v, str) for k, v in value.items()
-            ):
-                raise self._refuse("env", "must be a mapping of names to strings")
-            call_env = dict(value)
+            call_env = self._call_env(settings["env"])
         timeout, source = self._options.timeout_seconds, "the adapter's timeout_seconds"
         if "timeout" in settings:
             value = settings["timeout"]
@@ -215,24 +346,56 @@ class CommandAdapter:
         env = minimal_env(self._options.env, call_env)
         return RunSettings(cwd=cwd, env=MappingProxyType(env), timeout_seconds=timeout, timeout_source=source)
 
+    def _call_cwd(self, value: JsonValue) -> str:
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise self._refuse("cwd", "must be a directory path")
+        # Resolved first, so neither a symlink nor `..` can lead out of a root; the run gets the
+        # resolved path.
+        real = os.path.realpath(value)
+        if not any(os.path.commonpath((root, real)) == root for root in self._options.cwd_roots):
+            raise self._refuse("cwd", f"{value!r} is not inside the adapter's cwd_roots")
+        if not os.path.isdir(real):
+            raise self._refuse("cwd", f"{value!r} is not an existing directory")
+        return real
+
+    def _call_env(self, value: JsonValue) -> dict[str, str]:
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) for k, v in value.items()
+        ):
+            raise self._refuse("env", "must be a mapping of names to strings")
+        allowed = self._options.call_env
+        for name, item in value.items():
+            if is_loader_variable(name):
+                raise self._refuse(
+                    "env", f"{name} is a loader or search-path variable, which no call may set"
+                )
+            if name not in allowed:
+                raise self._refuse(
+                    "env", f"{name} is not one of the adapter's call_env ({', '.join(sorted(allowed))})"
+                )
+            if "\0" in item:
+                raise self._refuse("env", f"the value of {name} contains a NUL byte")
+        return dict(value)
+
     async def _run(
         self, argv: tuple[str, ...], stdin: bytes | None, settings: RunSettings, deadline: Deadline
     ) -> bytes:
         shortname = self._declaration.shortname
+        program = self._options.program
         try:
-            process = await start_process(argv, stdin is not None, settings)
+            run = await start_process(program, argv, stdin is not None, settings)
         except FileNotFoundError as exc:
             raise errors.AdapterMisconfigured(
-                shortname, f'cannot run "{argv[0]}": not found ({exc})'
+                shortname, f'cannot run "{program}": not found ({exc})'
             ) from exc
         except PermissionError as exc:
-            raise errors.AdapterMisconfigured(shortname, f'cannot run "{argv[0]}": {exc.strerror}') from exc
+            raise errors.AdapterMisconfigured(shortname, f'cannot run "{program}": {exc.strerror}') from exc
         except OSError as exc:
-            raise errors.AdapterMisconfigured(shortname, f'cannot run "{argv[0]}": {exc}') from exc
+            raise errors.AdapterMisconfigured(shortname, f'cannot run "{program}": {exc}') from exc
 
         try:
             result = await collect(
-                process,
+                run,
                 stdin,
                 timeout_seconds=deadline.seconds,
                 output_cap_bytes=self._options.output_cap_bytes,
@@ -261,8 +424,26 @@ class ProcessResult:
     stderr_tail: bytes  # the last STDERR_TAIL_BYTES
 
 
+async def start_process(
+    program: str, argv: Sequence[str], with_stdin: bool, settings: RunSettings
+) -> proctree.Run:
+    """Start `argv` as the absolute `program`, without a shell, contained; finish it with `collect`.
+
+    Raises OSError (FileNotFoundError, PermissionError, ...) when it cannot start.
+    """
+    return await proctree.start(
+        program,
+        argv,
+        env=settings.env,
+        cwd=settings.cwd,
+        stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 async def collect(
-    process: asyncio.subprocess.Process,
+    run: proctree.Run,
     stdin: bytes | None,
     *,
     timeout_seconds: float | None,
@@ -272,114 +453,72 @@ async def collect(
 
     Raises TimeoutError when `timeout_seconds` ran out and OutputTooLarge when
     stdout exceeded `output_cap_bytes`. However it ends (also when cancelled),
-    the process group is killed and the process reaped before this returns.
+    the whole process tree is killed and the supervisor reaped before this returns.
     """
-    tasks: list[asyncio.Task[bytes] | asyncio.Task[None]] = []
-    finished = False
+    process = run.process
+    assert process.stdout is not None  # PIPE
+    assert process.stderr is not None  # PIPE
+    stdout = _Capture(output_cap_bytes, on_overflow=run.stop)
+    stderr = _Capture(STDERR_TAIL_BYTES, keep_tail=True)
+    readers = [
+        asyncio.create_task(stdout.drain(process.stdout)),
+        asyncio.create_task(stderr.drain(process.stderr)),
+    ]
+    tasks = list(readers)
+    if stdin is not None:
+        assert process.stdin is not None  # PIPE
+        tasks.append(asyncio.create_task(_feed(process.stdin, stdin)))
     try:
         async with asyncio.timeout(timeout_seconds):
-            assert process.stdout is not None  # PIPE
-            assert process.stderr is not None  # PIPE
-            stdout_task = asyncio.create_task(_read_capped(process.stdout, output_cap_bytes, process.pid))
-            stderr_task = asyncio.create_task(_read_tail(process.stderr, STDERR_TAIL_BYTES))
-            tasks = [stdout_task, stderr_task]
-            if stdin is not None:
-                assert process.stdin is not None  # PIPE
-                tasks.append(asyncio.create_task(_feed(process.stdin, stdin)))
-            returncode = await _exit_status(process)
-            # Anything the command left behind still holds our pipes, and the call is over.
-            _kill_group(process.pid)
-            stderr_tail = await stderr_task
-            stdout = await stdout_task
-            finished = True
+            await run.exited.wait()
+        returncode = run.returncode
+        assert returncode is not None  # set before the exit is reported
+        # The tree is gone with its supervisor; stop reading shortly after in any case.
+        _, late = await asyncio.wait(readers, timeout=_DRAIN_AFTER_EXIT_SECONDS)
+        if late:
+            run.kill_group()
     finally:
-        if not finished:
-            _kill_group(process.pid)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        # Reap, and let the transport close its pipes; bounded, since a process that
-        # left our group (setsid) may still hold them.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(process.wait(), _REAP_SECONDS)
-    return ProcessResult(returncode=returncode, stdout=stdout, stderr_tail=stderr_tail)
-
-
-async def start_process(
-    argv: tuple[str, ...], with_stdin: bool, settings: RunSettings
-) -> asyncio.subprocess.Process:
-    """Start `argv` without a shell, in a session (process group) of its own; finish it with `collect`.
-
-    Raises OSError (FileNotFoundError, PermissionError, ...) when it cannot start.
-    """
-    starting = asyncio.ensure_future(
-        asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=settings.cwd,
-            env=dict(settings.env),
-            start_new_session=True,
-        )
-    )
-    try:
-        return await asyncio.shield(starting)
-    except asyncio.CancelledError:
-        # Cancelled mid-start, asyncio's own cleanup would kill only the leader and then
-        # wait for the pipes the rest of its group holds; finish starting, kill the group.
-        with contextlib.suppress(Exception):
-            process = await starting
-            _kill_group(process.pid)
-            await asyncio.wait_for(process.wait(), _REAP_SECONDS)
-        raise
-
-
-async def _exit_status(process: asyncio.subprocess.Process) -> int:
-    """The command's exit status as soon as it exits.
-
-    Python 3.11's `Process.wait()` also waits for every pipe to close, which
-    a background child of the command can delay indefinitely.
-    """
-    waiter = asyncio.ensure_future(process.wait())
-    try:
-        while process.returncode is None and not waiter.done():
-            await asyncio.wait({waiter}, timeout=_EXIT_POLL_SECONDS)
-    finally:
-        waiter.cancel()
-    assert process.returncode is not None  # the loop ends only once it is set
-    return process.returncode
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is already gone
-        os.killpg(pgid, signal.SIGKILL)
-
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int, pgid: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    overflowed = False
-    while chunk := await stream.read(_READ_CHUNK):
-        size += len(chunk)
-        if size <= cap:
-            chunks.append(chunk)
-        elif not overflowed:
-            # Stop the writer now rather than buffer a runaway stream until the deadline,
-            # and keep draining to EOF: a paused pipe would never report the close.
-            _kill_group(pgid)
-            overflowed = True
-            chunks.clear()
-    if overflowed:
+        await run.finish()
+    if stdout.overflowed:
         raise OutputTooLarge
-    return b"".join(chunks)
+    return ProcessResult(returncode=returncode, stdout=stdout.kept(), stderr_tail=stderr.kept())
 
 
-async def _read_tail(stream: asyncio.StreamReader, keep: int) -> bytes:
-    tail = b""
-    while chunk := await stream.read(_READ_CHUNK):
-        tail = (tail + chunk)[-keep:]
-    return tail
+class _Capture:
+    """Reads a stream to EOF, keeping at most `cap` bytes: the first ones, or with `keep_tail` the last.
+
+    Past the cap of a head capture it calls `on_overflow` once (to stop the writer rather than
+    buffer a runaway stream until the deadline) and keeps draining, since a paused pipe would
+    never report the close.
+    """
+
+    def __init__(
+        self, cap: int, *, keep_tail: bool = False, on_overflow: Callable[[], None] | None = None
+    ) -> None:
+        self._cap = cap
+        self._keep_tail = keep_tail
+        self._on_overflow = on_overflow
+        self._data = bytearray()
+        self.overflowed = False
+
+    def kept(self) -> bytes:
+        return b"" if self.overflowed else bytes(self._data)
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(_READ_CHUNK):
+            if self._keep_tail:
+                self._data += chunk
+                del self._data[: max(0, len(self._data) - self._cap)]
+            elif not self.overflowed:
+                self._data += chunk
+                if len(self._data) > self._cap:
+                    self.overflowed = True
+                    self._data.clear()
+                    if self._on_overflow is not None:
+                        self._on_overflow()
 
 
 async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:

@@ -494,6 +494,47 @@ async def test_the_run_is_bounded_by_the_callers_deadline_and_its_group_is_kille
     assert record.error_reason in ("SEED_COMMAND_TIMEOUT", "CANCELLED")
 
 
+async def test_a_setsid_grandchild_of_the_run_neither_holds_it_nor_outlives_it(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    pidfile = shlex.quote(str(tmp_path / "grandchild.pid"))
+    escaper = Script(
+        tmp_path,
+        "escaper",
+        f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' &\n"
+        f"while [ ! -s {pidfile} ]; do sleep 0.01; done\necho done",
+    )
+    await add_seed(seeds, "escaper", "voice", escaper.command, provides=["escaping"])
+    started = time.monotonic()
+    response = await stub.Bootstrap(request("escaping", run=True), timeout=20)
+    assert time.monotonic() - started < 5  # well under the 20 s deadline
+    assert (response.run.exit_code, response.run.output) == (0, "done\n")
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    assert await _gone(grandchild), f"setsid grandchild {grandchild} survived the run"
+
+
+async def test_loader_variables_a_seed_names_are_never_passed(
+    stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BOOT_TOKEN", "s3cret")
+    monkeypatch.setenv("BASH_ENV", str(tmp_path / "evil.sh"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    shower = Script(tmp_path, "shower", 'echo "bash_env=$BASH_ENV ld=$LD_LIBRARY_PATH token=$BOOT_TOKEN"')
+    await add_seed(
+        seeds,
+        "shower",
+        "voice",
+        shower.command,
+        provides=["showing"],
+        auth_env=["BASH_ENV", "LD_LIBRARY_PATH", "BOOT_TOKEN"],
+    )
+    response = await stub.Bootstrap(request("showing", run=True, approved_gates=[SECRET_USE]), timeout=10)
+    assert response.run.output == "bash_env= ld= token=s3cret\n"
+    environment = response.run.evidence[4]
+    assert "the seed's auth env BOOT_TOKEN (secret_use_approval approved)" in environment
+    assert "never passed (loader or search-path variables): BASH_ENV, LD_LIBRARY_PATH" in environment
+
+
 async def _gone(pid: int, within: float = 3.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:

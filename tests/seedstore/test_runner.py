@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -289,6 +292,66 @@ async def test_background_children_do_not_outlive_a_finished_command(tmp_path: P
     assert await eventually(gone(child))
 
 
+# A grandchild that leaves the check's session and keeps the output pipe open, writing its own
+# pid first (`exec` keeps the pid, so it is the long-running process's whether or not setsid forks).
+def escaping_grandchild(pid_file: Path, *, daemon: bool = False) -> str:
+    inner = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60'"
+    if daemon:  # the classic double fork, with stdio closed: nothing holds our pipe
+        return f"( {inner} </dev/null >/dev/null 2>&1 & ) ; "
+    return f"{inner} & "
+
+
+def pid_in(pid_file: Path) -> int | None:
+    text = pid_file.read_text().strip() if pid_file.exists() else ""
+    return int(text) if text else None
+
+
+async def read_pid_file(pid_file: Path) -> int:
+    assert await eventually(lambda: pid_in(pid_file) is not None)
+    pid = pid_in(pid_file)
+    assert pid is not None
+    return pid
+
+
+async def test_a_setsid_grandchild_neither_holds_the_check_nor_outlives_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    script = write_script(tmp_path / "escaper", escaping_grandchild(pid_file) + "\nsleep 0.2\necho done")
+    settings = RunnerSettings(check_timeout=10, path=SYSTEM_PATH)
+    started = time.monotonic()
+    finished = await one_check(make_seed(None, str(script)), settings)
+    assert time.monotonic() - started < 3.0  # well under the 10 s timeout
+    assert (finished.ok, finished.exit_code, finished.timed_out) == (True, 0, False)
+    grandchild = await read_pid_file(pid_file)
+    assert await eventually(gone(grandchild)), f"setsid grandchild {grandchild} survived"
+
+
+async def test_a_double_forked_daemon_does_not_outlive_the_check(tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    script = write_script(
+        tmp_path / "daemonizer",
+        escaping_grandchild(pid_file, daemon=True) + f"\nwhile [ ! -s {pid_file} ]; do sleep 0.01; done",
+    )
+    finished = await one_check(
+        make_seed(None, str(script)), RunnerSettings(check_timeout=10, path=SYSTEM_PATH)
+    )
+    assert (finished.ok, finished.timed_out) == (True, False)
+    daemon = await read_pid_file(pid_file)
+    assert await eventually(gone(daemon)), f"daemon {daemon} survived"
+
+
+async def test_a_timeout_kills_a_setsid_grandchild_too(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    script = write_script(tmp_path / "hanger", escaping_grandchild(pid_file) + "\nsleep 60")
+    started = time.monotonic()
+    finished = await one_check(
+        make_seed(None, str(script)), RunnerSettings(check_timeout=0.5, path=SYSTEM_PATH)
+    )
+    assert finished.timed_out
+    assert time.monotonic() - started < 3.0
+    grandchild = await read_pid_file(pid_file)
+    assert await eventually(gone(grandchild)), f"setsid grandchild {grandchild} survived the timeout"
+
+
 # --- output ------------------------------------------------------------------------
 
 
@@ -335,6 +398,49 @@ async def test_each_command_runs_in_a_fresh_scratch_directory_that_is_removed(
     assert not exists(first_dir)
     assert not exists(second_dir)
     assert not exists(tmp_path / "left-behind")
+
+
+# Takes every permission the service needs to remove its scratch directory away: a mode-0
+# directory with files, a read-only file, a read-only directory, the scratch directory itself.
+HOSTILE_TO_REMOVAL = (
+    "pwd; mkdir -p a/b/c d; touch a/b/c/f a/b/f a/f; chmod 444 a/f; ln -s /etc d/etc;"
+    " chmod 0 a/b/c; chmod 0 a/b; chmod 500 a; chmod 0 d; chmod 500 ."
+)
+REMOVE_AS_OWNER = """
+import asyncio, sys
+from pathlib import Path
+from seedstore_service.runner import RunnerSettings, run_command
+result = asyncio.run(run_command(["sh", "-c", sys.argv[1]], RunnerSettings(path=sys.argv[2]), Path.cwd()))
+sys.stdout.write(result.output.decode())
+"""
+
+
+def without_privileges(argv: list[str]) -> list[str]:
+    """`argv` as a process that respects permission bits: root's DAC override capabilities dropped."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: permission bits cannot be made to matter")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--", *argv]
+
+
+def test_the_scratch_directory_is_removed_even_when_the_command_took_its_permissions_away() -> None:
+    # In a process of its own, so running as root (whose capabilities ignore permission bits)
+    # can be made to count.
+    argv = without_privileges([sys.executable, "-c", REMOVE_AS_OWNER, HOSTILE_TO_REMOVAL, SYSTEM_PATH])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    scratch = Path(done.stdout.split()[0])
+    try:
+        assert scratch.name.startswith("seedstore-verify-")
+        left_behind = scratch.exists()
+        assert not left_behind, f"{scratch} was left behind"
+        assert Path("/etc/passwd").exists()  # the symlink was removed, never followed
+    finally:
+        if scratch.exists():
+            subprocess.run(["chmod", "-R", "u+rwx", str(scratch)], check=False)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 # --- events ----------------------------------------------------------------------------
