@@ -45,7 +45,7 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   └── AuditWatcherDroppedError      AUDIT_WATCHER_DROPPED: watch again
     ├── UnauthenticatedError              UNAUTHENTICATED (TOKEN_MISSING): send a bearer token
     ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID)
-    ├── UnimplementedError                UNIMPLEMENTED (NOT_IMPLEMENTED): feature-detect on it
+    ├── UnimplementedError                UNIMPLEMENTED (no such RPC here): feature-detect on it
     ├── DataLossError                     DATA_LOSS (CONVERSATION_STATE_CORRUPT): start afresh
     └── InternalError                     INTERNAL (INTERNAL, CONVERSATION_STORE_FAILED, ...): report it
         ├── OutputSchemaViolationError    OUTPUT_SCHEMA_VIOLATION; .violations .adapter
@@ -358,10 +358,10 @@ class PermissionDeniedError(SidecarError):
 
 
 class UnimplementedError(SidecarError):
-    """This server version lacks the RPC or field; `metadata["feature"]` names it when known."""
+    """The server lacks the RPC (an older version, or another service at this address)."""
 
     grpc_code = grpc.StatusCode.UNIMPLEMENTED
-    reasons: ClassVar[tuple[str, ...]] = ("NOT_IMPLEMENTED",)
+    reasons: ClassVar[tuple[str, ...]] = ()
 
 
 class InternalError(SidecarError):

@@ -125,16 +125,6 @@ class AdapterRegistrationFailed(NegotiatorError):
         self.shortname = shortname
 
 
-class NotImplementedYet(NegotiatorError):
-    """A field or RPC of the contract this version does not implement: refused, never ignored."""
-
-    reason = "NOT_IMPLEMENTED"
-
-    def __init__(self, feature: str) -> None:
-        super().__init__(f"{feature} is not implemented by this negotiator version")
-        self.feature = feature
-
-
 class ConversationBusy(NegotiatorError):
     """Another call of the conversation holds it, and the caller asked not to wait."""
 

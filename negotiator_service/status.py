@@ -202,10 +202,6 @@ def _rate_limited(error: errors.AdapterRateLimited) -> RichError:
     return _rich(error, grpc.StatusCode.RESOURCE_EXHAUSTED, metadata, retry_after_seconds=error.retry_after)
 
 
-def _not_implemented(error: errors.NotImplementedYet) -> RichError:
-    return _rich(error, grpc.StatusCode.UNIMPLEMENTED, {"feature": error.feature})
-
-
 def _conversation_busy(error: errors.ConversationBusy) -> RichError:
     return _rich(error, grpc.StatusCode.ABORTED, {"conversationId": error.conversation_id})
 
@@ -414,7 +410,6 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.ConfigError: _config,
         errors.AdapterRegistrationFailed: _registration_failed,
         errors.OutputSchemaViolation: _output_violation,
-        errors.NotImplementedYet: _not_implemented,
         errors.DelegationDepthExceeded: _depth_exceeded,
         errors.AuditWatcherDropped: _audit_watcher_dropped,
         errors.ConversationBusy: _conversation_busy,

@@ -115,7 +115,6 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
         errors.AdapterMisconfiguredError,
     ),
     nerrors.AdapterInternal: (nerrors.AdapterInternal("x", "bug"), errors.AdapterInternalError),
-    nerrors.NotImplementedYet: (nerrors.NotImplementedYet("options.hooks"), errors.UnimplementedError),
     nerrors.ConversationBusy: (nerrors.ConversationBusy("c1"), errors.ConversationBusyError),
     nerrors.DeclarationChanged: (
         nerrors.DeclarationChanged("c1", "demo", "sha256:old", "sha256:new"),
