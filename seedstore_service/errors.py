@@ -15,6 +15,33 @@ whether it ran locally or through the service.
 
 from __future__ import annotations
 
+# How much of a value from a request or a seed file an error quotes: enough to
+# recognise it, never a whole file (a symlinked `/etc/passwd`) or a whole request.
+EXCERPT_CHARS = 64
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` cut to `limit` characters (marked with `…`), non-printable characters escaped.
+
+    What errors and problems quote of any value they did not choose themselves:
+    line breaks, NULs and terminal escapes come out as `\\n`, `\\x00`, `\\x1b`, so
+    a quoted value is always one short, inert line.
+    """
+    cut = text[:limit]
+    shown = "".join(char if char.isprintable() else _escaped(char) for char in cut)
+    return shown + "…" if len(text) > limit else shown
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if char == "\n":
+        return "\\n"
+    if char == "\t":
+        return "\\t"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
 
 class SeedStoreError(Exception):
     """Base of every seedstore error. `reason` is the ErrorInfo reason."""
@@ -37,8 +64,11 @@ class InvalidArgument(SeedStoreError):
 class InvalidIdentifier(InvalidArgument):
     reason = "INVALID_IDENTIFIER"
 
-    def __init__(self, value: str, field: str) -> None:
-        super().__init__(f'invalid identifier "{value}" in {field}', field)
+    def __init__(self, value: str, field: str, why: str = "") -> None:
+        # SkillSpec's wording, with the value quoted as an excerpt; `why` adds the rule broken
+        # where SkillSpec has none (the length limit).
+        suffix = f": {why}" if why else ""
+        super().__init__(f'invalid identifier "{excerpt(value)}" in {field}{suffix}', field)
         self.value = value
 
 

@@ -57,16 +57,24 @@ _U64_MAX = 2**64 - 1
 # ---------------------------------------------------------------------------
 
 _IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+# Ids and domains become file and directory names, and the store writes a seed
+# through `.<id>.yaml.tmp-<12 hex digits>` (23 characters around the id): 200
+# keeps that name under NAME_MAX (255 bytes; identifier characters are one byte
+# each). SkillSpec has no limit; the same one applies to every identifier.
+MAX_IDENTIFIER_LENGTH = 200
 
 
 def validate_identifier(value: str, field: str) -> str:
-    """Apply SkillSpec's only path-traversal guard; return the value unchanged.
+    """Apply SkillSpec's only path-traversal guard, plus a length limit; return the value unchanged.
 
     Raises:
-        InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, or uses a char outside `[a-z0-9_.-]`.
+        InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, uses a char outside `[a-z0-9_.-]`,
+            or is longer than MAX_IDENTIFIER_LENGTH.
     """
     if not value or value.startswith(".") or not _IDENTIFIER_CHARS.issuperset(value):
         raise InvalidIdentifier(value, field)
+    if len(value) > MAX_IDENTIFIER_LENGTH:
+        raise InvalidIdentifier(value, field, f"longer than {MAX_IDENTIFIER_LENGTH} characters")
     return value
 
 

@@ -54,7 +54,7 @@ def _invalid_argument(error: errors.SeedStoreError, fields: Mapping[str, str] | 
     field = request_field(error.field, fields) if error.field else ""
     metadata = {"field": field} if field else {}
     if isinstance(error, errors.InvalidIdentifier):
-        metadata["value"] = error.value
+        metadata["value"] = errors.excerpt(error.value)
     return RichError(
         code=grpc.StatusCode.INVALID_ARGUMENT,
         message=error.message,

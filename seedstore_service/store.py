@@ -49,7 +49,13 @@ from seedstore_service.patch import (
     validate_patch,
     validate_prefer,
 )
-from seedstore_service.seedfile import dump_seed, parse_seed, revision_of, validate_identifier
+from seedstore_service.seedfile import (
+    MAX_IDENTIFIER_LENGTH,
+    dump_seed,
+    parse_seed,
+    revision_of,
+    validate_identifier,
+)
 
 SEED_SUFFIXES = (".yml", ".yaml")
 LOCK_FILE_NAME = ".seedstore.lock"
@@ -359,7 +365,9 @@ def write_atomically(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             mode = None
         while True:
-            candidate = directory / f".{path.name}{_TEMP_MARKER}{secrets.token_hex(6)}"
+            # The name is cut so that any target name leaves room for the marker and suffix.
+            stem = path.name[:MAX_IDENTIFIER_LENGTH]
+            candidate = directory / f".{stem}{_TEMP_MARKER}{secrets.token_hex(6)}"
             try:
                 # 0o666 before the umask: the permissions a plain write would give.
                 fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
