@@ -7,6 +7,7 @@
     ├── AmbiguousSeed              id found in several files; pass --domain
     ├── SeedMalformed              the targeted seed's file cannot be parsed
     ├── RevisionMismatch           expected revision differs from the file's
+    ├── OutsideStore               a write would land outside the store (a linked directory)
     ├── StoreUnavailable           HOME/SKILLSPEC_HOME unset, I/O failure
 
 Messages are SkillSpec's, so the CLI prints the same `error: ...` line
@@ -110,6 +111,17 @@ class RevisionMismatch(SeedStoreError):
         self.seed_id = seed_id
         self.expected = expected
         self.actual = actual
+
+
+class OutsideStore(SeedStoreError):
+    """A write whose directory resolves outside the store root; reads may follow links there, writes never."""
+
+    reason = "OUTSIDE_STORE"
+
+    def __init__(self, path: str, root: str) -> None:
+        super().__init__(f"refusing to write {path}: its directory resolves outside the seed store {root}")
+        self.path = path
+        self.root = root
 
 
 class StoreUnavailable(SeedStoreError):

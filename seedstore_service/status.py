@@ -121,6 +121,24 @@ def _revision_mismatch(error: errors.SeedStoreError, _: Mapping[str, str] | None
     )
 
 
+def _outside_store(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
+    assert isinstance(error, errors.OutsideStore)
+    return RichError(
+        code=grpc.StatusCode.FAILED_PRECONDITION,
+        message=error.message,
+        reason=error.reason,
+        domain=ERROR_DOMAIN,
+        metadata={"path": errors.excerpt(error.path, 512)},
+        precondition_violations=(
+            PreconditionViolation(
+                type=error.reason,
+                subject=error.path,
+                description="the directory is a link out of the store; writes stay inside it",
+            ),
+        ),
+    )
+
+
 def _unavailable(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
     return RichError(
         code=grpc.StatusCode.UNAVAILABLE,
@@ -147,6 +165,7 @@ STATUS_TABLE: Mapping[type[errors.SeedStoreError], _Builder] = {
     errors.AmbiguousSeed: _ambiguous,
     errors.SeedMalformed: _malformed,
     errors.RevisionMismatch: _revision_mismatch,
+    errors.OutsideStore: _outside_store,
     errors.StoreUnavailable: _unavailable,
 }
 

@@ -70,7 +70,9 @@ def test_cli_add_refuses_a_long_id_with_skillspecs_exit_code(cli: Cli) -> None:
     result = cli.run("add", "a" * 240, "--domain", "voice", "--kind", "cli", "--provides", "x")
     assert result.code == 1
     assert result.stderr.startswith('error: invalid identifier "aaaa')
-    assert result.stderr.rstrip().endswith(f"in capability id: longer than {MAX_IDENTIFIER_LENGTH} characters")
+    assert result.stderr.rstrip().endswith(
+        f"in capability id: longer than {MAX_IDENTIFIER_LENGTH} characters"
+    )
 
 
 # --- NUL bytes in commands ----------------------------------------------------------
@@ -114,3 +116,115 @@ def test_a_file_holding_a_nul_command_fails_that_check_alone(
         (False, "evidence command contains a NUL byte"),
         (True, "evidence command exited successfully"),
     ]
+
+
+# --- symlinks: reads may follow them, writes never leave the store ---------------------
+
+
+def test_a_seed_linked_to_another_file_is_never_quoted(
+    client: SeedStoreClient, server: ServerThread, home: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("".join(f"user{n}:x:{n}:{n}:SECRET-{n}:/home/u:/bin/sh\n" for n in range(200)))
+    domain = home / "capabilities" / "voice"
+    domain.mkdir(parents=True)
+    (domain / "passwd.yml").symlink_to(secret)
+    (domain / "long.yml").write_text("id: long\ndomain: voice\nkind: cli\nrank: " + "SECRET-" * 20_000 + "\n")
+    (domain / "escape.yml").write_text('id: escape\ndomain: voice\nkind: cli\n"\\e[31mSECRET\\n": 1\n')
+    server.sync()
+
+    problems = {Path(problem.path).name: problem for problem in client.list_seeds().problems}
+    assert sorted(problems) == ["escape.yml", "long.yml", "passwd.yml"]
+    assert problems["passwd.yml"].reason.endswith(
+        "expected a mapping at the top level, found a scalar (line 1, column 1)"
+    )
+    assert "SECRET" not in problems["passwd.yml"].reason
+    assert problems["long.yml"].reason.count("SECRET") < 15
+    assert "expected a mapping at rank, found the scalar" in problems["long.yml"].reason
+    assert "(line 4, column 7)" in problems["long.yml"].reason
+    assert "\x1b" not in problems["escape.yml"].reason
+    assert "\\x1b[31mSECRET\\n" in problems["escape.yml"].reason
+    for problem in problems.values():
+        assert len(problem.reason) < 400
+
+    error = failure(lambda: client.inspect_seed(pb.InspectSeedRequest(id="passwd")))
+    assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "SEED_MALFORMED")
+    assert "SECRET" not in error.message
+    assert "SECRET" not in str(error.metadata)
+    assert all("SECRET" not in violation.description for violation in error.precondition_violations)
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    path = tmp_path / "outside"
+    path.mkdir()
+    return path
+
+
+def test_add_into_a_domain_linked_out_of_the_store_is_refused(
+    client: SeedStoreClient, home: Path, outside: Path
+) -> None:
+    store = home / "capabilities"
+    store.mkdir()
+    (store / "voice").symlink_to(outside)
+    (store / "gone").symlink_to(outside / "missing")
+    for domain in ("voice", "gone"):
+        error = failure(lambda domain=domain: client.add_seed(seed_request("escapee", domain=domain)))
+        assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "OUTSIDE_STORE")
+        (violation,) = error.precondition_violations
+        assert violation.subject == str(store / domain)
+    assert list(outside.iterdir()) == []
+
+
+def test_edits_of_a_seed_read_through_an_outside_link_are_refused(
+    client: SeedStoreClient, server: ServerThread, home: Path, outside: Path
+) -> None:
+    store = home / "capabilities"
+    store.mkdir()
+    text = "id: far\ndomain: voice\nkind: cli\nprovides:\n- text_to_speech\n"
+    (outside / "far.yml").write_text(text)
+    (store / "voice").symlink_to(outside)
+    server.sync()
+    assert client.inspect_seed(pb.InspectSeedRequest(id="far")).seed.kind == "cli"  # reads follow links
+
+    calls: list[Callable[[], object]] = [
+        lambda: client.update_seed(pb.UpdateSeedRequest(id="far", kind="tool")),
+        lambda: client.prefer_seed(pb.PreferSeedRequest(id="far", for_capability="speech")),
+        lambda: client.remove_seed(pb.RemoveSeedRequest(id="far")),
+        lambda: list(client.verify_seeds(pb.VerifySeedsRequest(ids=["far"]))),
+    ]
+    for call in calls:
+        error = failure(call)
+        assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "OUTSIDE_STORE")
+    assert [path.name for path in outside.iterdir()] == ["far.yml"]
+    assert (outside / "far.yml").read_text() == text
+
+
+def test_a_linked_seed_file_is_replaced_never_written_through(
+    client: SeedStoreClient, server: ServerThread, home: Path, outside: Path
+) -> None:
+    store = home / "capabilities"
+    (store / "voice").mkdir(parents=True)
+    text = "id: linked\ndomain: voice\nkind: cli\nprovides:\n- text_to_speech\n"
+    (outside / "linked.yml").write_text(text)
+    link = store / "voice" / "linked.yml"
+    link.symlink_to(outside / "linked.yml")
+    server.sync()
+    updated = client.update_seed(pb.UpdateSeedRequest(id="linked", kind="tool"))
+    assert updated.path == str(link)
+    assert not link.is_symlink()
+    assert "kind: tool" in link.read_text()
+    assert (outside / "linked.yml").read_text() == text
+
+
+def test_a_lock_file_linked_out_of_the_store_is_never_written(
+    client: SeedStoreClient, home: Path, outside: Path
+) -> None:
+    store = home / "capabilities"
+    store.mkdir()
+    (outside / "victim").write_text("keep")
+    (store / ".seedstore.lock").symlink_to(outside / "victim")
+    error = failure(lambda: client.add_seed(seed_request("x")))
+    assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
+    assert (outside / "victim").read_text() == "keep"
+    assert not (store / "voice").exists()
