@@ -379,7 +379,7 @@ def open_store_directory(root: Path, directory: Path, *, create: bool = False) -
 
 
 def write_atomically(root: Path, path: Path, data: bytes) -> None:
-    """Replace `path` (inside the store `root`) with `data`; readers see the old or the new file, never a torn one.
+    """Replace `path` (inside the store `root`) with `data`, never leaving a torn file.
 
     The temporary file, the rename and the fsyncs all go through a descriptor of
     the target's directory (`open_store_directory`). A target that is a link is
