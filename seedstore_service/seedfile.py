@@ -49,6 +49,10 @@ __all__ = [
 ]
 
 MAX_PRIORITY = 100
+# The largest seed file read, and the most a file's YAML may expand to once
+# aliases are followed (characters of every scalar plus one per node).
+# SkillSpec seeds are a few hundred bytes; a bigger file is a Problem, never parsed.
+MAX_SEED_FILE_BYTES = 1024 * 1024
 _U8_MAX = 255
 _U64_MAX = 2**64 - 1
 
@@ -513,7 +517,51 @@ def parse_seed(text: str, path: str) -> Seed:
     if root is None:
         # An empty file is an empty mapping to serde, so the first complaint is the missing id.
         reader.fail('missing field "id" at id', (1, 1))
+    _refuse_alias_expansion(root, reader)
     return reader.seed(root)
+
+
+def _refuse_alias_expansion(root: yaml.Node, reader: _SeedReader) -> None:
+    """Fail when the document, aliases followed, exceeds MAX_SEED_FILE_BYTES or refers to itself.
+
+    PyYAML composes an alias as a second reference to the anchored node, so the
+    composed graph is as small as the file; everything that walks it as a tree
+    (the reader, the JSON and proto conversions) would pay for the expansion.
+    Each node's expanded size is computed once, so this is linear in the file.
+    """
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        known = sizes.get(key)
+        if known is not None:
+            return known
+        if key in in_progress:
+            reader.fail("an alias refers to a node that contains it", _at(node))
+        if isinstance(node, yaml.ScalarNode):
+            total = len(node.value) + 1
+        else:
+            in_progress.add(key)
+            children: list[yaml.Node] = (
+                [child for pair in node.value for child in pair]
+                if isinstance(node, yaml.MappingNode)
+                else list(node.value)
+            )
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > MAX_SEED_FILE_BYTES:
+                    break
+            in_progress.discard(key)
+        sizes[key] = total
+        return total
+
+    if size(root) > MAX_SEED_FILE_BYTES:
+        reader.fail(
+            f"the document expands to more than {MAX_SEED_FILE_BYTES} bytes once aliases are followed",
+            _at(root),
+        )
 
 
 # ---------------------------------------------------------------------------

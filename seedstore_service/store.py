@@ -51,6 +51,7 @@ from seedstore_service.patch import (
 )
 from seedstore_service.seedfile import (
     MAX_IDENTIFIER_LENGTH,
+    MAX_SEED_FILE_BYTES,
     dump_seed,
     parse_seed,
     revision_of,
@@ -250,12 +251,25 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
     parsed, so an edit by another program is never missed.
     """
     try:
-        with open(path, "rb") as handle:
-            stat_result = os.fstat(handle.fileno())
-            data = handle.read()
+        # O_NONBLOCK: a FIFO named like a seed must not hang the reader; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open(fd, "rb") as handle:
+            stat_result = os.fstat(fd)
+            if not stat.S_ISREG(stat_result.st_mode):
+                reason = f"failed to read {path}: not a regular file"
+                return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
+            # The size is checked before reading, and the read is bounded: the file may grow meanwhile.
+            data = b"" if stat_result.st_size > MAX_SEED_FILE_BYTES else handle.read(MAX_SEED_FILE_BYTES + 1)
     except OSError as err:
         reason = f"failed to read {path}: {os_error_text(err)}"
         return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
+    if stat_result.st_size > MAX_SEED_FILE_BYTES or len(data) > MAX_SEED_FILE_BYTES:
+        size = max(stat_result.st_size, len(data))
+        reason = (
+            f"failed to read {path}: the file holds {size} bytes, "
+            f"more than the {MAX_SEED_FILE_BYTES} a seed file may hold"
+        )
+        return ParsedFile(path, None, Problem(path, 0, reason), "", False, stat_result, 0)
     revision = revision_of(data)
     if known is not None and known.revision == revision and known.path == path:
         mismatched = domain_dir is not None and known.seed.domain != domain_dir

@@ -3,6 +3,8 @@ symlinks out of the store, oversized and alias-bomb files, duplicate ids, idle w
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,10 +14,11 @@ from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 
 from clients.errors import SidecarError
 from clients.seedstore import SeedStoreClient
-from seedstore_service.seedfile import MAX_IDENTIFIER_LENGTH
+from seedstore_service.seedfile import MAX_IDENTIFIER_LENGTH, MAX_SEED_FILE_BYTES
 from seedstore_service.status import ERROR_DOMAIN
 
 from .conftest import Cli, ServerThread
+from .test_watch import Watcher
 
 
 @pytest.fixture
@@ -228,3 +231,69 @@ def test_a_lock_file_linked_out_of_the_store_is_never_written(
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
     assert (outside / "victim").read_text() == "keep"
     assert not (store / "voice").exists()
+
+
+# --- size limits at the door -------------------------------------------------------------
+
+
+def big_valid_seed(seed_id: str, size: int) -> str:
+    head = f"id: {seed_id}\ndomain: voice\nkind: cli\nprovides:\n"
+    entry = "- text_to_speech_" + "x" * 100 + "\n"
+    return head + entry * (size // len(entry))
+
+
+def test_a_seed_file_over_the_limit_is_a_problem_and_breaks_no_listing_or_watch(
+    client: SeedStoreClient, server: ServerThread, home: Path
+) -> None:
+    client.add_seed(seed_request("small"))
+    watcher = Watcher(server.unix_target)
+    try:
+        big = home / "capabilities" / "voice" / "big.yml"
+        big.write_text(big_valid_seed("big", 5 * 1024 * 1024))
+        server.sync()
+        listed = client.list_seeds()
+        assert [entry.id for entry in listed.seeds] == ["small"]
+        (problem,) = listed.problems
+        assert problem.path == str(big)
+        assert f"more than the {MAX_SEED_FILE_BYTES} a seed file may hold" in problem.reason
+        error = failure(lambda: client.inspect_seed(pb.InspectSeedRequest(id="big")))
+        assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "SEED_MALFORMED")
+
+        event = watcher.next()
+        assert (event.kind, event.path) == (pb.CHANGE_KIND_MALFORMED, str(big))
+        client.add_seed(seed_request("later"))
+        assert watcher.next().id == "later"  # the stream lives on
+    finally:
+        watcher.close()
+
+
+def test_yaml_whose_aliases_expand_past_the_limit_is_refused(
+    client: SeedStoreClient, server: ServerThread, home: Path
+) -> None:
+    domain = home / "capabilities" / "voice"
+    domain.mkdir(parents=True)
+    # ~600 KB on disk, ~200 MB once every alias is expanded.
+    bomb = "id: bomb\ndomain: voice\nkind: cli\nprovides: [text_to_speech]\n"
+    bomb += "aliases:\n- &s '" + "voice " * 340 + "'\n" + "- *s\n" * 100_000
+    assert len(bomb) < MAX_SEED_FILE_BYTES
+    (domain / "bomb.yml").write_text(bomb)
+    (domain / "loop.yml").write_text("id: loop\ndomain: voice\nkind: cli\nrank: &r\n  avoid_for: *r\n")
+    server.sync()
+    problems = {Path(problem.path).name: problem.reason for problem in client.list_seeds().problems}
+    assert "expands to more than" in problems["bomb.yml"]
+    assert "(line 1, column 1)" in problems["bomb.yml"]
+    assert "an alias refers to a node that contains it (line 4, column 7)" in problems["loop.yml"]
+
+
+def test_a_fifo_named_like_a_seed_is_a_problem_not_a_hang(
+    client: SeedStoreClient, server: ServerThread, home: Path
+) -> None:
+    client.add_seed(seed_request("small"))
+    fifo = home / "capabilities" / "voice" / "fifo.yml"
+    os.mkfifo(fifo)
+    refresh = threading.Thread(target=server.sync, daemon=True)
+    refresh.start()
+    refresh.join(10)
+    assert not refresh.is_alive(), "reading the FIFO blocked the index refresh"
+    (problem,) = client.list_seeds().problems
+    assert (problem.path, problem.reason) == (str(fifo), f"failed to read {fifo}: not a regular file")
