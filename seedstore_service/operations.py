@@ -228,17 +228,23 @@ class SeedOperations:
     # -- the index -------------------------------------------------------
 
     def refresh_index(
-        self, paths: Collection[str] | None = None, written: Collection[StoredSeed] = ()
+        self,
+        paths: Collection[str] | None = None,
+        written: Collection[StoredSeed] = (),
+        *,
+        domain: str | None = None,
     ) -> list[ChangeEvent]:
         """Bring the index up to date and hand the changes to the listener; no-op without an index.
 
         With `paths`, only those files are looked at (after a write through this object);
         `written` are the seeds that write left in them (see `SeedIndex.refresh_paths`).
+        With `domain`, only that domain's files are walked.
         """
         if self.index is None:
             return []
         with self._refresh_lock:
-            events = self.index.refresh() if paths is None else self.index.refresh_paths(paths, written)
+            index = self.index
+            events = index.refresh(domain) if paths is None else index.refresh_paths(paths, written)
             if events and self._on_changes is not None:
                 self._on_changes(events)
         return events
@@ -280,14 +286,14 @@ class SeedOperations:
         return self._candidate_paths if self.index is not None else None
 
     def _candidate_paths(self, seed_id: str, domain: str | None) -> tuple[str, ...]:
-        # Called by the store under its lock.
+        # Called by the store under its lock. The scope is walked again first, so a
+        # file another program put anywhere in it (another name, a nested directory)
+        # counts now, not after the next background refresh: ambiguity never depends
+        # on timing. The walk stats every file of the scope; it reads only the new,
+        # changed and recently modified ones.
         assert self.index is not None
-        paths = self.index.candidate_paths(seed_id, domain)
-        if not paths:
-            # Another program may have added it since the last background refresh.
-            self.refresh_index()
-            paths = self.index.candidate_paths(seed_id, domain)
-        return paths
+        self.refresh_index(domain=domain)
+        return self.index.candidate_paths(seed_id, domain)
 
     def _after_write(
         self, path: str, domain: str | None, problems: tuple[Problem, ...]

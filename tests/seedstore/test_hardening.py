@@ -297,3 +297,42 @@ def test_a_fifo_named_like_a_seed_is_a_problem_not_a_hang(
     assert not refresh.is_alive(), "reading the FIFO blocked the index refresh"
     (problem,) = client.list_seeds().problems
     assert (problem.path, problem.reason) == (str(fifo), f"failed to read {fifo}: not a regular file")
+
+
+# --- ambiguity is decided by the files at write time ------------------------------------
+
+
+def test_update_sees_a_duplicate_written_just_before_it(
+    start_server: Callable[..., ServerThread], home: Path
+) -> None:
+    server = start_server(refresh_interval=3600.0)  # no background refresh during the test
+    store = home / "capabilities"
+    with SeedStoreClient(server.unix_target) as client:
+        client.add_seed(seed_request("dup"))
+        client.add_seed(seed_request("other"))
+        client.add_seed(seed_request("third", domain="audio"))
+        original = (store / "voice" / "dup.yml").read_bytes()
+        duplicate = original.decode()
+        cases = [
+            (store / "voice" / "nested" / "deeper" / "copy.yml", "voice"),  # nested, another name
+            (store / "voice" / "other.yml", None),  # an indexed file edited to hold the id
+            (store / "audio" / "third.yml", None),  # another domain, whole-store lookup
+        ]
+        for path, domain in cases:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            before = path.read_bytes() if path.exists() else None
+            path.write_text(duplicate)
+            request = pb.UpdateSeedRequest(id="dup", domain=domain, kind="tool")
+            error = failure(lambda request=request: client.update_seed(request))
+            assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "SEED_AMBIGUOUS")
+            subjects = sorted(violation.subject for violation in error.precondition_violations)
+            assert str(path) in subjects
+            assert (store / "voice" / "dup.yml").read_bytes() == original
+            failure(lambda: client.prefer_seed(pb.PreferSeedRequest(id="dup", for_capability="x")))
+            failure(lambda: client.remove_seed(pb.RemoveSeedRequest(id="dup")))
+            if before is None:
+                path.unlink()
+            else:
+                path.write_bytes(before)
+        # With the duplicates gone, the same update goes through.
+        assert client.update_seed(pb.UpdateSeedRequest(id="dup", kind="tool")).seed.kind == "tool"
