@@ -8,6 +8,7 @@
     ├── SeedMalformed              the targeted seed's file cannot be parsed
     ├── RevisionMismatch           expected revision differs from the file's
     ├── OutsideStore               a write would land outside the store (a linked directory)
+    ├── WatchBacklogExceeded       a watcher fell too far behind; list and watch again
     ├── StoreUnavailable           HOME/SKILLSPEC_HOME unset, I/O failure
 
 Messages are SkillSpec's, so the CLI prints the same `error: ...` line
@@ -122,6 +123,20 @@ class OutsideStore(SeedStoreError):
         super().__init__(f"refusing to write {path}: its directory resolves outside the seed store {root}")
         self.path = path
         self.root = root
+
+
+class WatchBacklogExceeded(SeedStoreError):
+    """A WatchSeeds stream whose reader fell behind by more than the per-watcher budget."""
+
+    reason = "WATCH_BACKLOG_EXCEEDED"
+
+    def __init__(self, backlog_bytes: int, limit_bytes: int) -> None:
+        super().__init__(
+            f"this watcher fell {backlog_bytes} bytes of changes behind, more than the "
+            f"{limit_bytes} bytes kept for it; list the seeds and watch again"
+        )
+        self.backlog_bytes = backlog_bytes
+        self.limit_bytes = limit_bytes
 
 
 class StoreUnavailable(SeedStoreError):

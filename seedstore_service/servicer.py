@@ -137,10 +137,9 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         self, request: pb.WatchSeedsRequest, context: _Context
     ) -> AsyncGenerator[pb.WatchSeedsResponse, None]:
         domain = convert.watch_domain_from_request(request)
-        async with self._feed.subscribe() as changes:
+        async with self._feed.subscribe(domain) as changes:
             # Headers go out once the watcher is subscribed: a client that waits
             # for them knows every later change will reach it.
             await context.send_initial_metadata(())
             async for change in changes:
-                if domain is None or change.domain == domain:
-                    yield convert.change_to_proto(change)
+                yield convert.change_to_proto(change)

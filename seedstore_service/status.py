@@ -139,6 +139,17 @@ def _outside_store(error: errors.SeedStoreError, _: Mapping[str, str] | None) ->
     )
 
 
+def _watch_backlog(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
+    assert isinstance(error, errors.WatchBacklogExceeded)
+    return RichError(
+        code=grpc.StatusCode.ABORTED,
+        message=error.message,
+        reason=error.reason,
+        domain=ERROR_DOMAIN,
+        metadata={"backlogBytes": str(error.backlog_bytes), "limitBytes": str(error.limit_bytes)},
+    )
+
+
 def _unavailable(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
     return RichError(
         code=grpc.StatusCode.UNAVAILABLE,
@@ -166,6 +177,7 @@ STATUS_TABLE: Mapping[type[errors.SeedStoreError], _Builder] = {
     errors.SeedMalformed: _malformed,
     errors.RevisionMismatch: _revision_mismatch,
     errors.OutsideStore: _outside_store,
+    errors.WatchBacklogExceeded: _watch_backlog,
     errors.StoreUnavailable: _unavailable,
 }
 

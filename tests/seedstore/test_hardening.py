@@ -11,6 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from clients.errors import SidecarError
 from clients.seedstore import SeedStoreClient
@@ -336,3 +339,44 @@ def test_update_sees_a_duplicate_written_just_before_it(
                 path.write_bytes(before)
         # With the duplicates gone, the same update goes through.
         assert client.update_seed(pb.UpdateSeedRequest(id="dup", kind="tool")).seed.kind == "tool"
+
+
+# --- watchers that never read pin a bounded number of bytes ------------------------------
+
+
+def test_a_watcher_that_never_reads_is_ended_once_its_byte_budget_is_spent(
+    start_server: Callable[..., ServerThread],
+) -> None:
+    budget = 256 * 1024
+    server = start_server(watch_backlog_bytes=budget)
+    channel = grpc.insecure_channel(server.unix_target)
+    stub = seedstore_pb2_grpc.SeedStoreServiceStub(channel)
+    idle = [stub.WatchSeeds(pb.WatchSeedsRequest(), timeout=20) for _ in range(3)]
+    for call in idle:
+        call.initial_metadata()  # subscribed; never read from here on
+    reader = Watcher(server.unix_target)
+    try:
+        provides = [f"capability_{number:04d}_" + "x" * 80 for number in range(1000)]  # ~100 KB a seed
+        with SeedStoreClient(server.unix_target) as client:
+            for number in range(60):
+                request = pb.AddSeedRequest(id=f"big-{number}", domain="voice", kind="cli", provides=provides)
+                client.add_seed(request)
+                assert reader.next().id == f"big-{number}"  # a watcher that keeps up misses nothing
+        for call in idle:
+            with pytest.raises(grpc.RpcError) as ended:
+                for _ in call:
+                    pass
+            assert ended.value.code() == grpc.StatusCode.ABORTED
+            status = rpc_status.from_call(ended.value)
+            assert status is not None
+            (detail,) = status.details
+            info = error_details_pb2.ErrorInfo()
+            assert detail.Unpack(info)
+            assert (info.reason, info.domain) == ("WATCH_BACKLOG_EXCEEDED", ERROR_DOMAIN)
+            assert info.metadata["limitBytes"] == str(budget)
+        assert reader.nothing_more(0.2)  # the reader's stream lives on
+    finally:
+        reader.close()
+        for call in idle:
+            call.cancel()
+        channel.close()

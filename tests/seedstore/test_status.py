@@ -56,6 +56,7 @@ EXAMPLES: list[tuple[errors.SeedStoreError, grpc.StatusCode]] = [
     (errors.SeedMalformed("/s/voice/say.yml", 3, 'unknown field "x"'), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.RevisionMismatch("say", "aaaa", "bbbb"), grpc.StatusCode.ABORTED),
     (errors.OutsideStore("/s/voice", "/s"), grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.WatchBacklogExceeded(9_000_000, 8_388_608), grpc.StatusCode.ABORTED),
     (errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME"), grpc.StatusCode.UNAVAILABLE),
 ]
 
