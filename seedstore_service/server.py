@@ -220,21 +220,22 @@ async def create_server(settings: Settings) -> SeedStoreServer:
         store, index, equivalents=equivalents, on_changes=feed.publish, runner_path=settings.check_path
     )
     await asyncio.to_thread(operations.refresh_index)
-    servicer = SeedStoreServicer(
-        operations,
-        feed,
-        check_timeout=settings.check_timeout,
-        verify_concurrency=settings.verify_concurrency,
-    )
-
-    def register(server: grpc.aio.Server) -> None:
-        add_service(server, servicer, seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"])
-
     options = replace(
         settings.server_options or ServerOptions(listen=()),
         listen=settings.listen,
         grace_seconds=settings.grace_seconds,
     )
+    servicer = SeedStoreServicer(
+        operations,
+        feed,
+        check_timeout=settings.check_timeout,
+        verify_concurrency=settings.verify_concurrency,
+        max_message_bytes=options.max_message_bytes,
+    )
+
+    def register(server: grpc.aio.Server) -> None:
+        add_service(server, servicer, seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"])
+
     running = await start_server(
         register, (SERVICE_NAME,), options, mutating_methods=MUTATING_METHODS, name="seedstore"
     )

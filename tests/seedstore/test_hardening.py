@@ -3,10 +3,12 @@ symlinks out of the store, oversized and alias-bomb files, duplicate ids, idle w
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -19,6 +21,7 @@ from clients.errors import SidecarError
 from clients.seedstore import SeedStoreClient
 from seedstore_service.seedfile import MAX_IDENTIFIER_LENGTH, MAX_SEED_FILE_BYTES
 from seedstore_service.status import ERROR_DOMAIN
+from sidecar_runtime.server import ServerOptions
 
 from .conftest import Cli, ServerThread
 from .test_watch import Watcher
@@ -60,7 +63,7 @@ def test_an_identifier_over_the_limit_is_invalid_argument_and_writes_nothing(
         (seed_request("ok", domain="d" * 240), "domain"),
         (pb.AddSeedRequest(id="ok", domain="voice", kind="cli", provides=["p" * 100_000]), "provides"),
     ):
-        error = failure(lambda request=request: client.add_seed(request))
+        error = failure(functools.partial(client.add_seed, request))
         assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_IDENTIFIER")
         assert error.field_violations[0][0] == field
         assert f"longer than {MAX_IDENTIFIER_LENGTH} characters" in error.message
@@ -175,7 +178,7 @@ def test_add_into_a_domain_linked_out_of_the_store_is_refused(
     (store / "voice").symlink_to(outside)
     (store / "gone").symlink_to(outside / "missing")
     for domain in ("voice", "gone"):
-        error = failure(lambda domain=domain: client.add_seed(seed_request("escapee", domain=domain)))
+        error = failure(functools.partial(client.add_seed, seed_request("escapee", domain=domain)))
         assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "OUTSIDE_STORE")
         (violation,) = error.precondition_violations
         assert violation.subject == str(store / domain)
@@ -326,7 +329,7 @@ def test_update_sees_a_duplicate_written_just_before_it(
             before = path.read_bytes() if path.exists() else None
             path.write_text(duplicate)
             request = pb.UpdateSeedRequest(id="dup", domain=domain, kind="tool")
-            error = failure(lambda request=request: client.update_seed(request))
+            error = failure(functools.partial(client.update_seed, request))
             assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "SEED_AMBIGUOUS")
             subjects = sorted(violation.subject for violation in error.precondition_violations)
             assert str(path) in subjects
@@ -367,7 +370,7 @@ def test_a_watcher_that_never_reads_is_ended_once_its_byte_budget_is_spent(
                 for _ in call:
                     pass
             assert ended.value.code() == grpc.StatusCode.ABORTED
-            status = rpc_status.from_call(ended.value)
+            status = rpc_status.from_call(cast(grpc.Call, ended.value))
             assert status is not None
             (detail,) = status.details
             info = error_details_pb2.ErrorInfo()
@@ -378,5 +381,75 @@ def test_a_watcher_that_never_reads_is_ended_once_its_byte_budget_is_spent(
     finally:
         reader.close()
         for call in idle:
-            call.cancel()
+            call.cancel()  # type: ignore[no-untyped-call]
         channel.close()
+
+
+# --- paging: every reply fits the message limit ----------------------------------------
+
+SMALL_LIMIT = 256 * 1024
+
+
+def write_many_seeds(store: Path, count: int) -> None:
+    for number in range(count):
+        domain = ("audio", "voice")[number % 2]
+        directory = store / domain
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"seed-{number:05d}.yml").write_text(
+            f"id: seed-{number:05d}\ndomain: {domain}\nkind: cli\nprovides:\n- text_to_speech\n"
+            f"- speech_{number:05d}_{'x' * 40}\n"
+        )
+    for number in range(30):
+        (store / "voice" / f"broken-{number:02d}.yml").write_text("id: [\n")
+
+
+@pytest.fixture
+def crowded_server(start_server: Callable[..., ServerThread], home: Path) -> ServerThread:
+    write_many_seeds(home / "capabilities", 3000)
+    return start_server(server_options=ServerOptions(listen=(), max_message_bytes=SMALL_LIMIT))
+
+
+def test_list_seeds_pages_through_a_store_too_big_for_one_reply(crowded_server: ServerThread) -> None:
+    with SeedStoreClient(crowded_server.unix_target) as client:
+        pages = list(client.list_pages(page_size=10_000))
+        assert len(pages) > 1
+        for page in pages:
+            assert page.ByteSize() <= SMALL_LIMIT
+        merged = client.list_all_seeds()
+        ids = [entry.id for entry in merged.seeds]
+        assert len(ids) == len(set(ids)) == 3000
+        assert [(entry.domain, entry.id) for entry in merged.seeds] == sorted(
+            (entry.domain, entry.id) for entry in merged.seeds
+        )
+        assert len(merged.problems) == 30
+
+        small = client.list_seeds(page_size=7, domain="voice")
+        assert len(small.seeds) == 7
+        after = client.list_seeds(page_size=7, domain="voice", page_token=small.next_page_token)
+        assert after.seeds[0].id > small.seeds[-1].id
+
+        token = small.next_page_token  # issued for the domain voice
+        for request, field in (
+            (pb.ListSeedsRequest(page_token="not-a-token"), "page_token"),
+            (pb.ListSeedsRequest(page_token=token), "page_token"),
+            (pb.ListSeedsRequest(page_token=token, domain="audio"), "page_token"),
+            (pb.ListSeedsRequest(page_token=token[:-4], domain="voice"), "page_token"),
+            (pb.ListSeedsRequest(page_size=-1), "page_size"),
+        ):
+            error = failure(functools.partial(client.list_seeds, request))
+            assert (error.code, error.field_violations[0][0]) == (grpc.StatusCode.INVALID_ARGUMENT, field)
+
+        found = client.search_seeds(capability="text_to_speech")
+        assert found.total_candidates == 3000
+        assert 0 < len(found.candidates) <= 1000
+        assert found.ByteSize() <= SMALL_LIMIT
+        assert len(client.search_seeds(capability="text_to_speech", max_candidates=5).candidates) == 5
+
+
+def test_cli_list_through_the_server_walks_every_page(
+    crowded_server: ServerThread, make_cli: Callable[[ServerThread | None], Cli]
+) -> None:
+    local, remote = make_cli(None).run("list"), make_cli(crowded_server).run("list")
+    assert (local.code, remote.code) == (0, 0), remote.stderr
+    assert remote.stdout == local.stdout
+    assert len(remote.json["seeds"]) == 3000
