@@ -431,7 +431,7 @@ def update_response(view: SeedView) -> pb.UpdateSeedResponse:
         path=view.stored.path,
         revision=view.stored.revision,
         seed=seed_to_proto(view.stored.seed),
-        problems=problems_to_proto(view.problems),
+        problems=problems_to_proto(paging.reply_problems(view.problems)),
     )
 
 
@@ -441,7 +441,7 @@ def prefer_response(view: SeedView) -> pb.PreferSeedResponse:
         path=view.stored.path,
         revision=view.stored.revision,
         seed=seed_to_proto(view.stored.seed),
-        problems=problems_to_proto(view.problems),
+        problems=problems_to_proto(paging.reply_problems(view.problems)),
     )
 
 
@@ -451,7 +451,7 @@ def inspect_response(view: SeedView) -> pb.InspectSeedResponse:
         path=view.stored.path,
         revision=view.stored.revision,
         seed=seed_to_proto(view.stored.seed),
-        problems=problems_to_proto(view.problems),
+        problems=problems_to_proto(paging.reply_problems(view.problems)),
     )
 
 
@@ -646,7 +646,7 @@ def remove_response(removed: SeedRemoved) -> pb.RemoveSeedResponse:
         id=removed.id,
         path=removed.path,
         removed=True,
-        problems=problems_to_proto(removed.problems),
+        problems=problems_to_proto(paging.reply_problems(removed.problems)),
     )
 
 

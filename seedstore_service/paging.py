@@ -29,6 +29,10 @@ DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 10_000
 # The most candidates a SearchSeeds reply holds (the best ones).
 MAX_SEARCH_CANDIDATES = 1000
+# The problems a reply about one seed (Inspect, Update, Prefer, Remove) carries:
+# the first ones by path, within this many and this many bytes; ListSeeds pages all of them.
+MAX_REPLY_PROBLEMS = 100
+MAX_REPLY_PROBLEM_BYTES = 256 * 1024
 # What a reply leaves of the message limit for everything but its repeated items.
 REPLY_HEADROOM_BYTES = 64 * 1024
 # A repeated field's item costs its tag and length prefix besides its own bytes.
@@ -196,3 +200,13 @@ def bounded_prefix(
     """How many leading `items` fit in `max_count` items and `max_bytes` bytes (at least one if any)."""
     budget = _Budget(max_count, max_bytes)
     return len(budget.take(items, 0, size))
+
+
+def reply_problems(problems: Sequence[Problem]) -> Sequence[Problem]:
+    """The problems a reply about one seed carries (MAX_REPLY_PROBLEMS, MAX_REPLY_PROBLEM_BYTES)."""
+
+    def size(problem: Problem) -> int:
+        return len(problem.path.encode()) + len(problem.reason.encode()) + 8
+
+    count = bounded_prefix(problems, MAX_REPLY_PROBLEMS, MAX_REPLY_PROBLEM_BYTES, size)
+    return problems[:count]

@@ -464,6 +464,18 @@ def remove_file(root: Path, path: Path) -> None:
         raise errors.StoreUnavailable(f"failed to remove {path}: {os_error_text(err)}") from err
 
 
+def _seed_bytes(seed: Seed) -> bytes:
+    """The file for `seed`; InvalidArgument when it would be more than a seed file may hold."""
+    data = dump_seed(seed).encode("utf-8")
+    if len(data) > MAX_SEED_FILE_BYTES:
+        raise errors.InvalidArgument(
+            f"the seed would take {len(data)} bytes, more than the {MAX_SEED_FILE_BYTES} "
+            "a seed file may hold",
+            "request",
+        )
+    return data
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -574,7 +586,7 @@ class SeedStore:
         validate_identifier(seed.id, "capability id")
         validate_identifier(seed.domain, "domain")
         path = self.root / seed.domain / f"{seed.id}.yml"
-        data = dump_seed(seed).encode("utf-8")
+        data = _seed_bytes(seed)
         with self._locked():
             self._refuse_unusable_file(path)
             write_atomically(self.root, path, data)
@@ -698,7 +710,7 @@ class SeedStore:
 
     def _rewrite(self, current: StoredSeed, seed: Seed) -> StoredSeed:
         """Write `seed` back to the file it was found in (its name may differ from the id)."""
-        data = dump_seed(seed).encode("utf-8")
+        data = _seed_bytes(seed)
         write_atomically(self.root, Path(current.path), data)
         return StoredSeed(seed, current.path, revision_of(data))
 

@@ -453,3 +453,26 @@ def test_cli_list_through_the_server_walks_every_page(
     assert (local.code, remote.code) == (0, 0), remote.stderr
     assert remote.stdout == local.stdout
     assert len(remote.json["seeds"]) == 3000
+
+
+def test_a_seed_too_big_for_a_file_is_refused_and_replies_bound_their_problems(
+    client: SeedStoreClient, server: ServerThread, home: Path
+) -> None:
+    big = pb.AddSeedRequest(
+        id="huge", domain="voice", kind="cli", provides=["text_to_speech"], aliases=["voice " * 200_000]
+    )
+    error = failure(lambda: client.add_seed(big))
+    assert (error.code, error.field_violations[0][0]) == (grpc.StatusCode.INVALID_ARGUMENT, "request")
+    assert f"more than the {MAX_SEED_FILE_BYTES} a seed file may hold" in error.message
+    client.add_seed(seed_request("grows"))
+    error = failure(
+        lambda: client.update_seed(pb.UpdateSeedRequest(id="grows", add_aliases=["voice " * 200_000]))
+    )
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert not (home / "capabilities" / "voice" / "huge.yml").exists()
+
+    for number in range(150):
+        (home / "capabilities" / "voice" / f"broken-{number:03d}.yml").write_text("id: [\n")
+    server.sync()
+    assert len(client.inspect_seed(pb.InspectSeedRequest(id="grows")).problems) == 100
+    assert len(client.list_all_seeds().problems) == 150
