@@ -13,15 +13,22 @@ with the durability SkillSpec lacks (§7):
   Readers take no lock: a rename is atomic.
 * A file that cannot be read or parsed never stops a load: it becomes a
   `Problem`, and it is never overwritten.
-* Every id and domain argument is checked with the identifier rule before a
-  path is built from it; that rule is what keeps paths inside the store.
+* Every id and domain argument is checked with the identifier rule (at most
+  200 characters) before a path is built from it.
+* Reads follow links anywhere, as SkillSpec does; writes never leave the store.
+  Every write (temporary file, rename, unlink, fsync) goes through a descriptor
+  of its directory, opened component by component below the resolved root with
+  O_NOFOLLOW (`open_store_directory`); a directory that resolves outside the
+  root is OutsideStore. A seed file that is a link is replaced, never written through.
+* A file over MAX_SEED_FILE_BYTES, or that is not a regular file, is a Problem and is never read whole.
 
 Finding the seed a write targets follows SkillSpec: load the whole scope, then
 apply the ambiguity and malformed-file rules. A caller that keeps an index (the
 service) passes a `Locator` instead; then only the candidate files it names (plus
 the files named after the id where SkillSpec would put them) are read again under
 the lock, and any sign that the index is out of date sends the write back to the
-whole-scope load.
+whole-scope load. The service's locator walks the scope under the lock first, so
+the files it names are those on disk at write time.
 """
 
 from __future__ import annotations
