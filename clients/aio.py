@@ -65,6 +65,7 @@ from clients.seedstore import (
     VerifySeedsFields,
     WatchSeedsFields,
     build,
+    merge_pages,
     verify_event,
     verify_request,
 )
@@ -337,7 +338,27 @@ class AsyncSeedStoreClient(AsyncClient):
         timeout: Timeout = CLIENT_TIMEOUT,
         **fields: Unpack[ListSeedsFields],
     ) -> spb.ListSeedsResponse:
+        """One page of the listing; pass its `next_page_token` as `page_token` for the next."""
         return await self._call(self._stub.ListSeeds, build(spb.ListSeedsRequest, request, fields), timeout)
+
+    async def list_all_seeds(
+        self,
+        request: spb.ListSeedsRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[ListSeedsFields],
+    ) -> spb.ListSeedsResponse:
+        """The whole listing, every page walked and merged (each call has its own `timeout`)."""
+        message = spb.ListSeedsRequest()
+        message.CopyFrom(build(spb.ListSeedsRequest, request, fields))
+        pages: list[spb.ListSeedsResponse] = []
+        while True:
+            page = await self.list_seeds(message, timeout=timeout)
+            pages.append(page)
+            if not page.next_page_token:
+                return merge_pages(pages)
+            message.page_token = page.next_page_token
 
     async def search_seeds(
         self,

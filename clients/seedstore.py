@@ -90,6 +90,21 @@ class UpdateSeedFields(TypedDict, total=False):
 
 class ListSeedsFields(TypedDict, total=False):
     domain: str | None
+    page_size: int  # 0: the server's default (1000); at most 10000
+    page_token: str  # next_page_token of the previous page
+
+
+def merge_pages(pages: Sequence[pb.ListSeedsResponse]) -> pb.ListSeedsResponse:
+    """One reply holding every page's seeds and problems, in order; `next_page_token` empty."""
+    merged = pb.ListSeedsResponse()
+    if pages:
+        merged.seed_store = pages[0].seed_store
+        if pages[0].HasField("domain"):
+            merged.domain = pages[0].domain
+    for page in pages:
+        merged.seeds.extend(page.seeds)
+        merged.problems.extend(page.problems)
+    return merged
 
 
 class SearchSeedsFields(TypedDict, total=False):
@@ -98,6 +113,7 @@ class SearchSeedsFields(TypedDict, total=False):
     local_only: bool
     preferred_seed: str | None
     broaden: bool
+    max_candidates: int  # 0: the server's maximum (1000)
 
 
 class SeedRefFields(TypedDict, total=False):
@@ -213,7 +229,37 @@ class SeedStoreClient(SyncClient):
         timeout: Timeout = CLIENT_TIMEOUT,
         **fields: Unpack[ListSeedsFields],
     ) -> pb.ListSeedsResponse:
+        """One page of the listing; pass its `next_page_token` as `page_token` for the next."""
         return self._call(self._stub.ListSeeds, build(pb.ListSeedsRequest, request, fields), timeout)
+
+    def list_pages(
+        self,
+        request: pb.ListSeedsRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[ListSeedsFields],
+    ) -> Generator[pb.ListSeedsResponse, None, None]:
+        """Every page of the listing, in order (each call has its own `timeout`)."""
+        message = pb.ListSeedsRequest()
+        message.CopyFrom(build(pb.ListSeedsRequest, request, fields))
+        while True:
+            page = self.list_seeds(message, timeout=timeout)
+            yield page
+            if not page.next_page_token:
+                return
+            message.page_token = page.next_page_token
+
+    def list_all_seeds(
+        self,
+        request: pb.ListSeedsRequest | None = None,
+        /,
+        *,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        **fields: Unpack[ListSeedsFields],
+    ) -> pb.ListSeedsResponse:
+        """The whole listing, every page walked and merged (`merge_pages`)."""
+        return merge_pages(list(self.list_pages(request, timeout=timeout, **fields)))
 
     def search_seeds(
         self,

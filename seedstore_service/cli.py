@@ -176,7 +176,8 @@ class RemoteFrontend:
         return convert.seed_view_from_proto(self._client.update_seed(request))
 
     def list_seeds(self, domain: str | None) -> SeedListing:
-        return convert.listing_from_proto(self._client.list_seeds(pb.ListSeedsRequest(domain=domain)))
+        # Every page, so the output is the whole listing as SkillSpec prints it.
+        return convert.listing_from_proto(self._client.list_all_seeds(pb.ListSeedsRequest(domain=domain)))
 
     def search(self, query: SearchQuery, broaden: bool) -> SearchOutcome:
         response = self._client.search_seeds(convert.search_request(query, broaden))

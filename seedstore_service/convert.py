@@ -15,7 +15,7 @@ from agentsidecar.common.v1 import common_pb2 as common
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from google.protobuf import duration_pb2
 
-from seedstore_service import errors
+from seedstore_service import errors, paging
 from seedstore_service.broadening import Broadening, BroadeningAttempt
 from seedstore_service.index import ChangeEvent
 from seedstore_service.model import (
@@ -431,7 +431,7 @@ def update_response(view: SeedView) -> pb.UpdateSeedResponse:
         path=view.stored.path,
         revision=view.stored.revision,
         seed=seed_to_proto(view.stored.seed),
-        problems=problems_to_proto(view.problems),
+        problems=problems_to_proto(paging.reply_problems(view.problems)),
     )
 
 
@@ -441,7 +441,7 @@ def prefer_response(view: SeedView) -> pb.PreferSeedResponse:
         path=view.stored.path,
         revision=view.stored.revision,
         seed=seed_to_proto(view.stored.seed),
-        problems=problems_to_proto(view.problems),
+        problems=problems_to_proto(paging.reply_problems(view.problems)),
     )
 
 
@@ -451,7 +451,7 @@ def inspect_response(view: SeedView) -> pb.InspectSeedResponse:
         path=view.stored.path,
         revision=view.stored.revision,
         seed=seed_to_proto(view.stored.seed),
-        problems=problems_to_proto(view.problems),
+        problems=problems_to_proto(paging.reply_problems(view.problems)),
     )
 
 
@@ -497,6 +497,33 @@ def list_response(listing: SeedListing) -> pb.ListSeedsResponse:
         seeds=[listed_seed_to_proto(entry) for entry in listing.entries],
         problems=problems_to_proto(listing.problems),
     )
+
+
+def list_page_response(
+    listing: SeedListing, request: pb.ListSeedsRequest, max_bytes: int
+) -> pb.ListSeedsResponse:
+    """The page of `listing` the request asks for, its repeated items within `max_bytes` (see `paging`)."""
+    page = paging.page_of(
+        listing.entries,
+        listing.problems,
+        domain=listing.domain,
+        page_size=request.page_size,
+        page_token=request.page_token,
+        max_bytes=max_bytes,
+        entry_bytes=lambda entry: listed_seed_to_proto(entry).ByteSize(),
+        problem_bytes=_problem_bytes,
+    )
+    return pb.ListSeedsResponse(
+        seed_store=listing.seed_store,
+        domain=listing.domain,
+        seeds=[listed_seed_to_proto(entry) for entry in page.entries],
+        problems=problems_to_proto(page.problems),
+        next_page_token=page.next_page_token,
+    )
+
+
+def _problem_bytes(problem: Problem) -> int:
+    return common.Problem(path=problem.path, line=problem.line, reason=problem.reason).ByteSize()
 
 
 def listing_from_proto(response: pb.ListSeedsResponse) -> SeedListing:
@@ -565,21 +592,39 @@ def broadening_from_proto(message: pb.Broadening) -> Broadening:
     )
 
 
-def search_response(outcome: SearchOutcome) -> pb.SearchSeedsResponse:
+def search_response(
+    outcome: SearchOutcome, *, max_candidates: int = 0, max_bytes: int | None = None
+) -> pb.SearchSeedsResponse:
+    """The reply; with `max_bytes`, its candidates and problems are cut (best candidates kept) to fit.
+
+    Problems take at most a quarter of `max_bytes` (ListSeeds lists them all);
+    candidates, at most `max_candidates` (0: the maximum), take what is left.
+    """
     result = outcome.result
+    if max_candidates < 0:
+        raise errors.InvalidArgument("max_candidates must not be negative", "max_candidates")
+    most = min(max_candidates or paging.MAX_SEARCH_CANDIDATES, paging.MAX_SEARCH_CANDIDATES)
+    problems = outcome.problems
+    if max_bytes is not None:
+        problems = problems[: paging.bounded_prefix(problems, len(problems), max_bytes // 4, _problem_bytes)]
     response = pb.SearchSeedsResponse(
         seed_store=outcome.seed_store,
         domain=result.domain,
         capability=result.capability,
         selected=result.selected,
         selection_policy=SELECTION_POLICY,
-        candidates=[candidate_to_proto(candidate) for candidate in result.candidates],
-        problems=problems_to_proto(outcome.problems),
+        problems=problems_to_proto(problems),
+        total_candidates=len(result.candidates),
     )
     if result.ask_policy is not None:
         response.ask_policy.reason = result.ask_policy
     if outcome.broadening is not None:
         response.broadening.CopyFrom(broadening_to_proto(outcome.broadening))
+    candidates = [candidate_to_proto(candidate) for candidate in result.candidates[:most]]
+    if max_bytes is not None:
+        room = max_bytes - response.ByteSize()
+        candidates = candidates[: paging.bounded_prefix(candidates, most, room, lambda c: c.ByteSize())]
+    response.candidates.extend(candidates)
     return response
 
 
@@ -601,7 +646,7 @@ def remove_response(removed: SeedRemoved) -> pb.RemoveSeedResponse:
         id=removed.id,
         path=removed.path,
         removed=True,
-        problems=problems_to_proto(removed.problems),
+        problems=problems_to_proto(paging.reply_problems(removed.problems)),
     )
 
 

@@ -7,6 +7,8 @@
     ├── AmbiguousSeed              id found in several files; pass --domain
     ├── SeedMalformed              the targeted seed's file cannot be parsed
     ├── RevisionMismatch           expected revision differs from the file's
+    ├── OutsideStore               a write would land outside the store (a linked directory)
+    ├── WatchBacklogExceeded       a watcher fell too far behind; list and watch again
     ├── StoreUnavailable           HOME/SKILLSPEC_HOME unset, I/O failure
 
 Messages are SkillSpec's, so the CLI prints the same `error: ...` line
@@ -14,6 +16,33 @@ whether it ran locally or through the service.
 """
 
 from __future__ import annotations
+
+# How much of a value from a request or a seed file an error quotes: enough to
+# recognise it, never a whole file (a symlinked `/etc/passwd`) or a whole request.
+EXCERPT_CHARS = 64
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` cut to `limit` characters (marked with `…`), non-printable characters escaped.
+
+    What errors and problems quote of any value they did not choose themselves:
+    line breaks, NULs and terminal escapes come out as `\\n`, `\\x00`, `\\x1b`, so
+    a quoted value is always one short, inert line.
+    """
+    cut = text[:limit]
+    shown = "".join(char if char.isprintable() else _escaped(char) for char in cut)
+    return shown + "…" if len(text) > limit else shown
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if char == "\n":
+        return "\\n"
+    if char == "\t":
+        return "\\t"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 class SeedStoreError(Exception):
@@ -37,8 +66,11 @@ class InvalidArgument(SeedStoreError):
 class InvalidIdentifier(InvalidArgument):
     reason = "INVALID_IDENTIFIER"
 
-    def __init__(self, value: str, field: str) -> None:
-        super().__init__(f'invalid identifier "{value}" in {field}', field)
+    def __init__(self, value: str, field: str, why: str = "") -> None:
+        # SkillSpec's wording, with the value quoted as an excerpt; `why` adds the rule broken
+        # where SkillSpec has none (the length limit).
+        suffix = f": {why}" if why else ""
+        super().__init__(f'invalid identifier "{excerpt(value)}" in {field}{suffix}', field)
         self.value = value
 
 
@@ -80,6 +112,31 @@ class RevisionMismatch(SeedStoreError):
         self.seed_id = seed_id
         self.expected = expected
         self.actual = actual
+
+
+class OutsideStore(SeedStoreError):
+    """A write whose directory resolves outside the store root; reads may follow links there, writes never."""
+
+    reason = "OUTSIDE_STORE"
+
+    def __init__(self, path: str, root: str) -> None:
+        super().__init__(f"refusing to write {path}: its directory resolves outside the seed store {root}")
+        self.path = path
+        self.root = root
+
+
+class WatchBacklogExceeded(SeedStoreError):
+    """A WatchSeeds stream whose reader fell behind by more than the per-watcher budget."""
+
+    reason = "WATCH_BACKLOG_EXCEEDED"
+
+    def __init__(self, backlog_bytes: int, limit_bytes: int) -> None:
+        super().__init__(
+            f"this watcher fell {backlog_bytes} bytes of changes behind, more than the "
+            f"{limit_bytes} bytes kept for it; list the seeds and watch again"
+        )
+        self.backlog_bytes = backlog_bytes
+        self.limit_bytes = limit_bytes
 
 
 class StoreUnavailable(SeedStoreError):

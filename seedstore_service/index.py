@@ -153,11 +153,15 @@ class SeedIndex:
 
     # -- refresh ---------------------------------------------------------
 
-    def refresh(self) -> list[ChangeEvent]:
-        """Bring the index up to date with the files; return what changed, in path order."""
+    def refresh(self, domain: str | None = None) -> list[ChangeEvent]:
+        """Bring the index up to date with the files; return what changed, in path order.
+
+        With `domain`, only that domain's files are walked (those of other
+        domains, and the walk's own problems, wait for a whole refresh).
+        """
         with self._refresh_lock:
             started_ns = time.time_ns()
-            refs, walk_problems = walk_seed_files(self.store.root, None)
+            refs, walk_problems = walk_seed_files(self.store.root, domain)
             fresh: dict[str, _Entry] = {}
             seen: set[str] = set()
             for ref in refs:
@@ -167,11 +171,17 @@ class SeedIndex:
                     continue
                 known = old.parsed.stored if old is not None else None
                 fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns, known)
-            vanished = [path for path in self._entries if path not in seen]
+            vanished = [
+                path
+                for path, entry in self._entries.items()
+                if path not in seen and (domain is None or entry.domain_dir == domain)
+            ]
             with self._state_lock:
                 events, changed = self._apply(fresh, vanished)
-                if changed or tuple(walk_problems) != self._walk_problems:
+                walk_changed = domain is None and tuple(walk_problems) != self._walk_problems
+                if walk_changed:
                     self._walk_problems = tuple(walk_problems)
+                if changed or walk_changed:
                     self._scope_cache.clear()
                     self._problem_cache.clear()
             return events

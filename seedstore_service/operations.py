@@ -228,17 +228,23 @@ class SeedOperations:
     # -- the index -------------------------------------------------------
 
     def refresh_index(
-        self, paths: Collection[str] | None = None, written: Collection[StoredSeed] = ()
+        self,
+        paths: Collection[str] | None = None,
+        written: Collection[StoredSeed] = (),
+        *,
+        domain: str | None = None,
     ) -> list[ChangeEvent]:
         """Bring the index up to date and hand the changes to the listener; no-op without an index.
 
         With `paths`, only those files are looked at (after a write through this object);
         `written` are the seeds that write left in them (see `SeedIndex.refresh_paths`).
+        With `domain`, only that domain's files are walked.
         """
         if self.index is None:
             return []
         with self._refresh_lock:
-            events = self.index.refresh() if paths is None else self.index.refresh_paths(paths, written)
+            index = self.index
+            events = index.refresh(domain) if paths is None else index.refresh_paths(paths, written)
             if events and self._on_changes is not None:
                 self._on_changes(events)
         return events
@@ -280,14 +286,14 @@ class SeedOperations:
         return self._candidate_paths if self.index is not None else None
 
     def _candidate_paths(self, seed_id: str, domain: str | None) -> tuple[str, ...]:
-        # Called by the store under its lock.
+        # Called by the store under its lock. The scope is walked again first, so a
+        # file another program put anywhere in it (another name, a nested directory)
+        # counts now, not after the next background refresh: ambiguity never depends
+        # on timing. The walk stats every file of the scope; it reads only the new,
+        # changed and recently modified ones.
         assert self.index is not None
-        paths = self.index.candidate_paths(seed_id, domain)
-        if not paths:
-            # Another program may have added it since the last background refresh.
-            self.refresh_index()
-            paths = self.index.candidate_paths(seed_id, domain)
-        return paths
+        self.refresh_index(domain=domain)
+        return self.index.candidate_paths(seed_id, domain)
 
     def _after_write(
         self, path: str, domain: str | None, problems: tuple[Problem, ...]
@@ -541,59 +547,148 @@ def _validate_verify_limits(request: VerifyRequest) -> None:
 # --- change fan-out (service only) ------------------------------------------------
 
 
+# What one watcher may have queued and not yet taken, in bytes of the messages it
+# would be sent: a watcher that stops reading pins at most this much.
+DEFAULT_WATCH_BACKLOG_BYTES = 8 * 1024 * 1024
+
+
+def estimated_event_bytes(event: ChangeEvent) -> int:
+    """About what `event` costs as a message: the length of every string it carries."""
+    total = 32 + len(event.path) + len(event.id) + len(event.domain) + len(event.revision)
+    if event.problem is not None:
+        total += len(event.problem.path) + len(event.problem.reason)
+    seed = event.seed
+    if seed is not None:
+        texts = [
+            seed.id,
+            seed.domain,
+            seed.kind,
+            seed.command or "",
+            seed.adapter or "",
+            seed.script or "",
+            *seed.provides,
+            *seed.aliases,
+            *seed.rank.preferred_for,
+            *seed.rank.avoid_for,
+            *seed.rank.tie_breakers.keys(),
+            *seed.rank.tie_breakers.values(),
+            *seed.auth_env,
+        ]
+        for evidence in seed.evidence:
+            texts.extend((evidence.source, evidence.command or "", evidence.detail or ""))
+        if seed.verification is not None:
+            for outcome in seed.verification.outcomes:
+                texts.extend((outcome.check, outcome.message))
+        total += sum(len(text) + 2 for text in texts)
+    return total
+
+
+_CLOSED = object()  # the feed closed: the stream ends normally
+_OVERFLOWED = object()  # the watcher fell too far behind: its stream ends with an error
+
+
+class _Watcher:
+    """One subscriber's queue, and the bytes of the events in it."""
+
+    __slots__ = ("domain", "pending_bytes", "queue")
+
+    def __init__(self, domain: str | None) -> None:
+        self.domain = domain
+        self.queue: asyncio.Queue[tuple[ChangeEvent, int] | object] = asyncio.Queue()
+        self.pending_bytes = 0
+
+
 class ChangeFeed:
     """Fans index change events out to every watcher.
 
     `publish` may be called from any thread (index refreshes run in worker
-    threads); delivery happens on the event loop that created the feed. A
-    watcher that falls `backlog` events behind is dropped: its stream ends and
-    it should list and watch again.
+    threads); delivery happens on the event loop that created the feed. Each
+    watcher gets only its domain's events. A watcher that falls behind by more
+    than `backlog` events or `backlog_bytes` bytes (`size_of` each event) is
+    dropped rather than buffered: its queue is emptied and its stream raises
+    WatchBacklogExceeded once it reaches that point; it should list and watch again.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, backlog: int = 10_000) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        backlog: int = 10_000,
+        backlog_bytes: int = DEFAULT_WATCH_BACKLOG_BYTES,
+        size_of: Callable[[ChangeEvent], int] = estimated_event_bytes,
+    ) -> None:
         self._loop = loop
         self._backlog = backlog
-        self._queues: set[asyncio.Queue[ChangeEvent | None]] = set()
+        self._backlog_bytes = backlog_bytes
+        self._size_of = size_of
+        self._watchers: set[_Watcher] = set()
         self._closed = False
 
     def publish(self, events: Sequence[ChangeEvent]) -> None:
-        if self._closed:
+        if self._closed or not self._watchers:
             return
-        batch = tuple(events)
+        # Sized here, in the publishing thread, once for every watcher.
+        batch = tuple((event, self._size_of(event)) for event in events)
         # RuntimeError: the loop has closed, so nobody is watching any more.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._deliver, batch)
 
-    def _deliver(self, events: tuple[ChangeEvent, ...]) -> None:
-        for queue in list(self._queues):
-            if queue.qsize() + len(events) > self._backlog:
-                self._queues.discard(queue)
-                queue.put_nowait(None)
+    def _deliver(self, events: tuple[tuple[ChangeEvent, int], ...]) -> None:
+        for watcher in list(self._watchers):
+            wanted = [item for item in events if watcher.domain in (None, item[0].domain)]
+            if not wanted:
                 continue
-            for event in events:
-                queue.put_nowait(event)
+            added = sum(size for _, size in wanted)
+            if (
+                watcher.queue.qsize() + len(wanted) > self._backlog
+                or watcher.pending_bytes + added > self._backlog_bytes
+            ):
+                self._drop(watcher, watcher.pending_bytes + added)
+                continue
+            watcher.pending_bytes += added
+            for item in wanted:
+                watcher.queue.put_nowait(item)
+
+    def _drop(self, watcher: _Watcher, wanted_bytes: int) -> None:
+        self._watchers.discard(watcher)
+        # What it has not taken is released now; the stream learns why at its next read.
+        while not watcher.queue.empty():
+            watcher.queue.get_nowait()
+        watcher.pending_bytes = wanted_bytes
+        watcher.queue.put_nowait(_OVERFLOWED)
 
     def close(self) -> None:
         """End every watcher's stream (shutdown); later publishes are dropped."""
         self._closed = True
-        for queue in self._queues:
-            queue.put_nowait(None)
-        self._queues.clear()
+        for watcher in self._watchers:
+            watcher.queue.put_nowait(_CLOSED)
+        self._watchers.clear()
 
     @contextlib.asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[AsyncIterator[ChangeEvent]]:
-        """`async with feed.subscribe() as changes: async for event in changes: ...`"""
-        queue: asyncio.Queue[ChangeEvent | None] = asyncio.Queue()
+    async def subscribe(self, domain: str | None = None) -> AsyncIterator[AsyncIterator[ChangeEvent]]:
+        """`async with feed.subscribe(domain) as changes: async for event in changes: ...`
+
+        The iteration raises WatchBacklogExceeded when the watcher was dropped for falling behind.
+        """
+        watcher = _Watcher(domain)
         if self._closed:
-            queue.put_nowait(None)
+            watcher.queue.put_nowait(_CLOSED)
         else:
-            self._queues.add(queue)
+            self._watchers.add(watcher)
 
         async def changes() -> AsyncIterator[ChangeEvent]:
-            while (event := await queue.get()) is not None:
+            while True:
+                item = await watcher.queue.get()
+                if item is _CLOSED:
+                    return
+                if item is _OVERFLOWED:
+                    raise errors.WatchBacklogExceeded(watcher.pending_bytes, self._backlog_bytes)
+                assert isinstance(item, tuple)
+                event, size = item
+                watcher.pending_bytes -= size
                 yield event
 
         try:
             yield changes()
         finally:
-            self._queues.discard(queue)
+            self._watchers.discard(watcher)

@@ -118,6 +118,14 @@ def _validate_aliases(aliases: Iterable[str]) -> None:
             raise InvalidArgument(empty_alias_message(alias), "alias")
 
 
+def _validate_no_nul(values: Iterable[str | None], label: str) -> None:
+    # A NUL cannot be part of a program argument or a path (execve and open end
+    # strings at it), so such a command could never run as written.
+    for value in values:
+        if value is not None and "\x00" in value:
+            raise InvalidArgument(f"{label.replace('_', ' ')} must not contain a NUL byte", label)
+
+
 def parse_tie(raw: str) -> tuple[str, str]:
     """`KEY=VALUE` split at the first `=` (`a=b=c` is key `a`, value `b=c`); the key is an identifier.
 
@@ -145,7 +153,8 @@ def validate_patch(patch: UpdatePatch) -> None:
     Raises:
         InvalidIdentifier: labelled with the flag (`add-provides`, `remove-tie`, `tie key`, ...).
         InvalidArgument: priority over 100, a tie without `=`, an alias with no letters or
-            digits, or a mark other than failed/unverified.
+            digits, a NUL byte in the command, adapter, script or an added evidence command,
+            or a mark other than failed/unverified.
     """
     _validate_all(patch.add_provides, "add-provides")
     _validate_all(patch.remove_provides, "remove-provides")
@@ -157,6 +166,10 @@ def validate_patch(patch: UpdatePatch) -> None:
     _validate_all(patch.remove_ties, "remove-tie")
     _validate_priority(patch.priority)
     _validate_aliases(patch.add_aliases)
+    _validate_no_nul((patch.command,), "command")
+    _validate_no_nul((patch.adapter,), "adapter")
+    _validate_no_nul((patch.script,), "script")
+    _validate_no_nul(patch.add_evidence_commands, "add_evidence_commands")
     if patch.mark is VerificationStatus.VERIFIED:
         raise InvalidArgument("a seed can only be marked failed or unverified; run verify instead", "mark")
 
@@ -177,7 +190,8 @@ def build_seed(spec: AddSpec) -> Seed:
 
     Raises:
         InvalidIdentifier: id ("capability id"), domain, a provides entry, a tie key.
-        InvalidArgument: no provides, priority over 100, a tie without `=`, an empty alias.
+        InvalidArgument: no provides, priority over 100, a tie without `=`, an empty alias,
+            a NUL byte in the command, adapter, script or an evidence command.
     """
     validate_identifier(spec.id, "capability id")
     validate_identifier(spec.domain, "domain")
@@ -187,6 +201,10 @@ def build_seed(spec: AddSpec) -> Seed:
     _validate_priority(spec.priority)
     ties = _ties(spec.ties)
     _validate_aliases(spec.aliases)
+    _validate_no_nul((spec.command,), "command")
+    _validate_no_nul((spec.adapter,), "adapter")
+    _validate_no_nul((spec.script,), "script")
+    _validate_no_nul(spec.evidence_commands, "evidence_commands")
     return Seed(
         id=spec.id,
         domain=spec.domain,

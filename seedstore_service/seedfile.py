@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from seedstore_service.errors import InvalidIdentifier, SeedMalformed
+from seedstore_service.errors import InvalidIdentifier, SeedMalformed, excerpt
 from seedstore_service.model import (
     Evidence,
     Outcome,
@@ -49,6 +49,10 @@ __all__ = [
 ]
 
 MAX_PRIORITY = 100
+# The largest seed file read, and the most a file's YAML may expand to once
+# aliases are followed (characters of every scalar plus one per node).
+# SkillSpec seeds are a few hundred bytes; a bigger file is a Problem, never parsed.
+MAX_SEED_FILE_BYTES = 1024 * 1024
 _U8_MAX = 255
 _U64_MAX = 2**64 - 1
 
@@ -57,16 +61,24 @@ _U64_MAX = 2**64 - 1
 # ---------------------------------------------------------------------------
 
 _IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+# Ids and domains become file and directory names, and the store writes a seed
+# through `.<id>.yaml.tmp-<12 hex digits>` (23 characters around the id): 200
+# keeps that name under NAME_MAX (255 bytes; identifier characters are one byte
+# each). SkillSpec has no limit; the same one applies to every identifier.
+MAX_IDENTIFIER_LENGTH = 200
 
 
 def validate_identifier(value: str, field: str) -> str:
-    """Apply SkillSpec's only path-traversal guard; return the value unchanged.
+    """Apply SkillSpec's only path-traversal guard, plus a length limit; return the value unchanged.
 
     Raises:
-        InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, or uses a char outside `[a-z0-9_.-]`.
+        InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, uses a char outside `[a-z0-9_.-]`,
+            or is longer than MAX_IDENTIFIER_LENGTH.
     """
     if not value or value.startswith(".") or not _IDENTIFIER_CHARS.issuperset(value):
         raise InvalidIdentifier(value, field)
+    if len(value) > MAX_IDENTIFIER_LENGTH:
+        raise InvalidIdentifier(value, field, f"longer than {MAX_IDENTIFIER_LENGTH} characters")
     return value
 
 
@@ -149,8 +161,17 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _line(node: yaml.Node) -> int:
-    return int(node.start_mark.line) + 1
+# (1-based line, 1-based column) where a node starts.
+_Position = tuple[int, int]
+
+
+def _at(node: yaml.Node) -> _Position:
+    return int(node.start_mark.line) + 1, int(node.start_mark.column) + 1
+
+
+def _name(text: str) -> str:
+    """A key or value from the file, as a message quotes it: a short escaped excerpt."""
+    return excerpt(text)
 
 
 def _is_plain(node: yaml.Node) -> bool:
@@ -166,16 +187,20 @@ def _is_plain_null(node: yaml.Node) -> bool:
     return _is_plain(node) and (node.value == "" or node.value in _NULL_WORDS)
 
 
-def _describe(node: yaml.Node) -> str:
+def _describe(node: yaml.Node, *, quote: bool = True) -> str:
+    """What was found instead, for "expected X, found Y"; scalars quoted as excerpts unless `quote` is off."""
     if isinstance(node, yaml.SequenceNode):
         return "a sequence"
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     if _is_plain_null(node):
         return "null"
-    if isinstance(node, yaml.ScalarNode) and node.style in ("'", '"'):
-        return f'the quoted string "{node.value}"'
-    return f'the scalar "{node.value}"'
+    quoted = isinstance(node, yaml.ScalarNode) and node.style in ("'", '"')
+    if not quote:
+        return "a quoted string" if quoted else "a scalar"
+    if quoted:
+        return f'the quoted string "{_name(node.value)}"'
+    return f'the scalar "{_name(node.value)}"'
 
 
 class _SeedReader:
@@ -184,11 +209,15 @@ class _SeedReader:
     def __init__(self, file_path: str) -> None:
         self.file_path = file_path
 
-    def fail(self, detail: str, line: int) -> NoReturn:
-        raise SeedMalformed(self.file_path, line, f"{detail} (line {line})")
+    def fail(self, detail: str, at: _Position) -> NoReturn:
+        line, column = at
+        raise SeedMalformed(self.file_path, line, f"{detail} (line {line}, column {column})")
 
     def expected(self, what: str, node: yaml.Node, path: str) -> NoReturn:
-        self.fail(f"expected {what} at {path or 'the top level'}, found {_describe(node)}", _line(node))
+        # At the top level the file is not a seed mapping at all (a link to some other
+        # file, say): nothing of it is quoted.
+        found = _describe(node, quote=bool(path))
+        self.fail(f"expected {what} at {path or 'the top level'}, found {found}", _at(node))
 
     # -- structure ---------------------------------------------------------
 
@@ -200,18 +229,19 @@ class _SeedReader:
             entries = {}
             for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode):
-                    self.fail(f"expected a field name at {path or 'the top level'}", _line(key_node))
+                    self.fail(f"expected a field name at {path or 'the top level'}", _at(key_node))
                 name = str(key_node.value)
                 if name not in table.names:
-                    self.fail(f'unknown field "{name}" at {_join(path, name)}', _line(key_node))
+                    shown = _name(name)
+                    self.fail(f'unknown field "{shown}" at {_join(path, shown)}', _at(key_node))
                 if name in entries:
-                    self.fail(f'duplicate field "{name}" at {_join(path, name)}', _line(key_node))
+                    self.fail(f'duplicate field "{name}" at {_join(path, name)}', _at(key_node))
                 entries[name] = value_node
         else:
             self.expected("a mapping", node, path)
         for name in table.required:
             if name not in entries:
-                self.fail(f'missing field "{name}" at {_join(path, name)}', _line(node))
+                self.fail(f'missing field "{name}" at {_join(path, name)}', _at(node))
         return entries
 
     def items(self, node: yaml.Node, path: str) -> list[tuple[str, yaml.Node]]:
@@ -263,36 +293,36 @@ class _SeedReader:
         result: dict[str, str] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                self.fail(f"expected a string key at {path}", _line(key_node))
+                self.fail(f"expected a string key at {path}", _at(key_node))
             key = str(key_node.value)
-            key_path = _join(path, key)
+            key_path = _join(path, _name(key))
             if key in result:
-                self.fail(f'duplicate key "{key}" at {key_path}', _line(key_node))
-            self.identifier(key, "tie key", key_path, _line(key_node))
+                self.fail(f'duplicate key "{_name(key)}" at {key_path}', _at(key_node))
+            self.identifier(key, "tie key", key_path, _at(key_node))
             result[key] = self.string(value_node, key_path)
         return result
 
-    def identifier(self, value: str, label: str, path: str, line: int) -> str:
+    def identifier(self, value: str, label: str, path: str, at: _Position) -> str:
         try:
             return validate_identifier(value, label)
         except InvalidIdentifier as error:
-            self.fail(f"{error.message} at {path}", line)
+            self.fail(f"{error.message} at {path}", at)
 
     # -- the seed ----------------------------------------------------------
 
     def seed(self, node: yaml.Node) -> Seed:
         entries = self.fields(node, "", _SEED_FIELDS)
         seed_id = self.string(entries["id"], "id")
-        self.identifier(seed_id, "capability id", "id", _line(entries["id"]))
+        self.identifier(seed_id, "capability id", "id", _at(entries["id"]))
         domain = self.string(entries["domain"], "domain")
-        self.identifier(domain, "domain", "domain", _line(entries["domain"]))
+        self.identifier(domain, "domain", "domain", _at(entries["domain"]))
         provides = self.string_items(entries.get("provides"), "provides")
         for item_path, item, value in provides:
-            self.identifier(value, "provides", item_path, _line(item))
+            self.identifier(value, "provides", item_path, _at(item))
         aliases = self.string_items(entries.get("aliases"), "aliases")
         for item_path, item, value in aliases:
             if not canonical(value):
-                self.fail(f"{empty_alias_message(value)} at {item_path}", _line(item))
+                self.fail(f"{empty_alias_message(value)} at {item_path}", _at(item))
         return Seed(
             id=seed_id,
             domain=domain,
@@ -320,7 +350,7 @@ class _SeedReader:
             path = "rank.default_priority"
             priority = self.unsigned(priority_node, path, _U8_MAX, "an integer from 0 to 255")
             if priority > MAX_PRIORITY:
-                self.fail(f"priority must be between 0 and 100 at {path}", _line(priority_node))
+                self.fail(f"priority must be between 0 and 100 at {path}", _at(priority_node))
         ties = self.string_map(entries.get("tie_breakers"), "rank.tie_breakers")
         return Rank(
             default_priority=priority,
@@ -376,9 +406,9 @@ class _SeedReader:
             status = VerificationStatus(status_text)
         except ValueError:
             self.fail(
-                f'unknown verification status "{status_text}" at verification.status, '
+                f'unknown verification status "{_name(status_text)}" at verification.status, '
                 "expected verified, failed or unverified",
-                _line(status_node),
+                _at(status_node),
             )
         verified_at = self.unsigned(
             entries["verified_at_unix"], "verification.verified_at_unix", _U64_MAX, "a non-negative integer"
@@ -400,7 +430,7 @@ class _SeedReader:
 
 def empty_alias_message(alias: str) -> str:
     """Why an alias with no letters or digits is refused (SkillSpec lets it match every search)."""
-    return f'alias "{alias}" has no letters or digits, so it would match every capability'
+    return f'alias "{excerpt(alias)}" has no letters or digits, so it would match every capability'
 
 
 _KIND_TAGS = {
@@ -443,16 +473,27 @@ def compose_single_document(text: str) -> yaml.Node | None:
     return yaml.compose(text, Loader=_LOADER)
 
 
+# PyYAML's problem texts are its own, but may quote a token of the file (a tag, an alias name).
+_YAML_DETAIL_CHARS = 200
+
+
+def yaml_error_position(error: yaml.YAMLError) -> _Position:
+    """A PyYAML error's (1-based line, 1-based column); (0, 0) when it has no mark."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    if mark is None:
+        return 0, 0
+    return int(mark.line) + 1, int(mark.column) + 1
+
+
 def yaml_error_line_and_detail(error: yaml.YAMLError) -> tuple[int, str]:
     """A PyYAML error as (1-based line, short text), for messages that name the line themselves."""
-    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-    line = int(mark.line) + 1 if mark is not None else 0
+    line = yaml_error_position(error)[0]
     if isinstance(error, yaml.MarkedYAMLError):
         parts = [part for part in (error.context, error.problem) if part]
         detail = ", ".join(str(part) for part in parts) or "invalid YAML"
     else:
         detail = str(error).splitlines()[0] if str(error) else "invalid YAML"
-    return line, detail
+    return line, excerpt(detail, _YAML_DETAIL_CHARS)
 
 
 def parse_seed(text: str, path: str) -> Seed:
@@ -469,14 +510,58 @@ def parse_seed(text: str, path: str) -> Seed:
     try:
         root = compose_single_document(text)
     except yaml.YAMLError as error:
-        line, detail = yaml_error_line_and_detail(error)
+        _, detail = yaml_error_line_and_detail(error)
         if isinstance(error, yaml.composer.ComposerError) and "single document" in detail:
             detail = "expected a single YAML document, found more than one"
-        reader.fail(detail, line)
+        reader.fail(detail, yaml_error_position(error))
     if root is None:
         # An empty file is an empty mapping to serde, so the first complaint is the missing id.
-        reader.fail('missing field "id" at id', 1)
+        reader.fail('missing field "id" at id', (1, 1))
+    _refuse_alias_expansion(root, reader)
     return reader.seed(root)
+
+
+def _refuse_alias_expansion(root: yaml.Node, reader: _SeedReader) -> None:
+    """Fail when the document, aliases followed, exceeds MAX_SEED_FILE_BYTES or refers to itself.
+
+    PyYAML composes an alias as a second reference to the anchored node, so the
+    composed graph is as small as the file; everything that walks it as a tree
+    (the reader, the JSON and proto conversions) would pay for the expansion.
+    Each node's expanded size is computed once, so this is linear in the file.
+    """
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        known = sizes.get(key)
+        if known is not None:
+            return known
+        if key in in_progress:
+            reader.fail("an alias refers to a node that contains it", _at(node))
+        if isinstance(node, yaml.ScalarNode):
+            total = len(node.value) + 1
+        else:
+            in_progress.add(key)
+            children: list[yaml.Node] = (
+                [child for pair in node.value for child in pair]
+                if isinstance(node, yaml.MappingNode)
+                else list(node.value)
+            )
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > MAX_SEED_FILE_BYTES:
+                    break
+            in_progress.discard(key)
+        sizes[key] = total
+        return total
+
+    if size(root) > MAX_SEED_FILE_BYTES:
+        reader.fail(
+            f"the document expands to more than {MAX_SEED_FILE_BYTES} bytes once aliases are followed",
+            _at(root),
+        )
 
 
 # ---------------------------------------------------------------------------

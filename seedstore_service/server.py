@@ -25,10 +25,12 @@ from typing import TypeVar
 import grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2
 
-from seedstore_service.index import SeedIndex
+from seedstore_service import convert
+from seedstore_service.index import ChangeEvent, SeedIndex
 from seedstore_service.operations import (
     DEFAULT_CHECK_TIMEOUT_SECONDS,
     DEFAULT_VERIFY_CONCURRENCY,
+    DEFAULT_WATCH_BACKLOG_BYTES,
     MAX_CHECK_TIMEOUT_SECONDS,
     MAX_VERIFY_CONCURRENCY,
     ChangeFeed,
@@ -80,6 +82,8 @@ class Settings:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     # PATH for the PATH lookup and the only PATH evidence commands see.
     check_path: str = DEFAULT_PATH
+    # Bytes of changes one WatchSeeds stream may fall behind before it is ended (ABORTED).
+    watch_backlog_bytes: int = DEFAULT_WATCH_BACKLOG_BYTES
     # Auth, limits and observability (sidecar_runtime.serve_args); `listen`
     # and `grace_seconds` above take precedence over the same fields here.
     server_options: ServerOptions | None = None
@@ -93,6 +97,8 @@ class Settings:
             raise ValueError("refresh interval must be positive")
         if self.grace_seconds < 0:
             raise ValueError("grace seconds must not be negative")
+        if self.watch_backlog_bytes < 1:
+            raise ValueError("the watch backlog must be at least one byte")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -132,7 +138,13 @@ class Settings:
         if args.equivalents is not None:
             overrides["equivalents_file"] = Path(args.equivalents)
             overrides["equivalents_required"] = True
-        for name in ("check_timeout", "verify_concurrency", "refresh_interval", "grace_seconds"):
+        for name in (
+            "check_timeout",
+            "verify_concurrency",
+            "refresh_interval",
+            "grace_seconds",
+            "watch_backlog_bytes",
+        ):
             value = getattr(args, name)
             if value is not None:
                 overrides[name] = value
@@ -159,6 +171,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--verify-concurrency", type=int, metavar="N", help="seeds verified at once (default 4)"
+    )
+    parser.add_argument(
+        "--watch-backlog-bytes",
+        type=int,
+        metavar="BYTES",
+        help="changes one watcher may fall behind before its stream ends (default 8 MiB)",
     )
     parser.add_argument(
         "--refresh-interval",
@@ -198,26 +216,29 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     )
     store = SeedStore(settings.store_root.absolute())
     index = SeedIndex(store)
-    feed = ChangeFeed(asyncio.get_running_loop())
+    feed = ChangeFeed(
+        asyncio.get_running_loop(), backlog_bytes=settings.watch_backlog_bytes, size_of=_message_bytes
+    )
     operations = SeedOperations(
         store, index, equivalents=equivalents, on_changes=feed.publish, runner_path=settings.check_path
     )
     await asyncio.to_thread(operations.refresh_index)
-    servicer = SeedStoreServicer(
-        operations,
-        feed,
-        check_timeout=settings.check_timeout,
-        verify_concurrency=settings.verify_concurrency,
-    )
-
-    def register(server: grpc.aio.Server) -> None:
-        add_service(server, servicer, seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"])
-
     options = replace(
         settings.server_options or ServerOptions(listen=()),
         listen=settings.listen,
         grace_seconds=settings.grace_seconds,
     )
+    servicer = SeedStoreServicer(
+        operations,
+        feed,
+        check_timeout=settings.check_timeout,
+        verify_concurrency=settings.verify_concurrency,
+        max_message_bytes=options.max_message_bytes,
+    )
+
+    def register(server: grpc.aio.Server) -> None:
+        add_service(server, servicer, seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"])
+
     running = await start_server(
         register, (SERVICE_NAME,), options, read_methods=READ_METHODS, name="seedstore"
     )
@@ -225,6 +246,10 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     # Every field of the runtime's RunningServer, whatever it grows, plus ours.
     inherited = {spec.name: getattr(running, spec.name) for spec in fields(RunningServer) if spec.init}
     return SeedStoreServer(**inherited, operations=operations, feed=feed, refresher=refresher)
+
+
+def _message_bytes(event: ChangeEvent) -> int:
+    return convert.change_to_proto(event).ByteSize()
 
 
 # The share of one core the background walk may use; see refresh_pause.

@@ -17,9 +17,10 @@ import grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 
-from seedstore_service import convert
+from seedstore_service import convert, paging
 from seedstore_service.operations import ChangeFeed, SeedOperations
 from seedstore_service.status import stream_errors, unary_errors
+from sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -36,11 +37,14 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         *,
         check_timeout: float,
         verify_concurrency: int,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._operations = operations
         self._feed = feed
         self._check_timeout = check_timeout
         self._verify_concurrency = verify_concurrency
+        # What the repeated items of a ListSeeds or SearchSeeds reply may take, so the reply fits.
+        self._reply_item_bytes = max(max_message_bytes - paging.REPLY_HEADROOM_BYTES, max_message_bytes // 2)
 
     @unary_errors()
     async def GetStore(self, request: pb.GetStoreRequest, context: _Context) -> pb.GetStoreResponse:
@@ -69,8 +73,9 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
 
         def listing() -> pb.ListSeedsResponse:
             # A listing grows with the store (the whole store's is tens of milliseconds
-            # per 10,000 seeds, its protos more): off the loop, conversion included.
-            return convert.list_response(self._operations.list_seeds(domain))
+            # per 10,000 seeds, its protos more): off the loop, paging included.
+            listed = self._operations.list_seeds(domain)
+            return convert.list_page_response(listed, request, self._reply_item_bytes)
 
         return await asyncio.to_thread(listing)
 
@@ -80,7 +85,9 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         outcome = self._operations.search_from_memory(query, broaden_empty=request.broaden)
         if outcome is None:
             outcome = await asyncio.to_thread(self._operations.search, query, broaden_empty=request.broaden)
-        return convert.search_response(outcome)
+        return convert.search_response(
+            outcome, max_candidates=request.max_candidates, max_bytes=self._reply_item_bytes
+        )
 
     @unary_errors()
     async def InspectSeed(self, request: pb.InspectSeedRequest, context: _Context) -> pb.InspectSeedResponse:
@@ -137,10 +144,9 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         self, request: pb.WatchSeedsRequest, context: _Context
     ) -> AsyncGenerator[pb.WatchSeedsResponse, None]:
         domain = convert.watch_domain_from_request(request)
-        async with self._feed.subscribe() as changes:
+        async with self._feed.subscribe(domain) as changes:
             # Headers go out once the watcher is subscribed: a client that waits
             # for them knows every later change will reach it.
             await context.send_initial_metadata(())
             async for change in changes:
-                if domain is None or change.domain == domain:
-                    yield convert.change_to_proto(change)
+                yield convert.change_to_proto(change)

@@ -54,7 +54,7 @@ def _invalid_argument(error: errors.SeedStoreError, fields: Mapping[str, str] | 
     field = request_field(error.field, fields) if error.field else ""
     metadata = {"field": field} if field else {}
     if isinstance(error, errors.InvalidIdentifier):
-        metadata["value"] = error.value
+        metadata["value"] = errors.excerpt(error.value)
     return RichError(
         code=grpc.StatusCode.INVALID_ARGUMENT,
         message=error.message,
@@ -121,6 +121,35 @@ def _revision_mismatch(error: errors.SeedStoreError, _: Mapping[str, str] | None
     )
 
 
+def _outside_store(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
+    assert isinstance(error, errors.OutsideStore)
+    return RichError(
+        code=grpc.StatusCode.FAILED_PRECONDITION,
+        message=error.message,
+        reason=error.reason,
+        domain=ERROR_DOMAIN,
+        metadata={"path": errors.excerpt(error.path, 512)},
+        precondition_violations=(
+            PreconditionViolation(
+                type=error.reason,
+                subject=error.path,
+                description="the directory is a link out of the store; writes stay inside it",
+            ),
+        ),
+    )
+
+
+def _watch_backlog(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
+    assert isinstance(error, errors.WatchBacklogExceeded)
+    return RichError(
+        code=grpc.StatusCode.ABORTED,
+        message=error.message,
+        reason=error.reason,
+        domain=ERROR_DOMAIN,
+        metadata={"backlogBytes": str(error.backlog_bytes), "limitBytes": str(error.limit_bytes)},
+    )
+
+
 def _unavailable(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
     return RichError(
         code=grpc.StatusCode.UNAVAILABLE,
@@ -147,6 +176,8 @@ STATUS_TABLE: Mapping[type[errors.SeedStoreError], _Builder] = {
     errors.AmbiguousSeed: _ambiguous,
     errors.SeedMalformed: _malformed,
     errors.RevisionMismatch: _revision_mismatch,
+    errors.OutsideStore: _outside_store,
+    errors.WatchBacklogExceeded: _watch_backlog,
     errors.StoreUnavailable: _unavailable,
 }
 

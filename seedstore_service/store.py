@@ -13,15 +13,22 @@ with the durability SkillSpec lacks (§7):
   Readers take no lock: a rename is atomic.
 * A file that cannot be read or parsed never stops a load: it becomes a
   `Problem`, and it is never overwritten.
-* Every id and domain argument is checked with the identifier rule before a
-  path is built from it; that rule is what keeps paths inside the store.
+* Every id and domain argument is checked with the identifier rule (at most
+  200 characters) before a path is built from it.
+* Reads follow links anywhere, as SkillSpec does; writes never leave the store.
+  Every write (temporary file, rename, unlink, fsync) goes through a descriptor
+  of its directory, opened component by component below the resolved root with
+  O_NOFOLLOW (`open_store_directory`); a directory that resolves outside the
+  root is OutsideStore. A seed file that is a link is replaced, never written through.
+* A file over MAX_SEED_FILE_BYTES, or that is not a regular file, is a Problem and is never read whole.
 
 Finding the seed a write targets follows SkillSpec: load the whole scope, then
 apply the ambiguity and malformed-file rules. A caller that keeps an index (the
 service) passes a `Locator` instead; then only the candidate files it names (plus
 the files named after the id where SkillSpec would put them) are read again under
 the lock, and any sign that the index is out of date sends the write back to the
-whole-scope load.
+whole-scope load. The service's locator walks the scope under the lock first, so
+the files it names are those on disk at write time.
 """
 
 from __future__ import annotations
@@ -49,7 +56,14 @@ from seedstore_service.patch import (
     validate_patch,
     validate_prefer,
 )
-from seedstore_service.seedfile import dump_seed, parse_seed, revision_of, validate_identifier
+from seedstore_service.seedfile import (
+    MAX_IDENTIFIER_LENGTH,
+    MAX_SEED_FILE_BYTES,
+    dump_seed,
+    parse_seed,
+    revision_of,
+    validate_identifier,
+)
 
 SEED_SUFFIXES = (".yml", ".yaml")
 LOCK_FILE_NAME = ".seedstore.lock"
@@ -244,12 +258,25 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
     parsed, so an edit by another program is never missed.
     """
     try:
-        with open(path, "rb") as handle:
-            stat_result = os.fstat(handle.fileno())
-            data = handle.read()
+        # O_NONBLOCK: a FIFO named like a seed must not hang the reader; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open(fd, "rb") as handle:
+            stat_result = os.fstat(fd)
+            if not stat.S_ISREG(stat_result.st_mode):
+                reason = f"failed to read {path}: not a regular file"
+                return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
+            # The size is checked before reading, and the read is bounded: the file may grow meanwhile.
+            data = b"" if stat_result.st_size > MAX_SEED_FILE_BYTES else handle.read(MAX_SEED_FILE_BYTES + 1)
     except OSError as err:
         reason = f"failed to read {path}: {os_error_text(err)}"
         return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
+    if stat_result.st_size > MAX_SEED_FILE_BYTES or len(data) > MAX_SEED_FILE_BYTES:
+        size = max(stat_result.st_size, len(data))
+        reason = (
+            f"failed to read {path}: the file holds {size} bytes, "
+            f"more than the {MAX_SEED_FILE_BYTES} a seed file may hold"
+        )
+        return ParsedFile(path, None, Problem(path, 0, reason), "", False, stat_result, 0)
     revision = revision_of(data)
     if known is not None and known.revision == revision and known.path == path:
         mismatched = domain_dir is not None and known.seed.domain != domain_dir
@@ -335,37 +362,75 @@ def file_stem(path: str) -> str:
 # Writing
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that readers see the old or the new file, never a torn one.
+def open_store_directory(root: Path, directory: Path, *, create: bool = False) -> int:
+    """A descriptor of `directory`, which must lie inside the store `root` once links are resolved.
 
-    Raises StoreUnavailable("failed to write <path>: ...") on any I/O error,
-    after removing the temporary file.
+    This is the store's trust boundary for writes: reads follow links anywhere
+    (as SkillSpec does), writes never leave the root. `directory` is resolved,
+    checked against the resolved root, then opened one component at a time from
+    the root with O_NOFOLLOW, so a component swapped for a link after the check
+    fails the open instead of leading elsewhere. Every write then goes through
+    the descriptor. With `create`, missing components are created on the way.
+
+    Raises:
+        OutsideStore: `directory` resolves outside the root.
+        OSError: any I/O failure (a component that is not a directory, or turned into a link).
     """
-    directory = path.parent
-    temp_path: Path | None = None
+    root_real = os.path.realpath(root)
+    real = os.path.realpath(directory)
+    if real != root_real and not real.startswith(root_real.rstrip(os.sep) + os.sep):
+        raise errors.OutsideStore(str(directory), str(root))
+    fd = os.open(root_real, _DIRECTORY_FLAGS)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        relative = os.path.relpath(real, root_real)
+        for part in [] if relative == "." else relative.split(os.sep):
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            child = os.open(part, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomically(root: Path, path: Path, data: bytes) -> None:
+    """Replace `path` (inside the store `root`) with `data`, never leaving a torn file.
+
+    The temporary file, the rename and the fsyncs all go through a descriptor of
+    the target's directory (`open_store_directory`). A target that is a link is
+    replaced by the new file; the file it pointed to is left alone.
+
+    Raises OutsideStore when the directory resolves outside the store, and
+    StoreUnavailable("failed to write <path>: ...") on any I/O error, after
+    removing the temporary file.
+    """
+    name = path.name
+    temp_name: str | None = None
+    directory_fd: int | None = None
+    try:
+        directory_fd = open_store_directory(root, path.parent, create=True)
         try:
             # Keep the mode of the file being replaced, as an in-place write would.
-            mode = stat.S_IMODE(path.stat().st_mode)
+            mode = stat.S_IMODE(os.stat(name, dir_fd=directory_fd).st_mode)
         except FileNotFoundError:
             mode = None
+        # The name is cut so that any target name leaves room for the marker and suffix.
+        stem = name[:MAX_IDENTIFIER_LENGTH]
         while True:
-            candidate = directory / f".{path.name}{_TEMP_MARKER}{secrets.token_hex(6)}"
+            candidate = f".{stem}{_TEMP_MARKER}{secrets.token_hex(6)}"
             try:
                 # 0o666 before the umask: the permissions a plain write would give.
-                fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+                fd = os.open(candidate, flags, 0o666, dir_fd=directory_fd)
             except FileExistsError:
                 continue
-            temp_path = candidate
+            temp_name = candidate
             break
         try:
             if mode is not None:
@@ -377,15 +442,45 @@ def write_atomically(path: Path, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(temp_path, path)
-        temp_path = None
-        _fsync_directory(directory)
+        os.replace(temp_name, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+        temp_name = None
+        os.fsync(directory_fd)
     except OSError as err:
         raise errors.StoreUnavailable(f"failed to write {path}: {os_error_text(err)}") from err
     finally:
-        if temp_path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp_path)
+        if directory_fd is not None:
+            if temp_name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp_name, dir_fd=directory_fd)
+            os.close(directory_fd)
+
+
+def remove_file(root: Path, path: Path) -> None:
+    """Unlink `path` (a link itself, not what it points to) through its directory inside the store.
+
+    Raises OutsideStore or StoreUnavailable, as `write_atomically` does.
+    """
+    try:
+        directory_fd = open_store_directory(root, path.parent)
+        try:
+            os.unlink(path.name, dir_fd=directory_fd)
+            os.fsync(directory_fd)
+        finally:
+            os.close(directory_fd)
+    except OSError as err:
+        raise errors.StoreUnavailable(f"failed to remove {path}: {os_error_text(err)}") from err
+
+
+def _seed_bytes(seed: Seed) -> bytes:
+    """The file for `seed`; InvalidArgument when it would be more than a seed file may hold."""
+    data = dump_seed(seed).encode("utf-8")
+    if len(data) > MAX_SEED_FILE_BYTES:
+        raise errors.InvalidArgument(
+            f"the seed would take {len(data)} bytes, more than the {MAX_SEED_FILE_BYTES} "
+            "a seed file may hold",
+            "request",
+        )
+    return data
 
 
 # ---------------------------------------------------------------------------
@@ -498,10 +593,10 @@ class SeedStore:
         validate_identifier(seed.id, "capability id")
         validate_identifier(seed.domain, "domain")
         path = self.root / seed.domain / f"{seed.id}.yml"
-        data = dump_seed(seed).encode("utf-8")
+        data = _seed_bytes(seed)
         with self._locked():
             self._refuse_unusable_file(path)
-            write_atomically(path, data)
+            write_atomically(self.root, path, data)
         return StoredSeed(seed, str(path), revision_of(data))
 
     def update(
@@ -555,12 +650,7 @@ class SeedStore:
         self._require_root(seed_id)
         with self._locked():
             current, problems = self._locate_for_write(seed_id, domain, locate)
-            path = Path(current.path)
-            try:
-                path.unlink()
-                _fsync_directory(path.parent)
-            except OSError as err:
-                raise errors.StoreUnavailable(f"failed to remove {path}: {os_error_text(err)}") from err
+            remove_file(self.root, Path(current.path))
         return current.path, problems
 
     def write_verification(
@@ -625,11 +715,10 @@ class SeedStore:
         if expected_revision is not None and expected_revision != current.revision:
             raise errors.RevisionMismatch(current.seed.id, expected_revision, current.revision)
 
-    @staticmethod
-    def _rewrite(current: StoredSeed, seed: Seed) -> StoredSeed:
+    def _rewrite(self, current: StoredSeed, seed: Seed) -> StoredSeed:
         """Write `seed` back to the file it was found in (its name may differ from the id)."""
-        data = dump_seed(seed).encode("utf-8")
-        write_atomically(Path(current.path), data)
+        data = _seed_bytes(seed)
+        write_atomically(self.root, Path(current.path), data)
         return StoredSeed(seed, current.path, revision_of(data))
 
     @staticmethod

@@ -100,6 +100,12 @@ def first_check(seed: Seed) -> Check:
 
 
 def plan_evidence_command(raw: str) -> EvidenceCommand | UnrunnableEvidence:
+    if "\x00" in raw:
+        # No program argument can hold a NUL (execve ends strings there): this check
+        # fails on its own, the seed's other checks still run.
+        return UnrunnableEvidence(
+            raw=raw, name=f"evidence_command:{raw}", message="evidence command contains a NUL byte"
+        )
     try:
         argv = shlex.split(raw, comments=False, posix=True)
     except ValueError as error:

@@ -236,3 +236,32 @@ async def test_leaving_an_async_verify_loop_stops_the_running_check(
             assert time.monotonic() < deadline, "the check outlived its cancelled call"
             await asyncio.sleep(0.02)
         assert not (await client.inspect_seed(id="hang")).seed.HasField("verification")
+
+
+def _add_seeds(client: SeedStoreClient, count: int) -> None:
+    for number in range(count):
+        client.add_seed(
+            pb.AddSeedRequest(id=f"say-{number:02d}", domain="voice", kind="cli", provides=["text_to_speech"])
+        )
+
+
+def test_sync_client_walks_every_page(seedstore: ServerHandle) -> None:
+    with SeedStoreClient(seedstore.unix) as client:
+        _add_seeds(client, 12)
+        pages = list(client.list_pages(page_size=5))
+        assert [len(page.seeds) for page in pages] == [5, 5, 2]
+        assert [page.next_page_token != "" for page in pages] == [True, True, False]
+        merged = client.list_all_seeds(page_size=5)
+        assert [entry.id for entry in merged.seeds] == [f"say-{number:02d}" for number in range(12)]
+        assert merged.next_page_token == ""
+        with pytest.raises(InvalidArgumentError):
+            client.list_seeds(page_token="forged")
+
+
+async def test_async_client_walks_every_page(seedstore: ServerHandle) -> None:
+    with SeedStoreClient(seedstore.unix) as client:
+        _add_seeds(client, 12)
+    async with AsyncSeedStoreClient(seedstore.unix) as client:
+        merged = await client.list_all_seeds(page_size=5, domain="voice")
+        assert [entry.id for entry in merged.seeds] == [f"say-{number:02d}" for number in range(12)]
+        assert merged.domain == "voice"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -375,6 +377,11 @@ def crowded(root: Path) -> Path:
     for number in range(40):
         put_seed(root, simple(f"seed-{number:02d}", ("voice", "audio")[number % 2]))
     (root / "voice" / "broken.yml").write_text("id: broken\ndomain: voice\nkind: cli\nwhat: 1\n")
+    # Written an hour ago, as a store at rest is: the index trusts their signatures
+    # (files modified within its racy window are read again by every walk).
+    an_hour_ago = time.time() - 3600
+    for path in root.rglob("*.yml"):
+        os.utime(path, (an_hour_ago, an_hour_ago))
     return root
 
 
@@ -407,7 +414,12 @@ def test_service_writes_read_only_the_target_file(crowded: Path, monkeypatch: py
     reads.clear()
     removed = operations.remove("seed-12", None)
     assert reads.store_reads == [removed.path]
-    assert reads.index_reads == []  # gone: dropped from the index without a read
+    # Gone: dropped from the index without a read. The write-time walk reads again
+    # only the two files written moments ago (their signatures are not trusted yet).
+    assert reads.index_reads == [
+        str(crowded / "audio" / "seed-11.yml"),
+        str(crowded / "voice" / "seed-10.yml"),
+    ]
     assert "seed-12" not in [entry.id for entry in operations.list_seeds(None).entries]
     assert operations.inspect("seed-13", None).stored.seed.id == "seed-13"
 

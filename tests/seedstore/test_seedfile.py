@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from types import MappingProxyType
 
 import pytest
@@ -271,52 +272,55 @@ def test_quoted_status_and_anchors_are_accepted() -> None:
 
 REFUSALS = [
     ("a\n" + "x: 1\n", "mapping values are not allowed"),
-    (MINIMAL + "colour: red\n", 'unknown field "colour" at colour (line 4)'),
+    (MINIMAL + "colour: red\n", 'unknown field "colour" at colour (line 4, column'),
     (
         MINIMAL + "rank:\n  default_priority: 5\n  colour: red\n",
-        'unknown field "colour" at rank.colour (line 6)',
+        'unknown field "colour" at rank.colour (line 6, column',
     ),
     (
         MINIMAL + "evidence:\n- source: s\n  colour: red\n",
-        'unknown field "colour" at evidence[0].colour (line 6)',
+        'unknown field "colour" at evidence[0].colour (line 6, column',
     ),
-    (MINIMAL + "auth:\n  env: [A]\n  vars: [B]\n", 'unknown field "vars" at auth.vars (line 6)'),
-    (MINIMAL + "risk:\n  cheap: true\n", 'unknown field "cheap" at risk.cheap (line 5)'),
-    (MINIMAL + "promotion:\n  suggested_skill_id: x\n  y: 1\n", 'unknown field "y" at promotion.y (line 6)'),
+    (MINIMAL + "auth:\n  env: [A]\n  vars: [B]\n", 'unknown field "vars" at auth.vars (line 6, column'),
+    (MINIMAL + "risk:\n  cheap: true\n", 'unknown field "cheap" at risk.cheap (line 5, column'),
+    (
+        MINIMAL + "promotion:\n  suggested_skill_id: x\n  y: 1\n",
+        'unknown field "y" at promotion.y (line 6, column',
+    ),
     (
         MINIMAL + "verification:\n  status: verified\n  verified_at_unix: 1\n  outcomes:\n"
         "  - check: c\n    ok: true\n    message: m\n    exit: 0\n",
-        'unknown field "exit" at verification.outcomes[0].exit (line 11)',
+        'unknown field "exit" at verification.outcomes[0].exit (line 11, column',
     ),
-    ("id: a\nid: b\ndomain: d\nkind: k\n", 'duplicate field "id" at id (line 2)'),
+    ("id: a\nid: b\ndomain: d\nkind: k\n", 'duplicate field "id" at id (line 2, column'),
     (
         MINIMAL + "rank:\n  tie_breakers:\n    q: a\n    q: b\n",
-        'duplicate key "q" at rank.tie_breakers.q (line 7)',
+        'duplicate key "q" at rank.tie_breakers.q (line 7, column',
     ),
-    ("domain: d\nkind: k\n", 'missing field "id" at id (line 1)'),
-    ("id: a\ndomain: d\n", 'missing field "kind" at kind (line 1)'),
-    (MINIMAL + "evidence:\n- command: x\n", 'missing field "source" at evidence[0].source (line 5)'),
+    ("domain: d\nkind: k\n", 'missing field "id" at id (line 1, column'),
+    ("id: a\ndomain: d\n", 'missing field "kind" at kind (line 1, column'),
+    (MINIMAL + "evidence:\n- command: x\n", 'missing field "source" at evidence[0].source (line 5, column'),
     (MINIMAL + "verification:\n  status: verified\n", 'missing field "verified_at_unix"'),
     (
         MINIMAL + "promotion: {}\n",
-        'missing field "suggested_skill_id" at promotion.suggested_skill_id (line 4)',
+        'missing field "suggested_skill_id" at promotion.suggested_skill_id (line 4, column',
     ),
-    ("", 'missing field "id" at id (line 1)'),
+    ("", 'missing field "id" at id (line 1, column'),
     (
         MINIMAL + "provides: text_to_speech\n",
         'expected a sequence at provides, found the scalar "text_to_speech"',
     ),
-    ("id: [a]\ndomain: d\nkind: k\n", "expected a string at id, found a sequence (line 1)"),
-    (MINIMAL + "rank: [1]\n", "expected a mapping at rank, found a sequence (line 4)"),
-    (MINIMAL + "rank: ~\n", "expected a mapping at rank, found null (line 4)"),
+    ("id: [a]\ndomain: d\nkind: k\n", "expected a string at id, found a sequence (line 1, column"),
+    (MINIMAL + "rank: [1]\n", "expected a mapping at rank, found a sequence (line 4, column"),
+    (MINIMAL + "rank: ~\n", "expected a mapping at rank, found null (line 4, column"),
     (
         MINIMAL + "risk:\n  external_service: yes\n",
         "expected a boolean (true or false) at risk.external_service",
     ),
-    (MINIMAL + "risk:\n  may_cost_money: 'true'\n", 'found the quoted string "true" (line 5)'),
+    (MINIMAL + "risk:\n  may_cost_money: 'true'\n", 'found the quoted string "true" (line 5, column'),
     (
         MINIMAL + "rank:\n  default_priority: 101\n",
-        "priority must be between 0 and 100 at rank.default_priority (line 5)",
+        "priority must be between 0 and 100 at rank.default_priority (line 5, column",
     ),
     (
         MINIMAL + "rank:\n  default_priority: 256\n",
@@ -329,21 +333,21 @@ REFUSALS = [
     (
         MINIMAL + "verification:\n  status: ok\n  verified_at_unix: 1\n",
         'unknown verification status "ok" at verification.status, '
-        "expected verified, failed or unverified (line 5)",
+        "expected verified, failed or unverified (line 5, column",
     ),
     (MINIMAL + "verification:\n  status: verified\n  verified_at_unix: -5\n", "a non-negative integer"),
-    (MINIMAL + "---\n" + MINIMAL, "expected a single YAML document, found more than one (line 4)"),
-    ("- id: a\n", "expected a mapping at the top level, found a sequence (line 1)"),
-    ("just text\n", 'expected a mapping at the top level, found the scalar "just text" (line 1)'),
-    ("id: Voice\ndomain: d\nkind: k\n", 'invalid identifier "Voice" in capability id at id (line 1)'),
-    ("id: a\ndomain: ../x\nkind: k\n", 'invalid identifier "../x" in domain at domain (line 2)'),
+    (MINIMAL + "---\n" + MINIMAL, "expected a single YAML document, found more than one (line 4, column"),
+    ("- id: a\n", "expected a mapping at the top level, found a sequence (line 1, column"),
+    ("just text\n", "expected a mapping at the top level, found a scalar (line 1, column 1)"),
+    ("id: Voice\ndomain: d\nkind: k\n", 'invalid identifier "Voice" in capability id at id (line 1, column'),
+    ("id: a\ndomain: ../x\nkind: k\n", 'invalid identifier "../x" in domain at domain (line 2, column'),
     (
         MINIMAL + "provides:\n- ok\n- Not OK\n",
-        'invalid identifier "Not OK" in provides at provides[1] (line 6)',
+        'invalid identifier "Not OK" in provides at provides[1] (line 6, column',
     ),
     (
         MINIMAL + "rank:\n  tie_breakers:\n    Q: x\n",
-        'invalid identifier "Q" in tie key at rank.tie_breakers.Q (line 6)',
+        'invalid identifier "Q" in tie key at rank.tie_breakers.Q (line 6, column',
     ),
     (MINIMAL + "aliases:\n- voice message\n- '--'\n", 'alias "--" has no letters or digits'),
 ]
@@ -368,7 +372,7 @@ def test_refusals_name_field_and_line(yaml_text: str, detail: str) -> None:
     assert detail in caught.value.detail
     assert caught.value.path == "/store/voice/bad.yml"
     assert str(caught.value) == f"failed to parse YAML from /store/voice/bad.yml: {caught.value.detail}"
-    assert caught.value.detail.endswith(f"(line {caught.value.line})")
+    assert re.search(rf"\(line {caught.value.line}, column \d+\)$", caught.value.detail)
 
 
 def test_refusal_line_points_at_the_offending_key() -> None:

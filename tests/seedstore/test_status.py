@@ -55,6 +55,8 @@ EXAMPLES: list[tuple[errors.SeedStoreError, grpc.StatusCode]] = [
     ),
     (errors.SeedMalformed("/s/voice/say.yml", 3, 'unknown field "x"'), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.RevisionMismatch("say", "aaaa", "bbbb"), grpc.StatusCode.ABORTED),
+    (errors.OutsideStore("/s/voice", "/s"), grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.WatchBacklogExceeded(9_000_000, 8_388_608), grpc.StatusCode.ABORTED),
     (errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME"), grpc.StatusCode.UNAVAILABLE),
 ]
 
@@ -165,3 +167,11 @@ async def test_a_bug_reaches_the_client_as_internal_with_error_info(tmp_path: Pa
         assert decoded.domain == ERROR_DOMAIN
         assert text in decoded.message
     assert decode_error(known.value).code == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_readme_error_tables_name_every_reason() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "protos" / "README.md").read_text()
+    section = readme.split("## Seedstore errors", 1)[1].split("\n## ", 1)[0]
+    reasons = {cls.reason for cls in all_subclasses(errors.SeedStoreError)} | {"INTERNAL"}
+    missing = sorted(reason for reason in reasons if f"`{reason}`" not in section)
+    assert missing == []

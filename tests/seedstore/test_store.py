@@ -394,7 +394,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
     stored = seed_store.add(FULL_SPEC)
     before = tree(root)
 
-    def refuse_rename(source: str | Path, target: str | Path) -> None:
+    def refuse_rename(source: str | Path, target: str | Path, **dir_fds: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", refuse_rename)
