@@ -167,11 +167,3 @@ async def test_a_bug_reaches_the_client_as_internal_with_error_info(tmp_path: Pa
         assert decoded.domain == ERROR_DOMAIN
         assert text in decoded.message
     assert decode_error(known.value).code == grpc.StatusCode.NOT_FOUND
-
-
-def test_the_readme_error_tables_name_every_reason() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "protos" / "README.md").read_text()
-    section = readme.split("## Seedstore errors", 1)[1].split("\n## ", 1)[0]
-    reasons = {cls.reason for cls in all_subclasses(errors.SeedStoreError)} | {"INTERNAL"}
-    missing = sorted(reason for reason in reasons if f"`{reason}`" not in section)
-    assert missing == []
