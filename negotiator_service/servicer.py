@@ -34,9 +34,11 @@ from negotiator_service.conversations import ConversationManager, ConversationSt
 from negotiator_service.declarations import validate_shortname
 from negotiator_service.errors import (
     AdapterAlreadyExists,
+    AdapterTimeout,
     ConfigError,
     InvalidRequest,
     NegotiatorError,
+    SeedCommandTimeout,
 )
 from negotiator_service.model import (
     Adapter,
@@ -51,6 +53,7 @@ from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapt
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
 from sidecar_runtime.addresses import parse_address
 from sidecar_runtime.handlers import call_metadata
+from sidecar_runtime.limits import default_timeout_exceeded, default_timeout_of
 from sidecar_runtime.richstatus import RichError, abort_with
 
 SERVICE_NAME = "agentsidecar.negotiator.v1.NegotiatorService"
@@ -378,6 +381,20 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             return None
         return max(remaining - self._deadline_margin, 0.0)
 
+    def _default_timeout_error(self, context: Context, error: NegotiatorError) -> RichError | None:
+        """DEFAULT_TIMEOUT_EXCEEDED for a timeout of the budget the sidecar's default deadline gave.
+
+        The budget ends `deadline_margin` before the deadline, so once it is
+        spent no more than the margin remains; a timeout with more time left
+        is the adapter's own limit, and keeps its reason.
+        """
+        if not isinstance(error, AdapterTimeout | SeedCommandTimeout):
+            return None
+        seconds = default_timeout_of(context)
+        if seconds is None or context.time_remaining() > self._deadline_margin:
+            return None
+        return default_timeout_exceeded(seconds)
+
     async def _fail(self, context: Context, operation: str, error: Exception) -> NoReturn:
         """End a unary call that raised `error` with its rich status (never UNKNOWN).
 
@@ -386,7 +403,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         coroutine fewer per call on the paths that matter most.
         """
         if isinstance(error, NegotiatorError):
-            await abort_with(context, to_rich_error(error))
+            await abort_with(context, self._default_timeout_error(context, error) or to_rich_error(error))
         else:
             self._logger.error("%s failed unexpectedly", operation, exc_info=error)
             await abort_with(context, unexpected_error(error, operation))
