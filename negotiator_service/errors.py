@@ -9,6 +9,7 @@ NegotiatorError
 ├── AdapterNotRemovable         deregister of a config-defined adapter
 ├── ConfigError                 bad config file, or config widening a declaration
 ├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
+├── AdapterTargetNotAllowed     RegisterAdapter names a host the operator did not allow
 ├── ConversationBusy            another call of the conversation is running (caller set no_wait)
 ├── DeclarationChanged          the adapter's declaration differs from the conversation's pinned one
 ├── ConversationAdapterMismatch the conversation is bound to another adapter
@@ -33,6 +34,7 @@ NegotiatorError
     ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
     ├── AdapterTimeout          the caller's time ran out
     ├── AdapterRateLimited      the provider throttled us
+    ├── AdapterReplyTooLarge    the reply or status broke the negotiator's own message/metadata limits
     ├── AdapterRefused          the adapter itself refused at its edge
     ├── AdapterMisconfigured    the adapter's own setup is wrong (credentials, binary)
     └── AdapterInternal         anything else; the cause is named
@@ -123,6 +125,25 @@ class AdapterRegistrationFailed(NegotiatorError):
         self.target = target
         self.cause = cause
         self.shortname = shortname
+
+
+class AdapterTargetNotAllowed(NegotiatorError):
+    """RegisterAdapter named a TCP host other than loopback that the operator did not allow.
+
+    Refused before any connection is tried, so RegisterAdapter cannot probe
+    which hosts and ports answer.
+    """
+
+    reason = "ADAPTER_TARGET_NOT_ALLOWED"
+
+    def __init__(self, target: str, host: str) -> None:
+        super().__init__(
+            f"cannot register an adapter at {target}: runtime registration reaches Unix sockets and "
+            f'loopback addresses only, and "{host}" is not among the hosts the operator allowed '
+            "(negotiator serve --allow-adapter-hosts)"
+        )
+        self.target = target
+        self.host = host
 
 
 class NotImplementedYet(NegotiatorError):
@@ -268,6 +289,12 @@ class AdapterRateLimited(AdapterFailure):
         """`retry_after` is the provider's hint in seconds, when it gave one."""
         super().__init__(adapter, cause)
         self.retry_after = retry_after
+
+
+class AdapterReplyTooLarge(AdapterFailure):
+    """The adapter's reply (or its error status) broke the negotiator's own message or metadata limits."""
+
+    reason = "ADAPTER_REPLY_TOO_LARGE"
 
 
 class AdapterRefused(AdapterFailure):

@@ -76,6 +76,8 @@ class Settings:
     # Decision records to stderr through a batched writer (`negotiator serve`),
     # rather than through the logging module (the default, for embedding).
     decisions_to_stderr: bool = False
+    # TCP hosts RegisterAdapter may reach besides Unix sockets and loopback ("*": any).
+    adapter_hosts: Sequence[str] = ()
 
 
 @dataclass(slots=True)
@@ -200,6 +202,7 @@ async def create_server(
             conversations=conversations,
             bootstrapper=bootstrapper,
             client_certificates=options.tls is not None and options.tls.client_ca is not None,
+            adapter_hosts=settings.adapter_hosts,
         )
     except BaseException:
         # Nothing listens yet, but the adapters and the decision writer's thread are running.

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
 from typing import Any, NoReturn
 
 import grpc
@@ -34,6 +34,7 @@ from negotiator_service.conversations import ConversationManager, ConversationSt
 from negotiator_service.declarations import validate_shortname
 from negotiator_service.errors import (
     AdapterAlreadyExists,
+    AdapterTargetNotAllowed,
     AdapterTimeout,
     ConfigError,
     InvalidRequest,
@@ -51,7 +52,8 @@ from negotiator_service.model import (
 )
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
-from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.addresses import Address, parse_address
+from sidecar_runtime.auth import is_loopback
 from sidecar_runtime.handlers import call_metadata
 from sidecar_runtime.limits import default_timeout_exceeded, default_timeout_of
 from sidecar_runtime.richstatus import RichError, abort_with
@@ -79,6 +81,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         conversations: ConversationManager | None = None,
         bootstrapper: Bootstrapper | None = None,
         client_certificates: bool = True,
+        adapter_hosts: Collection[str] = (),
     ) -> None:
         """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
 
@@ -87,6 +90,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         peer address without reading the call's auth context (grpc.aio
         builds it afresh on every read, at more cost than a dry run's
         judgement).
+
+        `adapter_hosts` are the TCP hosts RegisterAdapter may reach besides
+        Unix sockets and loopback ("*": any host); see `check_adapter_target`.
         """
         self._broker = broker
         self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
@@ -99,6 +105,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self._logger = logger or _LOGGER
         self._closing = asyncio.Event()
         self._client_certificates = client_certificates
+        self._adapter_hosts = frozenset(normal_host(host) for host in adapter_hosts)
 
     def begin_shutdown(self) -> None:
         """End every open WatchAdapters stream (UNAVAILABLE: watch again elsewhere).
@@ -165,12 +172,12 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.RegisterAdapterResponse:
         try:
             problems: list[tuple[str, str]] = []
-            target = ""
+            address: Address | None = None
             if not request.target:
                 problems.append(("target", "is required: unix:PATH or HOST:PORT"))
             else:
                 try:
-                    target = parse_address(request.target).target
+                    address = parse_address(request.target)
                 except ValueError as exc:
                     problems.append(("target", str(exc)))
             if request.shortname:
@@ -178,8 +185,10 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                     validate_shortname(request.shortname)
                 except ConfigError as exc:
                     problems.append(("shortname", exc.message))
-            if problems:
+            if problems or address is None:
                 raise InvalidRequest(problems)
+            target = address.target
+            check_adapter_target(address, self._adapter_hosts)
             adapter = await self._connect_remote(target, request.shortname)
             entry = RegisteredAdapter(adapter=adapter, source="runtime", target=target)
             try:
@@ -408,6 +417,29 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             self._logger.error("%s failed unexpectedly", operation, exc_info=error)
             await abort_with(context, unexpected_error(error, operation))
         raise AssertionError("abort_with never returns")
+
+
+ANY_HOST = "*"
+
+
+def normal_host(host: str) -> str:
+    """A host as `check_adapter_target` compares it: lower case, IPv6 without brackets."""
+    return host.strip().strip("[]").lower()
+
+
+def check_adapter_target(address: Address, allowed_hosts: Collection[str]) -> None:
+    """Raise AdapterTargetNotAllowed unless a runtime registration may connect to `address`.
+
+    A Unix socket and a loopback address reach only this host; any other
+    host must be one the operator listed (`allowed_hosts`, normalised by
+    `normal_host`; "*" allows every host). A host name is compared as
+    written, never resolved: resolving would already reach out.
+    """
+    if address.is_unix or is_loopback(address) or ANY_HOST in allowed_hosts:
+        return
+    host = normal_host(address.target.rpartition(":")[0])
+    if host not in allowed_hosts:
+        raise AdapterTargetNotAllowed(address.target, host)
 
 
 def _required_shortname(shortname: str) -> str:

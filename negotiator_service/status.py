@@ -65,6 +65,8 @@ from negotiator_service.model import CapabilityState, Verdict
 from sidecar_runtime.richstatus import PreconditionViolation, RichError
 
 DOMAIN = "negotiator.agentsidecar"
+# ErrorInfo metadata `rule` of ADAPTER_TARGET_NOT_ALLOWED.
+ADAPTER_TARGET_RULE = "unix-or-loopback-unless-allowed"
 
 GAP_TYPES: Mapping[CapabilityState, str] = MappingProxyType(
     {
@@ -173,6 +175,14 @@ def _registration_failed(error: errors.AdapterRegistrationFailed) -> RichError:
         grpc.StatusCode.FAILED_PRECONDITION,
         metadata,
         precondition_violations=(PreconditionViolation("ADAPTER_DECLARATION", error.target, error.cause),),
+    )
+
+
+def _target_not_allowed(error: errors.AdapterTargetNotAllowed) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.PERMISSION_DENIED,
+        {"target": error.target, "host": error.host, "rule": ADAPTER_TARGET_RULE},
     )
 
 
@@ -413,6 +423,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterNotRemovable: _not_removable,
         errors.ConfigError: _config,
         errors.AdapterRegistrationFailed: _registration_failed,
+        errors.AdapterTargetNotAllowed: _target_not_allowed,
         errors.OutputSchemaViolation: _output_violation,
         errors.NotImplementedYet: _not_implemented,
         errors.DelegationDepthExceeded: _depth_exceeded,
@@ -426,6 +437,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterUnavailable: _adapter_failure(grpc.StatusCode.UNAVAILABLE),
         errors.AdapterTimeout: _adapter_failure(grpc.StatusCode.DEADLINE_EXCEEDED),
         errors.AdapterRateLimited: _rate_limited,
+        errors.AdapterReplyTooLarge: _adapter_failure(grpc.StatusCode.INTERNAL),
         errors.AdapterRefused: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterMisconfigured: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterInternal: _adapter_failure(grpc.StatusCode.INTERNAL),
