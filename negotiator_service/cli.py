@@ -1,7 +1,8 @@
 """`negotiator`: run the negotiator, or talk to one.
 
     negotiator serve [--config FILE] [--state-dir DIR] [--seedstore ADDR] [--audit-log FILE]
-                     [--allow-adapter-hosts HOST[,HOST]]... --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
+                     [--allow-adapter-hosts HOST[,HOST]]...
+                     --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
     negotiator [--server ADDR] deregister SHORTNAME

@@ -29,7 +29,8 @@ def _declaration(mode: str) -> bytes:
     declaration = common_pb2.Declaration(shortname="hostile", kind=common_pb2.ADAPTER_KIND_AGENT_FRAMEWORK)
     if mode == "huge-declaration":
         declaration.accepted_settings.extend(f"s{i:04d}" + "x" * 1019 for i in range(4000))
-    return adapter_pb2.GetDeclarationResponse(declaration=declaration, contract_revision=1).SerializeToString()
+    response = adapter_pb2.GetDeclarationResponse(declaration=declaration, contract_revision=1)
+    return response.SerializeToString()
 
 
 def _handler(mode: str) -> grpc.GenericRpcHandler:
