@@ -128,6 +128,7 @@ class Broker:
         tools: ToolBox | None = None,
         caller: str = "",
         audit_operation: str | None = None,
+        check_reply: Callable[[AdapterReply, Decision], None] | None = None,
     ) -> tuple[AdapterReply, Decision]:
         """Judge the call, then run it; refusals raise UnsupportedCapability listing every gap.
 
@@ -140,6 +141,8 @@ class Broker:
         `caller` (identity) and `audit_operation` (default: the call's kind)
         go into the audit record: "refused" when the call never reached the
         adapter, else "succeeded" or "failed" (cancelled calls too).
+        `check_reply` runs last, after output validation, and may raise (a
+        reply too large to send): the call then fails and is audited so.
         Cancelling the task cancels the adapter's work.
         """
         operation: str = request.kind._value_  # `.value` without the enum descriptor's call
@@ -174,6 +177,8 @@ class Broker:
                 reply = AdapterReply(text=reply.text, conversation_state=reply.conversation_state)
             if schema is not None:
                 check_output(decision.adapter, schema, reply.text)
+            if check_reply is not None:
+                check_reply(reply, decision)
         except BaseException as error:
             audit.ended(error, dispatched=dispatched)
             raise

@@ -30,6 +30,7 @@ NegotiatorError
 ├── SeedCommandFailed           the seed's command could not start, or overflowed its output cap
 ├── SeedCommandTimeout          the seed's command outlived the caller's time budget
 ├── OutputSchemaViolation       the adapter's output broke the schema
+├── ReplyTooLarge               the reply would exceed the largest message this negotiator sends
 └── AdapterFailure              the adapter failed while running
     ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
     ├── AdapterTimeout          the caller's time ran out
@@ -263,6 +264,25 @@ class OutputSchemaViolation(NegotiatorError):
         self.violations = tuple(violations)
         listed = "; ".join(f"{p or '/'}: {m}" for p, m in self.violations)
         super().__init__(f'adapter "{adapter}" returned output that violates the schema: {listed}')
+
+
+class ReplyTooLarge(NegotiatorError):
+    """The adapter answered, but the reply is larger than the negotiator may send.
+
+    Checked before anything is committed: the call fails whole, its
+    conversation keeps the state before it.
+    """
+
+    reason = "REPLY_TOO_LARGE"
+
+    def __init__(self, adapter: str, size: int, limit: int) -> None:
+        super().__init__(
+            f'the reply of adapter "{adapter}" is {size} bytes, over the largest message this '
+            f"negotiator sends ({limit} bytes, --max-message-bytes); nothing was committed"
+        )
+        self.adapter = adapter
+        self.size = size
+        self.limit = limit
 
 
 class AdapterFailure(NegotiatorError):

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
-from typing import Any, NoReturn
+from typing import Any, Generic, NoReturn, TypeVar
 
 import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from google.protobuf.message import Message
 
 from negotiator_service import convert, tools
 from negotiator_service.bootstrap import Bootstrapper
@@ -39,12 +40,14 @@ from negotiator_service.errors import (
     ConfigError,
     InvalidRequest,
     NegotiatorError,
+    ReplyTooLarge,
     SeedCommandTimeout,
 )
 from negotiator_service.model import (
     Adapter,
     AdapterReply,
     AuditRecord,
+    CallKind,
     CallRequest,
     Decision,
     JsonValue,
@@ -82,6 +85,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         bootstrapper: Bootstrapper | None = None,
         client_certificates: bool = True,
         adapter_hosts: Collection[str] = (),
+        max_reply_bytes: int | None = None,
     ) -> None:
         """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
 
@@ -90,6 +94,10 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         peer address without reading the call's auth context (grpc.aio
         builds it afresh on every read, at more cost than a dry run's
         judgement).
+
+        `max_reply_bytes` is the largest message the server sends (None: no
+        check); a Produce/Invoke/ToolSession reply over it fails with
+        ReplyTooLarge before its conversation commits.
 
         `adapter_hosts` are the TCP hosts RegisterAdapter may reach besides
         Unix sockets and loopback ("*": any host); see `check_adapter_target`.
@@ -106,6 +114,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self._closing = asyncio.Event()
         self._client_certificates = client_certificates
         self._adapter_hosts = frozenset(normal_host(host) for host in adapter_hosts)
+        self._max_reply_bytes = max_reply_bytes
 
     def begin_shutdown(self) -> None:
         """End every open WatchAdapters stream (UNAVAILABLE: watch again elsewhere).
@@ -237,8 +246,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.ProduceResponse:
         try:
             call = convert.produce_request(request)
-            reply, decision = await self._brokered(call, context)
-            return convert.produce_response(reply, decision)
+            return await self._brokered(call, context, convert.produce_response)
         except Exception as error:
             await self._fail(context, "Produce", error)
 
@@ -247,8 +255,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.InvokeResponse:
         try:
             call = convert.invoke_request(request)
-            reply, decision = await self._brokered(call, context)
-            return convert.invoke_response(reply, decision)
+            return await self._brokered(call, context, convert.invoke_response)
         except Exception as error:
             await self._fail(context, "Invoke", error)
 
@@ -260,6 +267,12 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             delegation_depth = _delegation_depth(context)
 
             async def dispatch(call: CallRequest, toolbox: ToolBox | None) -> tuple[AdapterReply, Decision]:
+                respond = (
+                    convert.produce_response if call.kind is CallKind.PRODUCE else convert.invoke_response
+                )
+                # The final message wraps the response: its tag and length prefix.
+                sized = _SizedReply(respond, self._max_reply_bytes, framing=_FIELD_FRAMING_BYTES)
+
                 def turn_dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
                     return self._broker.call(
                         call,
@@ -269,6 +282,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                         tools=toolbox,
                         caller=self._caller(context),
                         audit_operation="tool_session",
+                        check_reply=sized.check,
                     )
 
                 refused = self._conversation_refused("tool_session", call, context, delegation_depth)
@@ -342,22 +356,37 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
     # -- plumbing --------------------------------------------------------
 
-    async def _brokered(self, call: CallRequest, context: Context) -> tuple[AdapterReply, Decision]:
-        """A Produce/Invoke through the broker, as a conversation turn when it names a conversation."""
+    async def _brokered(
+        self, call: CallRequest, context: Context, respond: Callable[[AdapterReply, Decision], _Message]
+    ) -> _Message:
+        """A Produce/Invoke through the broker, as a conversation turn when it names a conversation.
+
+        The response is built, and its size checked, inside the broker call,
+        before the conversation commits: a reply too large to send fails the
+        call whole.
+        """
+        sized = _SizedReply(respond, self._max_reply_bytes)
         depth = _delegation_depth(context)
         if call.options.conversation_id is None:
             # What the conversation manager does with such a call, without its turn and callbacks.
-            return await self._broker_call(call, context, depth, None)
+            await self._broker_call(call, context, depth, None, sized.check)
+            return sized.message()
 
         def dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
             # The budget is read only now: waiting for a busy conversation spends it.
-            return self._broker_call(call, context, turn.delegation_depth, turn.state)
+            return self._broker_call(call, context, turn.delegation_depth, turn.state, sized.check)
 
         refused = self._conversation_refused(call.kind.value, call, context, depth)
-        return await self._conversations.run(call, depth, dispatch, refused=refused)
+        await self._conversations.run(call, depth, dispatch, refused=refused)
+        return sized.message()
 
     def _broker_call(
-        self, call: CallRequest, context: Context, delegation_depth: int, conversation_state: JsonValue
+        self,
+        call: CallRequest,
+        context: Context,
+        delegation_depth: int,
+        conversation_state: JsonValue,
+        check_reply: Callable[[AdapterReply, Decision], None],
     ) -> Awaitable[tuple[AdapterReply, Decision]]:
         return self._broker.call(
             call,
@@ -365,6 +394,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             delegation_depth=delegation_depth,
             conversation_state=conversation_state,
             caller=self._caller(context),
+            check_reply=check_reply,
         )
 
     def _conversation_refused(
@@ -420,6 +450,39 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
 
 ANY_HOST = "*"
+# A message field's tag and length prefix, at most: one byte of tag, five of length.
+_FIELD_FRAMING_BYTES = 6
+_Message = TypeVar("_Message", bound=Message)
+
+
+class _SizedReply(Generic[_Message]):
+    """Builds a call's response from the broker's reply, refusing one larger than the server sends."""
+
+    __slots__ = ("_built", "_framing", "_limit", "_respond")
+
+    def __init__(
+        self,
+        respond: Callable[[AdapterReply, Decision], _Message],
+        limit: int | None,
+        *,
+        framing: int = 0,
+    ) -> None:
+        self._respond = respond
+        self._limit = limit
+        self._framing = framing
+        self._built: _Message | None = None
+
+    def check(self, reply: AdapterReply, decision: Decision) -> None:
+        message = self._respond(reply, decision)
+        if self._limit is not None:
+            size = message.ByteSize() + self._framing
+            if size > self._limit:
+                raise ReplyTooLarge(decision.adapter, size, self._limit)
+        self._built = message
+
+    def message(self) -> _Message:
+        assert self._built is not None  # the broker ran `check` before returning
+        return self._built
 
 
 def normal_host(host: str) -> str:

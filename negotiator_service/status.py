@@ -198,6 +198,14 @@ def _output_violation(error: errors.OutputSchemaViolation) -> RichError:
     )
 
 
+def _reply_too_large(error: errors.ReplyTooLarge) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        {"adapter": error.adapter, "replyBytes": str(error.size), "maxMessageBytes": str(error.limit)},
+    )
+
+
 def _adapter_failure(code: grpc.StatusCode) -> Callable[[errors.AdapterFailure], RichError]:
     def build(error: errors.AdapterFailure) -> RichError:
         return _rich(error, code, {"adapter": error.adapter, "cause": error.cause})
@@ -425,6 +433,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterRegistrationFailed: _registration_failed,
         errors.AdapterTargetNotAllowed: _target_not_allowed,
         errors.OutputSchemaViolation: _output_violation,
+        errors.ReplyTooLarge: _reply_too_large,
         errors.NotImplementedYet: _not_implemented,
         errors.DelegationDepthExceeded: _depth_exceeded,
         errors.AuditWatcherDropped: _audit_watcher_dropped,

@@ -601,6 +601,7 @@ async def connect_remote(
         get_declaration = channel.unary_unary(
             _GET_DECLARATION,
             request_serializer=adapter_pb2.GetDeclarationRequest.SerializeToString,
+            response_deserializer=None,
         )
         try:
             raw = await get_declaration(adapter_pb2.GetDeclarationRequest(), timeout=declaration_timeout)
