@@ -40,16 +40,16 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   └── AdapterUnavailableError  *    ADAPTER_UNAVAILABLE
     ├── DeadlineExceededError             DEADLINE_EXCEEDED (DEFAULT_TIMEOUT_EXCEEDED, SEED_COMMAND_TIMEOUT)
     │   └── AdapterTimeoutError  *        ADAPTER_TIMEOUT
-    ├── ResourceExhaustedError            RESOURCE_EXHAUSTED (TOO_MANY_CALLS); .retry_after (seconds or None)
+    ├── ResourceExhaustedError            RESOURCE_EXHAUSTED (TOO_MANY_CALLS, REPLY_TOO_LARGE); .retry_after
     │   ├── AdapterRateLimitedError  *    ADAPTER_RATE_LIMITED
     │   └── AuditWatcherDroppedError      AUDIT_WATCHER_DROPPED: watch again
     ├── UnauthenticatedError              UNAUTHENTICATED (TOKEN_MISSING): send a bearer token
-    ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID)
+    ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID, ADAPTER_TARGET_NOT_ALLOWED)
     ├── UnimplementedError                UNIMPLEMENTED (NOT_IMPLEMENTED): feature-detect on it
     ├── DataLossError                     DATA_LOSS (CONVERSATION_STATE_CORRUPT): start afresh
     └── InternalError                     INTERNAL (INTERNAL, CONVERSATION_STORE_FAILED, ...): report it
         ├── OutputSchemaViolationError    OUTPUT_SCHEMA_VIOLATION; .violations .adapter
-        └── AdapterInternalError  *       ADAPTER_INTERNAL, ADAPTER_FAILED
+        └── AdapterInternalError  *       ADAPTER_INTERNAL, ADAPTER_FAILED, ADAPTER_REPLY_TOO_LARGE
 
     * also an AdapterFailureError (.adapter .cause): the adapter failed while running.
 
@@ -315,7 +315,7 @@ class DeadlineExceededError(SidecarError):
 
 class ResourceExhaustedError(SidecarError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reasons: ClassVar[tuple[str, ...]] = ("TOO_MANY_CALLS",)
+    reasons: ClassVar[tuple[str, ...]] = ("TOO_MANY_CALLS", "REPLY_TOO_LARGE")
 
     @property
     def retry_after(self) -> float | None:
@@ -338,7 +338,7 @@ class UnauthenticatedError(SidecarError):
 
 class PermissionDeniedError(SidecarError):
     grpc_code = grpc.StatusCode.PERMISSION_DENIED
-    reasons: ClassVar[tuple[str, ...]] = ("TOKEN_INVALID",)
+    reasons: ClassVar[tuple[str, ...]] = ("TOKEN_INVALID", "ADAPTER_TARGET_NOT_ALLOWED")
 
 
 class UnimplementedError(SidecarError):
@@ -534,7 +534,7 @@ class AdapterRateLimitedError(ResourceExhaustedError, AdapterFailureError):
 
 
 class AdapterInternalError(InternalError, AdapterFailureError):
-    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_INTERNAL", "ADAPTER_FAILED")
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_INTERNAL", "ADAPTER_FAILED", "ADAPTER_REPLY_TOO_LARGE")
 
 
 class DelegationDepthExceededError(FailedPreconditionError):

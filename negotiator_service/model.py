@@ -196,6 +196,8 @@ class CallOptions:
     conversation_id: str | None = None
     no_wait: bool = False  # fail with ConversationBusy instead of waiting for the conversation
     new_conversation: bool = False  # drop the conversation's state and pinned declaration
+    # The servicer replaces it by a generated conversation_id before anything judges the call.
+    generate_conversation_id: bool = False
 
 
 class CallKind(enum.Enum):

@@ -204,6 +204,7 @@ async def create_server(
             client_certificates=options.tls is not None and options.tls.client_ca is not None,
             adapter_hosts=settings.adapter_hosts,
             max_reply_bytes=options.max_message_bytes,
+            bind_conversations=options.tokens is not None,
         )
     except BaseException:
         # Nothing listens yet, but the adapters and the decision writer's thread are running.

@@ -22,16 +22,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
+from dataclasses import replace
 from typing import Any, Generic, NoReturn, TypeVar
 
 import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from google.protobuf.message import Message
 
 from negotiator_service import convert, tools
 from negotiator_service.bootstrap import Bootstrapper
 from negotiator_service.broker import Broker
-from negotiator_service.conversations import ConversationManager, ConversationStore, Turn, default_state_dir
+from negotiator_service.conversations import (
+    ConversationManager,
+    ConversationStore,
+    Turn,
+    default_state_dir,
+    new_conversation_id,
+    owner_of,
+)
 from negotiator_service.declarations import validate_shortname
 from negotiator_service.errors import (
     AdapterAlreadyExists,
@@ -55,8 +62,9 @@ from negotiator_service.model import (
 )
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
+from negotiator_service.tools import CallerMessage, StartMessage
 from sidecar_runtime.addresses import Address, parse_address
-from sidecar_runtime.auth import is_loopback
+from sidecar_runtime.auth import bearer_values, is_loopback
 from sidecar_runtime.handlers import call_metadata
 from sidecar_runtime.limits import default_timeout_exceeded, default_timeout_of
 from sidecar_runtime.richstatus import RichError, abort_with
@@ -86,6 +94,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         client_certificates: bool = True,
         adapter_hosts: Collection[str] = (),
         max_reply_bytes: int | None = None,
+        bind_conversations: bool = False,
     ) -> None:
         """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
 
@@ -98,6 +107,10 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         `max_reply_bytes` is the largest message the server sends (None: no
         check); a Produce/Invoke/ToolSession reply over it fails with
         ReplyTooLarge before its conversation commits.
+
+        `bind_conversations` (set when bearer tokens are configured) keys
+        each conversation by the token of the calls that use it, so a caller
+        with another token never reaches it (conversations.owner_of).
 
         `adapter_hosts` are the TCP hosts RegisterAdapter may reach besides
         Unix sockets and loopback ("*": any host); see `check_adapter_target`.
@@ -115,6 +128,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self._client_certificates = client_certificates
         self._adapter_hosts = frozenset(normal_host(host) for host in adapter_hosts)
         self._max_reply_bytes = max_reply_bytes
+        self._bind_conversations = bind_conversations
 
     def begin_shutdown(self) -> None:
         """End every open WatchAdapters stream (UNAVAILABLE: watch again elsewhere).
@@ -229,7 +243,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.NegotiateResponse:
         try:
             try:
-                call = convert.negotiate_request(request)
+                call = with_conversation_id(convert.negotiate_request(request))
                 decision = self._broker.negotiate(call, caller=self._caller(context))
             except InvalidRequest as error:
                 # The call is nested here: point at it from the top of this request.
@@ -245,7 +259,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.ProduceRequest, context: Context
     ) -> negotiator_pb2.ProduceResponse:
         try:
-            call = convert.produce_request(request)
+            call = with_conversation_id(convert.produce_request(request))
             return await self._brokered(call, context, convert.produce_response)
         except Exception as error:
             await self._fail(context, "Produce", error)
@@ -254,7 +268,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.InvokeRequest, context: Context
     ) -> negotiator_pb2.InvokeResponse:
         try:
-            call = convert.invoke_request(request)
+            call = with_conversation_id(convert.invoke_request(request))
             return await self._brokered(call, context, convert.invoke_response)
         except Exception as error:
             await self._fail(context, "Invoke", error)
@@ -267,11 +281,12 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             delegation_depth = _delegation_depth(context)
 
             async def dispatch(call: CallRequest, toolbox: ToolBox | None) -> tuple[AdapterReply, Decision]:
-                respond = (
-                    convert.produce_response if call.kind is CallKind.PRODUCE else convert.invoke_response
-                )
                 # The final message wraps the response: its tag and length prefix.
-                sized = _SizedReply(respond, self._max_reply_bytes, framing=_FIELD_FRAMING_BYTES)
+                sized: _SizedReply[Any] = (
+                    _sized(convert.produce_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+                    if call.kind is CallKind.PRODUCE
+                    else _sized(convert.invoke_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+                )
 
                 def turn_dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
                     return self._broker.call(
@@ -286,9 +301,14 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                     )
 
                 refused = self._conversation_refused("tool_session", call, context, delegation_depth)
-                return await self._conversations.run(call, delegation_depth, turn_dispatch, refused=refused)
+                return await self._conversations.run(
+                    call, delegation_depth, turn_dispatch, refused=refused, owner=self._owner(context)
+                )
 
-            incoming = (convert.tool_session_request(message) async for message in request_iterator)
+            incoming = (
+                _with_generated_id(convert.tool_session_request(message))
+                async for message in request_iterator
+            )
             async for message in tools.run_session(incoming, dispatch):
                 yield convert.tool_session_response(message)
         except NegotiatorError as error:
@@ -365,7 +385,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         before the conversation commits: a reply too large to send fails the
         call whole.
         """
-        sized = _SizedReply(respond, self._max_reply_bytes)
+        sized = _sized(respond, call, self._max_reply_bytes)
         depth = _delegation_depth(context)
         if call.options.conversation_id is None:
             # What the conversation manager does with such a call, without its turn and callbacks.
@@ -377,8 +397,15 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             return self._broker_call(call, context, turn.delegation_depth, turn.state, sized.check)
 
         refused = self._conversation_refused(call.kind.value, call, context, depth)
-        await self._conversations.run(call, depth, dispatch, refused=refused)
+        await self._conversations.run(call, depth, dispatch, refused=refused, owner=self._owner(context))
         return sized.message()
+
+    def _owner(self, context: Context) -> str:
+        """Whose conversations a call reaches: with tokens configured, its bearer token's."""
+        if not self._bind_conversations:
+            return ""
+        tokens = bearer_values(call_metadata(context))
+        return owner_of(tokens[0] if tokens else None)
 
     def _broker_call(
         self,
@@ -450,9 +477,58 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
 
 ANY_HOST = "*"
+
+
+def with_conversation_id(call: CallRequest) -> CallRequest:
+    """`call` with a generated conversation id when it asked for one (generate_conversation_id)."""
+    options = call.options
+    if not options.generate_conversation_id:
+        return call
+    if options.conversation_id is not None:
+        raise InvalidRequest(
+            [("options.generate_conversation_id", "set either it or options.conversation_id, not both")]
+        )
+    generated = replace(options, conversation_id=new_conversation_id(), generate_conversation_id=False)
+    return replace(call, options=generated)
+
+
+def _with_generated_id(message: CallerMessage) -> CallerMessage:
+    if isinstance(message, StartMessage):
+        try:
+            return replace(message, call=with_conversation_id(message.call))
+        except InvalidRequest as error:
+            prefix = message.call_field
+            raise InvalidRequest([(f"{prefix}.{f}", d) for f, d in error.violations]) from error
+    return message
+
+
+def _sized(
+    respond: Callable[[AdapterReply, Decision], _Message],
+    call: CallRequest,
+    limit: int | None,
+    framing: int = 0,
+) -> _SizedReply[_Message]:
+    """The response builder of `call`: its size checked, its conversation id (if any) set."""
+    conversation_id = call.options.conversation_id
+    if conversation_id is not None:
+        respond = _naming_conversation(respond, conversation_id)
+    return _SizedReply(respond, limit, framing=framing)
+
+
+def _naming_conversation(
+    respond: Callable[[AdapterReply, Decision], _Message], conversation_id: str
+) -> Callable[[AdapterReply, Decision], _Message]:
+    def named(reply: AdapterReply, decision: Decision) -> _Message:
+        message = respond(reply, decision)
+        message.conversation_id = conversation_id
+        return message
+
+    return named
+
+
 # A message field's tag and length prefix, at most: one byte of tag, five of length.
 _FIELD_FRAMING_BYTES = 6
-_Message = TypeVar("_Message", bound=Message)
+_Message = TypeVar("_Message", negotiator_pb2.ProduceResponse, negotiator_pb2.InvokeResponse)
 
 
 class _SizedReply(Generic[_Message]):
@@ -467,7 +543,7 @@ class _SizedReply(Generic[_Message]):
         *,
         framing: int = 0,
     ) -> None:
-        self._respond = respond
+        self._respond: Callable[[AdapterReply, Decision], _Message] = respond
         self._limit = limit
         self._framing = framing
         self._built: _Message | None = None

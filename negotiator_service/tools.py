@@ -150,6 +150,7 @@ class FinalResult:
     kind: CallKind
     reply: AdapterReply
     decision: Decision
+    conversation_id: str | None = None
 
 
 SessionMessage = ToolCallMessage | ApprovalRequestMessage | FinalResult
@@ -464,7 +465,7 @@ async def run_session(
             await asyncio.wait(waiting_on, return_when=asyncio.FIRST_COMPLETED)
             if work.done():
                 reply, decision = work.result()
-                yield FinalResult(request.kind, reply, decision)
+                yield FinalResult(request.kind, reply, decision, request.options.conversation_id)
                 return
             if next_message.done():
                 yield next_message.result()
