@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
-
-import asyncio
-import hashlib
-import json
 
 import grpc
 import pytest
