@@ -394,12 +394,20 @@ def check_output(adapter: str, schema: Mapping[str, Any], text: str) -> Any:
         instance = json.loads(text)
     except json.JSONDecodeError as exc:
         raise OutputSchemaViolation(adapter, [("", f"output is not valid JSON: {exc}")]) from exc
+    except (RecursionError, ValueError) as exc:  # nested past the parser, or an integer past int()
+        raise OutputSchemaViolation(
+            adapter, [("", "output is not JSON this negotiator reads: too deep or too long a number")]
+        ) from exc
     validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     try:
         violations = sorted(
             (negotiation.json_pointer(error.absolute_path), error.message)
             for error in validator.iter_errors(instance)
         )
+    except RecursionError as exc:
+        raise OutputSchemaViolation(
+            adapter, [("", "output nests too deeply to validate against the schema")]
+        ) from exc
     except Unresolvable as exc:
         # validate_request resolves every $ref up front; this is the backstop.
         raise InvalidRequest([("output_schema", f"cannot be applied: {exc}")]) from exc
