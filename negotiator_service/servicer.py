@@ -20,6 +20,7 @@ with the adapter state committed only when the whole call succeeded.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import replace
@@ -144,9 +145,21 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.ListAdaptersRequest, context: Context
     ) -> negotiator_pb2.ListAdaptersResponse:
         try:
-            return negotiator_pb2.ListAdaptersResponse(
-                adapters=convert.adapters_to_proto(self._registry.list())
-            )
+            size = _page_size(request.page_size)
+            after = _page_start(request.page_token)
+            response = negotiator_pb2.ListAdaptersResponse()
+            entries = [entry for entry in self._registry.list() if entry.shortname > after]
+            budget = LIST_PAGE_BYTES
+            for entry in entries[:size]:
+                adapter = convert.adapter_to_proto(entry)
+                cost = adapter.ByteSize() + _FIELD_FRAMING_BYTES
+                if response.adapters and cost > budget:
+                    break
+                response.adapters.append(adapter)
+                budget -= cost
+            if len(response.adapters) < len(entries):
+                response.next_page_token = _page_token(response.adapters[-1].declaration.shortname)
+            return response
         except Exception as error:
             await self._fail(context, "ListAdapters", error)
 
@@ -477,6 +490,37 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
 
 ANY_HOST = "*"
+# ListAdapters paging (AIP-158): page_size 0 is the default, larger than the maximum is the maximum.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+# A page stops before this many bytes of adapters (always holding at least
+# one; a remote declaration is at most 64 KiB).
+LIST_PAGE_BYTES = 1024 * 1024
+_TOKEN_PREFIX = b"after:"
+
+
+def _page_size(requested: int) -> int:
+    if requested < 0:
+        raise InvalidRequest([("page_size", f"must not be negative, got {requested}")])
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _page_token(last_shortname: str) -> str:
+    """An opaque token resuming after `last_shortname`."""
+    return base64.urlsafe_b64encode(_TOKEN_PREFIX + last_shortname.encode()).decode()
+
+
+def _page_start(token: str) -> str:
+    """The shortname a page token resumes after ("" for the first page)."""
+    if not token:
+        return ""
+    try:
+        raw = base64.urlsafe_b64decode(token.encode("ascii"))
+        if not raw.startswith(_TOKEN_PREFIX):
+            raise ValueError("no prefix")
+        return raw.removeprefix(_TOKEN_PREFIX).decode()
+    except ValueError:  # binascii.Error, UnicodeError
+        raise InvalidRequest([("page_token", "is not a next_page_token this negotiator returned")]) from None
 
 
 def with_conversation_id(call: CallRequest) -> CallRequest:
