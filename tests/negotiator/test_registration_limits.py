@@ -15,7 +15,7 @@ import grpc
 import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from negotiator_testkit import REMOTE_ADAPTER, call_error
+from negotiator_testkit import NEGOTIATOR_BIN, REMOTE_ADAPTER, call_error
 
 from negotiator_service.adapters.remote import MAX_DECLARATION_BYTES
 from negotiator_service.conversations import ConversationStore
@@ -169,3 +169,24 @@ async def test_a_remotes_real_throttling_stays_rate_limited(stub: Stub, hostile:
     error = await call_error(stub.Invoke(pb.InvokeRequest(adapter="hostile", prompt="hi"), timeout=10))
     assert error.code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.reason == "ADAPTER_RATE_LIMITED"
+
+
+async def test_the_serve_flag_allows_a_host(socket_dir: Path, config_file: Path) -> None:
+    address = non_loopback_ip()
+    if address is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    remote, line = start_process(
+        [sys.executable, str(REMOTE_ADAPTER), "--listen", f"{address}:0", "--shortname", "far-remote"]
+    )
+    listen = f"unix:{socket_dir / 'cli.sock'}"
+    serve = [str(NEGOTIATOR_BIN), "serve", "--config", str(config_file), "--listen", listen]
+    negotiator, _ = start_process([*serve, "--allow-adapter-hosts", f"example.invalid,{address}"])
+    try:
+        async with grpc.aio.insecure_channel(listen) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            target = line.removeprefix("READY ")
+            response = await stub.RegisterAdapter(pb.RegisterAdapterRequest(target=target), timeout=10)
+        assert response.adapter.target == target
+    finally:
+        stop_process(negotiator)
+        stop_process(remote)
