@@ -33,7 +33,7 @@ def _declaration(mode: str) -> bytes:
     return response.SerializeToString()
 
 
-def _handler(mode: str) -> grpc.GenericRpcHandler:
+def _handler(mode: str) -> grpc.GenericRpcHandler[Any, Any]:
     declaration = b"\xff\xff\xff\xff garbage" if mode == "garbage" else _declaration(mode)
 
     async def get_declaration(request: bytes, context: Any) -> bytes:
@@ -45,7 +45,7 @@ def _handler(mode: str) -> grpc.GenericRpcHandler:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "refused: " + "r" * 65536)
         return b""
 
-    def raw(behaviour: Any) -> grpc.RpcMethodHandler:
+    def raw(behaviour: Any) -> grpc.RpcMethodHandler[Any, Any]:
         return grpc.unary_unary_rpc_method_handler(behaviour)  # bytes in, bytes out
 
     return grpc.method_handlers_generic_handler(

@@ -103,7 +103,7 @@ async def test_a_reply_too_large_to_send_fails_whole_and_commits_nothing(
         assert (await invoke()).text == "2"  # the conversation goes on from it
         assert json.loads(record.read_text())["state"] == {"n": 2}
 
-        outcomes = []
+        outcomes: list[tuple[str, str]] = []
         async with asyncio.timeout(5):
             while len(outcomes) < 3:
                 response = await watch.read()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TypeAlias
 
 import grpc
 import pytest
@@ -18,6 +19,7 @@ from negotiator_service.server import RunningNegotiator, Settings, create_server
 from sidecar_runtime.auth import EnvToken
 from sidecar_runtime.server import ServerOptions
 
+Served: TypeAlias = "tuple[negotiator_pb2_grpc.NegotiatorServiceAsyncStub, FakeAdapter, bool]"
 STATEFUL = make_declaration("counter", supported=[Capability.STATEFUL_HISTORY])
 TOKEN_A, TOKEN_B = b"token-of-alice", b"token-of-bob"
 
@@ -50,7 +52,7 @@ async def _negotiator(
 @pytest.fixture
 async def served(
     request: pytest.FixtureRequest, socket_dir: Path, config_file: Path, state_home: Path
-) -> AsyncIterator[tuple[negotiator_pb2_grpc.NegotiatorServiceStub, FakeAdapter, bool]]:
+) -> AsyncIterator[Served]:
     """A negotiator with bearer tokens (param True) or without; a stub, its fake adapter, the param."""
     running = await _negotiator(socket_dir, config_file, state_home, tokens=request.param)
     fake = add_fake(running, STATEFUL, default=count)
@@ -61,10 +63,19 @@ async def served(
         await running.stop()
 
 
-def invoke(prompt: str, conversation_id: str = "", **options: bool) -> pb.InvokeRequest:
-    return pb.InvokeRequest(
-        adapter="counter", prompt=prompt, options=pb.CallOptions(conversation_id=conversation_id, **options)
+def invoke(
+    prompt: str,
+    conversation_id: str = "",
+    *,
+    new_conversation: bool = False,
+    generate_conversation_id: bool = False,
+) -> pb.InvokeRequest:
+    options = pb.CallOptions(
+        conversation_id=conversation_id,
+        new_conversation=new_conversation,
+        generate_conversation_id=generate_conversation_id,
     )
+    return pb.InvokeRequest(adapter="counter", prompt=prompt, options=options)
 
 
 def bearer(token: bytes) -> tuple[tuple[str, str], ...]:
@@ -78,7 +89,7 @@ EITHER = pytest.mark.parametrize("served", [True, False], ids=["tokens", "no-tok
 
 @WITH_TOKENS
 async def test_another_token_reusing_an_id_never_reaches_the_conversation(
-    served: tuple[negotiator_pb2_grpc.NegotiatorServiceStub, FakeAdapter, bool],
+    served: Served,
 ) -> None:
     stub, fake, _ = served
     alice, bob = bearer(TOKEN_A), bearer(TOKEN_B)
@@ -98,7 +109,7 @@ async def test_another_token_reusing_an_id_never_reaches_the_conversation(
 
 @WITHOUT_TOKENS
 async def test_without_tokens_whoever_knows_the_id_continues(
-    served: tuple[negotiator_pb2_grpc.NegotiatorServiceStub, FakeAdapter, bool],
+    served: Served,
 ) -> None:
     stub, _, _ = served
     await stub.Invoke(invoke("first", "open"), timeout=5)
@@ -107,7 +118,7 @@ async def test_without_tokens_whoever_knows_the_id_continues(
 
 @EITHER
 async def test_a_generated_id_is_returned_and_continues(
-    served: tuple[negotiator_pb2_grpc.NegotiatorServiceStub, FakeAdapter, bool],
+    served: Served,
 ) -> None:
     stub, _, tokens = served
     metadata = bearer(TOKEN_A) if tokens else ()
@@ -123,7 +134,7 @@ async def test_a_generated_id_is_returned_and_continues(
 
 @EITHER
 async def test_generate_with_an_id_is_invalid(
-    served: tuple[negotiator_pb2_grpc.NegotiatorServiceStub, FakeAdapter, bool],
+    served: Served,
 ) -> None:
     stub, _, tokens = served
     metadata = bearer(TOKEN_A) if tokens else ()

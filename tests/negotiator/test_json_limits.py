@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import pytest
@@ -19,7 +19,7 @@ from negotiator_service.negotiation import MAX_IN_PLACE_APPLICATIONS
 from negotiator_service.server import RunningNegotiator
 from sidecar_runtime.richstatus import decode_error
 
-Stub = negotiator_pb2_grpc.NegotiatorServiceStub
+Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 EOF_MARK: object = grpc.aio.EOF  # type: ignore[attr-defined]
 KEY_SCHEMA = json.dumps({"type": "object", "properties": {"key": {"type": "string"}}})
 DEEP = "[" * 100_000 + "]" * 100_000

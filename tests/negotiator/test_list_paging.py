@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import TypeAlias
 
 import grpc
 import pytest
@@ -17,7 +18,7 @@ from negotiator_service.cli import main as cli_main
 from negotiator_service.server import RunningNegotiator
 from negotiator_service.servicer import DEFAULT_PAGE_SIZE, LIST_PAGE_BYTES, MAX_PAGE_SIZE
 
-Stub = negotiator_pb2_grpc.NegotiatorServiceStub
+Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 
 
 def add_many(negotiator: RunningNegotiator, count: int) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TypeAlias
 
 import grpc
 import pytest
@@ -16,6 +17,7 @@ from negotiator_service.adapters.openai import DEFAULT_MAX_RESPONSE_BYTES
 from negotiator_service.conversations import ConversationStore
 from negotiator_service.server import Settings, create_server
 
+Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 KEY_ENV = "TEST_OPENAI_LIMITS_KEY"
 CAP = 1024 * 1024
 
@@ -28,9 +30,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[MockOpenAI]:
 
 
 @pytest.fixture
-async def stub(
-    server: MockOpenAI, tmp_path: Path, socket_dir: Path, state_home: Path
-) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceStub]:
+async def stub(server: MockOpenAI, tmp_path: Path, socket_dir: Path, state_home: Path) -> AsyncIterator[Stub]:
     config = tmp_path / "openai.yaml"
     config.write_text(
         "adapters:\n"
@@ -52,7 +52,7 @@ async def stub(
 
 @pytest.mark.parametrize("mode", ["huge", "huge_chunked"])
 async def test_a_huge_provider_body_fails_at_the_cap_without_reading_it_all(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, server: MockOpenAI, mode: str
+    stub: Stub, server: MockOpenAI, mode: str
 ) -> None:
     server.mode = mode
     error = await call_error(stub.Invoke(pb.InvokeRequest(adapter="llm", prompt="hi"), timeout=20))

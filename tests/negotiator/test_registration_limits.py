@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeAlias
 
 import grpc
 import pytest
@@ -24,7 +25,7 @@ from negotiator_service.status import ADAPTER_TARGET_RULE, DOMAIN
 from tests.procs import start_process, stop_process
 
 HOSTILE = Path(__file__).with_name("hostile_remote.py")
-Stub = negotiator_pb2_grpc.NegotiatorServiceStub
+Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 Hostile = Callable[[str], str]
 
 
