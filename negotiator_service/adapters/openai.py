@@ -63,6 +63,7 @@ from negotiator_service.model import (
     JsonValue,
     ToolOutcome,
     ToolSpec,
+    strict_json,
 )
 from sidecar_runtime.tracing import trace_metadata
 
@@ -484,8 +485,8 @@ class OpenAIAdapter:
         messages = []
         for model_call in calls:
             try:
-                arguments = json.loads(model_call.arguments)
-            except json.JSONDecodeError as exc:
+                arguments = strict_json(model_call.arguments)
+            except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit
                 outcome = ToolOutcome(error=f"the arguments are not valid JSON ({exc}); the tool did not run")
             else:
                 outcome = await call.tools.call(model_call.name, arguments)
