@@ -129,8 +129,17 @@ class AsyncNegotiatorClient(AsyncClient):
     def _stub(self) -> negotiator_pb2_grpc.NegotiatorServiceAsyncStub:
         return negotiator_pb2_grpc.NegotiatorServiceStub(self.channel)
 
-    async def list_adapters(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> list[npb.Adapter]:
-        return list((await self._call(self._stub.ListAdapters, npb.ListAdaptersRequest(), timeout)).adapters)
+    async def list_adapters(
+        self, *, timeout: Timeout = CLIENT_TIMEOUT, page_size: int = 0
+    ) -> list[npb.Adapter]:
+        adapters: list[npb.Adapter] = []
+        request = npb.ListAdaptersRequest(page_size=page_size)
+        while True:
+            response = await self._call(self._stub.ListAdapters, request, timeout)
+            adapters.extend(response.adapters)
+            if not response.next_page_token:
+                return adapters
+            request = npb.ListAdaptersRequest(page_size=page_size, page_token=response.next_page_token)
 
     async def get_adapter(self, shortname: str, *, timeout: Timeout = CLIENT_TIMEOUT) -> npb.Adapter:
         request = npb.GetAdapterRequest(shortname=shortname)

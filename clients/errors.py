@@ -14,7 +14,8 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   └── AdapterNotFoundError          ADAPTER_NOT_FOUND; .adapter
     ├── AlreadyExistsError                ALREADY_EXISTS (ADAPTER_ALREADY_EXISTS); .adapter
     ├── FailedPreconditionError           FAILED_PRECONDITION: do not retry until something changes
-    │                                     (SEEDSTORE_NOT_CONFIGURED, SEEDSTORE_REFUSED, SEED_NOT_A_CANDIDATE)
+    │                                     (SEEDSTORE_NOT_CONFIGURED, SEEDSTORE_REFUSED, SEED_NOT_A_CANDIDATE,
+    │                                     OUTSIDE_STORE)
     │   ├── UnsupportedCapabilityError    UNSUPPORTED_CAPABILITY; .gaps .adapter .declaration_version
     │   ├── AdapterKindMismatchError      ADAPTER_KIND_MISMATCH; .adapter .kind .selected_by
     │   ├── AdapterNotRemovableError      ADAPTER_NOT_REMOVABLE; .adapter
@@ -31,7 +32,7 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   ├── SeedCommandError              SEED_HAS_NO_COMMAND, SEED_COMMAND_NOT_FOUND, SEED_COMMAND_FAILED
     │   ├── SeedMalformedError            SEED_MALFORMED; .path .line .detail
     │   └── AmbiguousSeedError            SEED_AMBIGUOUS; .seed_id .paths
-    ├── AbortedError                      ABORTED: retry the read-modify-write
+    ├── AbortedError                      ABORTED (WATCH_BACKLOG_EXCEEDED: list, then watch again)
     │   ├── RevisionConflictError         REVISION_MISMATCH; .seed_id .expected .actual
     │   └── ConversationBusyError         CONVERSATION_BUSY (no_wait): .conversation_id
     ├── UnavailableError                  UNAVAILABLE: retry with backoff
@@ -40,16 +41,16 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   └── AdapterUnavailableError  *    ADAPTER_UNAVAILABLE
     ├── DeadlineExceededError             DEADLINE_EXCEEDED (DEFAULT_TIMEOUT_EXCEEDED, SEED_COMMAND_TIMEOUT)
     │   └── AdapterTimeoutError  *        ADAPTER_TIMEOUT
-    ├── ResourceExhaustedError            RESOURCE_EXHAUSTED (TOO_MANY_CALLS); .retry_after (seconds or None)
+    ├── ResourceExhaustedError            RESOURCE_EXHAUSTED (TOO_MANY_CALLS, REPLY_TOO_LARGE); .retry_after
     │   ├── AdapterRateLimitedError  *    ADAPTER_RATE_LIMITED
     │   └── AuditWatcherDroppedError      AUDIT_WATCHER_DROPPED: watch again
     ├── UnauthenticatedError              UNAUTHENTICATED (TOKEN_MISSING): send a bearer token
-    ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID)
+    ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID, ADAPTER_TARGET_NOT_ALLOWED)
     ├── UnimplementedError                UNIMPLEMENTED (no such RPC here): feature-detect on it
     ├── DataLossError                     DATA_LOSS (CONVERSATION_STATE_CORRUPT): start afresh
     └── InternalError                     INTERNAL (INTERNAL, CONVERSATION_STORE_FAILED, ...): report it
         ├── OutputSchemaViolationError    OUTPUT_SCHEMA_VIOLATION; .violations .adapter
-        └── AdapterInternalError  *       ADAPTER_INTERNAL, ADAPTER_FAILED
+        └── AdapterInternalError  *       ADAPTER_INTERNAL, ADAPTER_FAILED, ADAPTER_REPLY_TOO_LARGE
 
     * also an AdapterFailureError (.adapter .cause): the adapter failed while running.
 
@@ -307,6 +308,7 @@ class FailedPreconditionError(SidecarError):
         "SEEDSTORE_NOT_CONFIGURED",
         "SEEDSTORE_REFUSED",
         "SEED_NOT_A_CANDIDATE",
+        "OUTSIDE_STORE",
     )
 
 
@@ -314,6 +316,8 @@ class AbortedError(SidecarError):
     """A concurrency conflict: retry the whole read-modify-write, not just this call."""
 
     grpc_code = grpc.StatusCode.ABORTED
+    # A WatchSeeds reader fell too far behind: list again, then watch again.
+    reasons: ClassVar[tuple[str, ...]] = ("WATCH_BACKLOG_EXCEEDED",)
 
 
 class UnavailableError(SidecarError):
@@ -331,7 +335,7 @@ class DeadlineExceededError(SidecarError):
 
 class ResourceExhaustedError(SidecarError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reasons: ClassVar[tuple[str, ...]] = ("TOO_MANY_CALLS",)
+    reasons: ClassVar[tuple[str, ...]] = ("TOO_MANY_CALLS", "REPLY_TOO_LARGE")
 
     @property
     def retry_after(self) -> float | None:
@@ -354,7 +358,7 @@ class UnauthenticatedError(SidecarError):
 
 class PermissionDeniedError(SidecarError):
     grpc_code = grpc.StatusCode.PERMISSION_DENIED
-    reasons: ClassVar[tuple[str, ...]] = ("TOKEN_INVALID",)
+    reasons: ClassVar[tuple[str, ...]] = ("TOKEN_INVALID", "ADAPTER_TARGET_NOT_ALLOWED")
 
 
 class UnimplementedError(SidecarError):
@@ -550,7 +554,7 @@ class AdapterRateLimitedError(ResourceExhaustedError, AdapterFailureError):
 
 
 class AdapterInternalError(InternalError, AdapterFailureError):
-    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_INTERNAL", "ADAPTER_FAILED")
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_INTERNAL", "ADAPTER_FAILED", "ADAPTER_REPLY_TOO_LARGE")
 
 
 class DelegationDepthExceededError(FailedPreconditionError):

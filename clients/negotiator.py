@@ -367,9 +367,19 @@ class NegotiatorClient(SyncClient):
 
     # -- adapters --------------------------------------------------------
 
-    def list_adapters(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> list[pb.Adapter]:
-        """Every registered adapter, sorted by shortname."""
-        return list(self._call(self._stub.ListAdapters, pb.ListAdaptersRequest(), timeout).adapters)
+    def list_adapters(self, *, timeout: Timeout = CLIENT_TIMEOUT, page_size: int = 0) -> list[pb.Adapter]:
+        """Every registered adapter, sorted by shortname: every page, each call with its own `timeout`.
+
+        `page_size` 0 lets the server choose (AIP-158).
+        """
+        adapters: list[pb.Adapter] = []
+        request = pb.ListAdaptersRequest(page_size=page_size)
+        while True:
+            response = self._call(self._stub.ListAdapters, request, timeout)
+            adapters.extend(response.adapters)
+            if not response.next_page_token:
+                return adapters
+            request = pb.ListAdaptersRequest(page_size=page_size, page_token=response.next_page_token)
 
     def get_adapter(self, shortname: str, *, timeout: Timeout = CLIENT_TIMEOUT) -> pb.Adapter:
         request = pb.GetAdapterRequest(shortname=shortname)

@@ -128,6 +128,7 @@ class Broker:
         tools: ToolBox | None = None,
         caller: str = "",
         audit_operation: str | None = None,
+        check_reply: Callable[[AdapterReply, Decision], None] | None = None,
     ) -> tuple[AdapterReply, Decision]:
         """Judge the call, then run it; refusals raise UnsupportedCapability listing every gap.
 
@@ -140,6 +141,8 @@ class Broker:
         `caller` (identity) and `audit_operation` (default: the call's kind)
         go into the audit record: "refused" when the call never reached the
         adapter, else "succeeded" or "failed" (cancelled calls too).
+        `check_reply` runs last, after output validation, and may raise (a
+        reply too large to send): the call then fails and is audited so.
         Cancelling the task cancels the adapter's work.
         """
         operation: str = request.kind._value_  # `.value` without the enum descriptor's call
@@ -174,6 +177,8 @@ class Broker:
                 reply = AdapterReply(text=reply.text, conversation_state=reply.conversation_state)
             if schema is not None:
                 check_output(decision.adapter, schema, reply.text)
+            if check_reply is not None:
+                check_reply(reply, decision)
         except BaseException as error:
             audit.ended(error, dispatched=dispatched)
             raise
@@ -389,12 +394,20 @@ def check_output(adapter: str, schema: Mapping[str, Any], text: str) -> Any:
         instance = json.loads(text)
     except json.JSONDecodeError as exc:
         raise OutputSchemaViolation(adapter, [("", f"output is not valid JSON: {exc}")]) from exc
+    except (RecursionError, ValueError) as exc:  # nested past the parser, or an integer past int()
+        raise OutputSchemaViolation(
+            adapter, [("", "output is not JSON this negotiator reads: too deep or too long a number")]
+        ) from exc
     validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     try:
         violations = sorted(
             (negotiation.json_pointer(error.absolute_path), error.message)
             for error in validator.iter_errors(instance)
         )
+    except RecursionError as exc:
+        raise OutputSchemaViolation(
+            adapter, [("", "output nests too deeply to validate against the schema")]
+        ) from exc
     except Unresolvable as exc:
         # validate_request resolves every $ref up front; this is the backstop.
         raise InvalidRequest([("output_schema", f"cannot be applied: {exc}")]) from exc

@@ -1,6 +1,7 @@
 """`negotiator`: run the negotiator, or talk to one.
 
     negotiator serve [--config FILE] [--state-dir DIR] [--seedstore ADDR] [--audit-log FILE]
+                     [--allow-adapter-hosts HOST[,HOST]]...
                      --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
@@ -161,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="append every decision to FILE as a JSON line (default: none; WatchAudit streams them)",
+    )
+    serve.add_argument(
+        "--allow-adapter-hosts",
+        metavar="HOST[,HOST]",
+        action="append",
+        default=[],
+        help="TCP hosts `register` (RegisterAdapter) may connect to besides Unix sockets and loopback "
+        "addresses; repeatable, '*' allows any host (default: none; others are refused with "
+        "PERMISSION_DENIED, ADAPTER_TARGET_NOT_ALLOWED, before any connection)",
     )
     add_serve_arguments(serve, listen_help=" (required)")
 
@@ -531,6 +541,7 @@ def run_serve(args: argparse.Namespace) -> int:
         seedstore_target=args.seedstore,
         audit_log=args.audit_log,
         decisions_to_stderr=True,
+        adapter_hosts=_hosts(args.allow_adapter_hosts),
     )
     try:
         asyncio.run(serve(settings))
@@ -541,6 +552,11 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _hosts(values: Sequence[str]) -> tuple[str, ...]:
+    """The hosts of every --allow-adapter-hosts value (comma-separated)."""
+    return tuple(host.strip() for value in values for host in value.split(",") if host.strip())
 
 
 def _fail_usage(parser: argparse.ArgumentParser, message: str) -> NoReturn:

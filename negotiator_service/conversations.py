@@ -29,8 +29,17 @@ Delegation depth is kept per conversation and only grows: a call runs at
 max(incoming depth, stored depth), and that depth is stored on commit. It
 survives `new_conversation` too, because it limits delegation, not content.
 
+A conversation id is a bearer secret: whoever knows it continues the
+conversation and reads what its state holds. Callers choose unguessable ids,
+or ask for one (`new_conversation_id`, CallOptions.generate_conversation_id).
+Each conversation also has an owner: "" when the negotiator has no bearer
+tokens, else a digest of the token the call carried (`owner_of`). The owner
+is part of the conversation's key, so a caller with another token that
+reuses an id starts a conversation of its own: it can neither read nor
+disturb (lease, restart) the first, nor learn that it exists.
+
 State lives on disk (the embedded default), one JSON file per conversation
-named by the SHA-256 of its id (so any id is a safe file name), written
+named by the SHA-256 of its owner and id (so any id is a safe file name), written
 atomically: temp file, fsync, rename, fsync of the directory. A negotiator
 restarted on the same directory resumes every conversation.
 
@@ -47,6 +56,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -89,6 +99,25 @@ def default_state_dir(environ: Mapping[str, str] | None = None, home: Path | Non
     if base and Path(base).is_absolute():
         return Path(base) / STATE_SUBDIRECTORY
     return (home if home is not None else Path.home()) / ".local" / "state" / STATE_SUBDIRECTORY
+
+
+# Random bytes in a generated conversation id.
+GENERATED_ID_BYTES = 24
+
+
+def new_conversation_id() -> str:
+    """A fresh, unguessable conversation id (URL-safe base64 of GENERATED_ID_BYTES random bytes)."""
+    return secrets.token_urlsafe(GENERATED_ID_BYTES)
+
+
+def owner_of(token: bytes | None) -> str:
+    """The conversation owner for a call carrying bearer `token`; "" without one.
+
+    A digest, so neither the state files nor their names hold the token.
+    """
+    if not token:
+        return ""
+    return "sha256:" + hashlib.sha256(token).hexdigest()
 
 
 # --- the pure core ------------------------------------------------------------------
@@ -192,13 +221,13 @@ class ConversationStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
-    def path(self, conversation_id: str) -> Path:
-        return self.directory / f"{_file_stem(conversation_id)}.json"
+    def path(self, conversation_id: str, owner: str = "") -> Path:
+        return self.directory / f"{_file_stem(conversation_id, owner)}.json"
 
-    def load(self, conversation_id: str) -> ConversationRecord | None:
+    def load(self, conversation_id: str, owner: str = "") -> ConversationRecord | None:
         """The committed record, or None for a conversation never committed."""
         try:
-            text = self.path(conversation_id).read_text(encoding="utf-8")
+            text = self.path(conversation_id, owner).read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
         except UnicodeDecodeError as exc:
@@ -212,9 +241,9 @@ class ConversationStore:
         except ValueError as exc:
             raise ConversationStateCorrupt(conversation_id, str(exc)) from exc
 
-    def save(self, conversation_id: str, text: str) -> None:
+    def save(self, conversation_id: str, text: str, owner: str = "") -> None:
         """Replace the conversation's file atomically: a reader sees the old or the new, never half."""
-        target = self.path(conversation_id)
+        target = self.path(conversation_id, owner)
         temp_name = ""
         try:
             self._ensure_directory()
@@ -235,13 +264,13 @@ class ConversationStore:
                 with contextlib.suppress(OSError):
                     os.unlink(temp_name)
 
-    def try_lock(self, conversation_id: str) -> int | None:
+    def try_lock(self, conversation_id: str, owner: str = "") -> int | None:
         """An exclusive flock on the conversation's lock file (its fd), or None if another process holds it.
 
         Lock files are never deleted: deleting one races with a process
         about to lock it. Non-blocking, so safe to call on the event loop.
         """
-        path = self.directory / f"{_file_stem(conversation_id)}.lock"
+        path = self.directory / f"{_file_stem(conversation_id, owner)}.lock"
         try:
             self._ensure_directory()
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -267,8 +296,11 @@ class ConversationStore:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def _file_stem(conversation_id: str) -> str:
-    return hashlib.sha256(conversation_id.encode("utf-8")).hexdigest()
+def _file_stem(conversation_id: str, owner: str = "") -> str:
+    # Without an owner, the name the store has always used; with one, the
+    # NUL keeps (owner, id) pairs from colliding (neither holds a NUL).
+    key = f"{owner}\0{conversation_id}" if owner else conversation_id
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -312,7 +344,7 @@ class ConversationManager:
         self._preview = preview
         self._poll_seconds = poll_seconds
         self._clock = clock
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[tuple[str, str], _Slot] = {}
 
     async def run(
         self,
@@ -321,8 +353,12 @@ class ConversationManager:
         dispatch: Dispatch,
         *,
         refused: Refused | None = None,
+        owner: str = "",
     ) -> tuple[AdapterReply, Decision]:
         """Run `dispatch` (the broker call) as a turn of the request's conversation, if it has one.
+
+        `owner` (`owner_of` the caller's token) selects whose conversation of
+        that id this is.
 
         `dispatch` must pass `turn.state` and `turn.delegation_depth` to the
         adapter call and compute anything time-dependent (the caller's
@@ -343,18 +379,25 @@ class ConversationManager:
             return dispatch(turn)
 
         try:
-            async with self._lease(conversation_id, no_wait=request.options.no_wait):
-                return await self._transaction(conversation_id, request, delegation_depth, dispatch_once)
+            async with self._lease(conversation_id, owner, no_wait=request.options.no_wait):
+                return await self._transaction(
+                    conversation_id, owner, request, delegation_depth, dispatch_once
+                )
         except NegotiatorError as error:
             if not dispatched and refused is not None:
                 refused(error)
             raise
 
     async def _transaction(
-        self, conversation_id: str, request: CallRequest, delegation_depth: int, dispatch: Dispatch
+        self,
+        conversation_id: str,
+        owner: str,
+        request: CallRequest,
+        delegation_depth: int,
+        dispatch: Dispatch,
     ) -> tuple[AdapterReply, Decision]:
         restart = request.options.new_conversation
-        stored = await self._load(conversation_id, tolerate_corrupt=restart)
+        stored = await self._load(conversation_id, owner, tolerate_corrupt=restart)
         previous = None if restart else stored
         # Judged again: the adapter may have been re-registered while this call waited.
         current = self._preview(request)
@@ -376,7 +419,7 @@ class ConversationManager:
             raise AdapterInternal(
                 decision.adapter, f"returned conversation state that is not JSON: {exc}"
             ) from exc
-        await _uncancellable(asyncio.to_thread(self.store.save, conversation_id, text))
+        await _uncancellable(asyncio.to_thread(self.store.save, conversation_id, text, owner))
         return reply, decision
 
     def _would_accept(self, request: CallRequest) -> bool:
@@ -386,25 +429,28 @@ class ConversationManager:
         except NegotiatorError:
             return False
 
-    async def _load(self, conversation_id: str, *, tolerate_corrupt: bool) -> ConversationRecord | None:
+    async def _load(
+        self, conversation_id: str, owner: str, *, tolerate_corrupt: bool
+    ) -> ConversationRecord | None:
         try:
-            return await asyncio.to_thread(self.store.load, conversation_id)
+            return await asyncio.to_thread(self.store.load, conversation_id, owner)
         except ConversationStateCorrupt:
             if tolerate_corrupt:
                 return None  # new_conversation overwrites it
             raise
 
     @contextlib.asynccontextmanager
-    async def _lease(self, conversation_id: str, *, no_wait: bool) -> AsyncIterator[None]:
-        slot = self._slots.get(conversation_id)
+    async def _lease(self, conversation_id: str, owner: str, *, no_wait: bool) -> AsyncIterator[None]:
+        key = (owner, conversation_id)
+        slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[conversation_id] = _Slot()
+            slot = self._slots[key] = _Slot()
         if no_wait and slot.users > 0:
             raise ConversationBusy(conversation_id)
         slot.users += 1
         try:
             async with slot.lock:
-                fd = await self._file_lock(conversation_id, no_wait=no_wait)
+                fd = await self._file_lock(conversation_id, owner, no_wait=no_wait)
                 try:
                     yield
                 finally:
@@ -412,12 +458,12 @@ class ConversationManager:
         finally:
             slot.users -= 1
             if slot.users == 0:
-                del self._slots[conversation_id]
+                del self._slots[key]
 
-    async def _file_lock(self, conversation_id: str, *, no_wait: bool) -> int:
+    async def _file_lock(self, conversation_id: str, owner: str, *, no_wait: bool) -> int:
         """The cross-process lease; polls while another negotiator holds it (cancellable)."""
         while True:
-            fd = self.store.try_lock(conversation_id)
+            fd = self.store.try_lock(conversation_id, owner)
             if fd is not None:
                 return fd
             if no_wait:

@@ -218,6 +218,7 @@ def _call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
         conversation_id=present.get("conversation_id") or None,
         no_wait=present.get("no_wait", False),
         new_conversation=present.get("new_conversation", False),
+        generate_conversation_id=present.get("generate_conversation_id", False),
     )
 
 
@@ -529,11 +530,14 @@ def tool_session_response(message: SessionMessage) -> negotiator_pb2.ToolSession
             )
         )
     assert isinstance(message, FinalResult)
+    conversation_id = message.conversation_id or ""
     if message.kind is CallKind.PRODUCE:
-        return negotiator_pb2.ToolSessionResponse(
-            produce_result=produce_response(message.reply, message.decision)
-        )
-    return negotiator_pb2.ToolSessionResponse(invoke_result=invoke_response(message.reply, message.decision))
+        produced = produce_response(message.reply, message.decision)
+        produced.conversation_id = conversation_id
+        return negotiator_pb2.ToolSessionResponse(produce_result=produced)
+    invoked = invoke_response(message.reply, message.decision)
+    invoked.conversation_id = conversation_id
+    return negotiator_pb2.ToolSessionResponse(invoke_result=invoked)
 
 
 # --- capability bootstrap -------------------------------------------------------------

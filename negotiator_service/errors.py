@@ -9,6 +9,7 @@ NegotiatorError
 ├── AdapterNotRemovable         deregister of a config-defined adapter
 ├── ConfigError                 bad config file, or config widening a declaration
 ├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
+├── AdapterTargetNotAllowed     RegisterAdapter names a host the operator did not allow
 ├── ConversationBusy            another call of the conversation is running (caller set no_wait)
 ├── DeclarationChanged          the adapter's declaration differs from the conversation's pinned one
 ├── ConversationAdapterMismatch the conversation is bound to another adapter
@@ -29,10 +30,12 @@ NegotiatorError
 ├── SeedCommandFailed           the seed's command could not start, or overflowed its output cap
 ├── SeedCommandTimeout          the seed's command outlived the caller's time budget
 ├── OutputSchemaViolation       the adapter's output broke the schema
+├── ReplyTooLarge               the reply would exceed the largest message this negotiator sends
 └── AdapterFailure              the adapter failed while running
     ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
     ├── AdapterTimeout          the caller's time ran out
     ├── AdapterRateLimited      the provider throttled us
+    ├── AdapterReplyTooLarge    the reply or status broke the negotiator's own message/metadata limits
     ├── AdapterRefused          the adapter itself refused at its edge
     ├── AdapterMisconfigured    the adapter's own setup is wrong (credentials, binary)
     └── AdapterInternal         anything else; the cause is named
@@ -123,6 +126,25 @@ class AdapterRegistrationFailed(NegotiatorError):
         self.target = target
         self.cause = cause
         self.shortname = shortname
+
+
+class AdapterTargetNotAllowed(NegotiatorError):
+    """RegisterAdapter named a TCP host other than loopback that the operator did not allow.
+
+    Refused before any connection is tried, so RegisterAdapter cannot probe
+    which hosts and ports answer.
+    """
+
+    reason = "ADAPTER_TARGET_NOT_ALLOWED"
+
+    def __init__(self, target: str, host: str) -> None:
+        super().__init__(
+            f"cannot register an adapter at {target}: runtime registration reaches Unix sockets and "
+            f'loopback addresses only, and "{host}" is not among the hosts the operator allowed '
+            "(negotiator serve --allow-adapter-hosts)"
+        )
+        self.target = target
+        self.host = host
 
 
 class ConversationBusy(NegotiatorError):
@@ -234,6 +256,25 @@ class OutputSchemaViolation(NegotiatorError):
         super().__init__(f'adapter "{adapter}" returned output that violates the schema: {listed}')
 
 
+class ReplyTooLarge(NegotiatorError):
+    """The adapter answered, but the reply is larger than the negotiator may send.
+
+    Checked before anything is committed: the call fails whole, its
+    conversation keeps the state before it.
+    """
+
+    reason = "REPLY_TOO_LARGE"
+
+    def __init__(self, adapter: str, size: int, limit: int) -> None:
+        super().__init__(
+            f'the reply of adapter "{adapter}" is {size} bytes, over the largest message this '
+            f"negotiator sends ({limit} bytes, --max-message-bytes); nothing was committed"
+        )
+        self.adapter = adapter
+        self.size = size
+        self.limit = limit
+
+
 class AdapterFailure(NegotiatorError):
     reason = "ADAPTER_FAILED"
 
@@ -258,6 +299,12 @@ class AdapterRateLimited(AdapterFailure):
         """`retry_after` is the provider's hint in seconds, when it gave one."""
         super().__init__(adapter, cause)
         self.retry_after = retry_after
+
+
+class AdapterReplyTooLarge(AdapterFailure):
+    """The adapter's reply (or its error status) broke the negotiator's own message or metadata limits."""
+
+    reason = "ADAPTER_REPLY_TOO_LARGE"
 
 
 class AdapterRefused(AdapterFailure):

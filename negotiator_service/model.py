@@ -23,15 +23,65 @@ def _not_a_json_number(name: str) -> JsonValue:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def strict_json(text: str | bytes) -> JsonValue:
-    """Parse JSON as RFC 8259 defines it: `json.loads`, with NaN and ±Infinity refused.
+# What JSON from callers and adapters may hold (tool results, edited
+# arguments, schemas, Produce output). Deeper documents would exhaust the
+# recursion of the parser and of schema validation; longer integers cost
+# quadratic time to convert (Python refuses beyond 4300 digits anyway).
+MAX_JSON_DEPTH = 64
+MAX_JSON_INTEGER_DIGITS = 128
 
-    Python's json reads and writes them, but no other JSON parser does (a
-    model provider, a Node adapter): text that holds one must fail here, at
-    the edge, not at the far end. Raises ValueError (json.JSONDecodeError
-    for malformed text).
+
+class JsonLimitExceeded(ValueError):
+    """Well-formed JSON over one of the documented limits (MAX_JSON_DEPTH, MAX_JSON_INTEGER_DIGITS)."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) - text.startswith("-") > MAX_JSON_INTEGER_DIGITS:
+        raise JsonLimitExceeded(f"holds an integer of more than {MAX_JSON_INTEGER_DIGITS} digits")
+    return int(text)
+
+
+def json_depth(value: Any) -> int:
+    """How deeply arrays and objects nest in a parsed JSON value (a scalar is 1)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return deepest
+
+
+def strict_json(text: str | bytes) -> JsonValue:
+    """Parse JSON as RFC 8259 defines it, within the documented limits.
+
+    NaN and ±Infinity are refused: Python's json reads and writes them, but
+    no other JSON parser does (a model provider, a Node adapter), so text
+    that holds one must fail here, at the edge, not at the far end. Nesting
+    beyond MAX_JSON_DEPTH and integers beyond MAX_JSON_INTEGER_DIGITS raise
+    JsonLimitExceeded. Raises ValueError (json.JSONDecodeError for
+    malformed text).
     """
-    return json.loads(text, parse_constant=_not_a_json_number)
+    try:
+        value = json.loads(text, parse_constant=_not_a_json_number, parse_int=_bounded_int)
+    except RecursionError:
+        raise JsonLimitExceeded(f"is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    # Fewer brackets than the limit cannot nest past it: most documents skip the walk.
+    if isinstance(text, bytes):
+        brackets = text.count(b"[") + text.count(b"{")
+    else:
+        brackets = text.count("[") + text.count("{")
+    if brackets > MAX_JSON_DEPTH and json_depth(value) > MAX_JSON_DEPTH:
+        raise JsonLimitExceeded(f"is nested more than {MAX_JSON_DEPTH} levels deep")
+    return value
+
+
+def json_problem(exc: ValueError) -> str:
+    """How to describe a `strict_json` failure after a field name."""
+    return str(exc) if isinstance(exc, JsonLimitExceeded) else f"is not valid JSON: {exc}"
 
 
 _Class = TypeVar("_Class")
@@ -196,6 +246,8 @@ class CallOptions:
     conversation_id: str | None = None
     no_wait: bool = False  # fail with ConversationBusy instead of waiting for the conversation
     new_conversation: bool = False  # drop the conversation's state and pinned declaration
+    # The servicer replaces it by a generated conversation_id before anything judges the call.
+    generate_conversation_id: bool = False
 
 
 class CallKind(enum.Enum):

@@ -57,6 +57,8 @@ from negotiator_service.model import (
     Requirement,
     TypedSet,
     Verdict,
+    json_problem,
+    strict_json,
 )
 
 if TYPE_CHECKING:
@@ -198,11 +200,9 @@ def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
     """Everything wrong with a schema's text (empty when it is usable); a pure function of the text."""
     too_deep = (("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep"),)
     try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return (("output_schema", f"is not valid JSON: {exc}"),)
-    except RecursionError:
-        return too_deep
+        parsed = strict_json(text)
+    except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit (nesting, integer digits)
+        return (("output_schema", json_problem(exc)),)
     if _nesting_depth(parsed) > MAX_SCHEMA_NESTING:
         return too_deep
     if isinstance(parsed, bool):
@@ -216,7 +216,11 @@ def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
         return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {exc.message}"),)
     base_uri = parsed["$id"] if isinstance(parsed.get("$id"), str) else ""
     registry: Registry[Any] = Registry().with_resource(base_uri, DRAFT202012.create_resource(parsed))
-    return tuple(_ref_problems(parsed, registry.crawl().resolver(base_uri=base_uri), ""))
+    resolver = registry.crawl().resolver(base_uri=base_uri)
+    unresolved = tuple(_ref_problems(parsed, resolver, ""))
+    if unresolved:
+        return unresolved
+    return _in_place_problems(parsed, resolver)
 
 
 _cached_schema_text_problems = functools.lru_cache(maxsize=SCHEMA_CHECK_CACHE_SIZE)(_schema_text_problems)
@@ -542,6 +546,99 @@ def _ref_problems(schema: object, resolver: Resolver[Any], pointer: str) -> Iter
     for keyword, value in schema.items():
         for child_pointer, child in _children(keyword, value, pointer):
             yield from _ref_problems(child, resolver, child_pointer)
+
+
+# Keywords whose subschemas apply to the same instance as the schema holding
+# them (no step into a property or an item): a cycle through these and
+# $ref/$dynamicRef never reaches a smaller instance, so validation never ends.
+_IN_PLACE_SINGLE = frozenset({"not", "if", "then", "else"})
+_IN_PLACE_LIST = frozenset({"allOf", "anyOf", "oneOf"})
+_IN_PLACE_MAP = frozenset({"dependentSchemas"})
+_REF_KEYWORDS = ("$ref", "$dynamicRef")
+# Subschemas one instance location may be checked against, counting every
+# path through in-place keywords and references: past it, validating a
+# single value could take exponential time.
+MAX_IN_PLACE_APPLICATIONS = 10_000
+
+
+def _in_place_problems(schema: Mapping[str, Any], resolver: Resolver[Any]) -> tuple[tuple[str, str], ...]:
+    """A reference cycle validation cannot leave, or too many in-place applications: both refused.
+
+    Builds the graph "subschema A is applied to the same instance as
+    subschema B" over every subschema of the document (references resolved
+    within it, as `_ref_problems` checked), then looks for a cycle and counts
+    the paths from each subschema. Iterative, so no schema can exhaust the
+    recursion here.
+    """
+    pointers: dict[int, str] = {}
+    edges: dict[int, list[int]] = {}
+    nodes: dict[int, Any] = {}
+    pending: list[tuple[Any, str, Resolver[Any]]] = [(schema, "", resolver)]
+    while pending:
+        node, pointer, scope = pending.pop()
+        if not isinstance(node, Mapping) or id(node) in pointers:
+            continue
+        if isinstance(node.get("$id"), str):
+            scope = scope.in_subresource(DRAFT202012.create_resource(node))
+        pointers[id(node)] = pointer or "/"
+        nodes[id(node)] = node
+        successors = edges.setdefault(id(node), [])
+        for keyword, value in node.items():
+            if keyword in _IN_PLACE_SINGLE and isinstance(value, Mapping):
+                successors.append(id(value))
+            elif keyword in _IN_PLACE_LIST and isinstance(value, list):
+                successors.extend(id(sub) for sub in value if isinstance(sub, Mapping))
+            elif keyword in _IN_PLACE_MAP and isinstance(value, Mapping):
+                successors.extend(id(sub) for sub in value.values() if isinstance(sub, Mapping))
+            elif keyword in _REF_KEYWORDS and isinstance(value, str):
+                try:
+                    resolved = scope.lookup(value)
+                except Unresolvable:
+                    continue  # `_ref_problems` has refused the schema already
+                if isinstance(resolved.contents, Mapping):
+                    successors.append(id(resolved.contents))
+                    # Walked last, so a target inside the document is named by its own place.
+                    pending.insert(0, (resolved.contents, value, resolved.resolver))
+            for child_pointer, child in _children(keyword, value, pointer):
+                pending.append((child, child_pointer, scope))
+    # Depth-first, iteratively: a node met again while still open closes a cycle;
+    # on leaving a node, its count of in-place applications is known.
+    applications: dict[int, int] = {}
+    for start in nodes:
+        if start in applications:
+            continue
+        stack: list[tuple[int, int]] = [(start, 0)]
+        open_nodes = {start}
+        while stack:
+            current, index = stack.pop()
+            successors = edges.get(current, [])
+            if index < len(successors):
+                stack.append((current, index + 1))
+                following = successors[index]
+                if following in open_nodes:
+                    return (
+                        (
+                            "output_schema",
+                            f"refers back to itself at {pointers.get(following, '/')} without descending "
+                            "into a property or item, so validation would never end",
+                        ),
+                    )
+                if following not in applications and following in edges:
+                    open_nodes.add(following)
+                    stack.append((following, 0))
+                continue
+            open_nodes.discard(current)
+            total = 1 + sum(applications.get(following, 1) for following in successors)
+            if total > MAX_IN_PLACE_APPLICATIONS:
+                return (
+                    (
+                        "output_schema",
+                        f"applies more than {MAX_IN_PLACE_APPLICATIONS} subschemas to one value "
+                        f"(through allOf/anyOf/oneOf/not/if/$ref at {pointers[current]}); simplify it",
+                    ),
+                )
+            applications[current] = total
+    return ()
 
 
 def _escape(token: object) -> str:

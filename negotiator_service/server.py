@@ -83,6 +83,8 @@ class Settings:
     # Decision records to stderr through a batched writer (`negotiator serve`),
     # rather than through the logging module (the default, for embedding).
     decisions_to_stderr: bool = False
+    # TCP hosts RegisterAdapter may reach besides Unix sockets and loopback ("*": any).
+    adapter_hosts: Sequence[str] = ()
 
 
 @dataclass(slots=True)
@@ -207,6 +209,9 @@ async def create_server(
             conversations=conversations,
             bootstrapper=bootstrapper,
             client_certificates=options.tls is not None and options.tls.client_ca is not None,
+            adapter_hosts=settings.adapter_hosts,
+            max_reply_bytes=options.max_message_bytes,
+            bind_conversations=options.tokens is not None,
         )
     except BaseException:
         # Nothing listens yet, but the adapters and the decision writer's thread are running.

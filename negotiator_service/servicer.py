@@ -20,9 +20,11 @@ with the adapter state committed only when the whole call succeeded.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
+from dataclasses import replace
+from typing import Any, Generic, NoReturn, TypeVar
 
 import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
@@ -30,18 +32,30 @@ from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from negotiator_service import convert, tools
 from negotiator_service.bootstrap import Bootstrapper
 from negotiator_service.broker import Broker
-from negotiator_service.conversations import ConversationManager, ConversationStore, Turn, default_state_dir
+from negotiator_service.conversations import (
+    ConversationManager,
+    ConversationStore,
+    Turn,
+    default_state_dir,
+    new_conversation_id,
+    owner_of,
+)
 from negotiator_service.declarations import validate_shortname
 from negotiator_service.errors import (
     AdapterAlreadyExists,
+    AdapterTargetNotAllowed,
+    AdapterTimeout,
     ConfigError,
     InvalidRequest,
     NegotiatorError,
+    ReplyTooLarge,
+    SeedCommandTimeout,
 )
 from negotiator_service.model import (
     Adapter,
     AdapterReply,
     AuditRecord,
+    CallKind,
     CallRequest,
     Decision,
     JsonValue,
@@ -49,9 +63,11 @@ from negotiator_service.model import (
 )
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
-from sidecar_runtime.addresses import parse_address
-from sidecar_runtime.auth import require_token
+from negotiator_service.tools import CallerMessage, StartMessage
+from sidecar_runtime.addresses import Address, parse_address
+from sidecar_runtime.auth import bearer_values, is_loopback, require_token
 from sidecar_runtime.handlers import call_metadata
+from sidecar_runtime.limits import default_timeout_exceeded, default_timeout_of
 from sidecar_runtime.richstatus import RichError, abort_with
 
 SERVICE_NAME = "agentsidecar.negotiator.v1.NegotiatorService"
@@ -77,6 +93,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         conversations: ConversationManager | None = None,
         bootstrapper: Bootstrapper | None = None,
         client_certificates: bool = True,
+        adapter_hosts: Collection[str] = (),
+        max_reply_bytes: int | None = None,
+        bind_conversations: bool = False,
     ) -> None:
         """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
 
@@ -85,6 +104,17 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         peer address without reading the call's auth context (grpc.aio
         builds it afresh on every read, at more cost than a dry run's
         judgement).
+
+        `max_reply_bytes` is the largest message the server sends (None: no
+        check); a Produce/Invoke/ToolSession reply over it fails with
+        ReplyTooLarge before its conversation commits.
+
+        `bind_conversations` (set when bearer tokens are configured) keys
+        each conversation by the token of the calls that use it, so a caller
+        with another token never reaches it (conversations.owner_of).
+
+        `adapter_hosts` are the TCP hosts RegisterAdapter may reach besides
+        Unix sockets and loopback ("*": any host); see `check_adapter_target`.
         """
         self._broker = broker
         self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
@@ -97,6 +127,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self._logger = logger or _LOGGER
         self._closing = asyncio.Event()
         self._client_certificates = client_certificates
+        self._adapter_hosts = frozenset(normal_host(host) for host in adapter_hosts)
+        self._max_reply_bytes = max_reply_bytes
+        self._bind_conversations = bind_conversations
 
     def begin_shutdown(self) -> None:
         """End every open WatchAdapters stream (UNAVAILABLE: watch again elsewhere).
@@ -112,9 +145,21 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.ListAdaptersRequest, context: Context
     ) -> negotiator_pb2.ListAdaptersResponse:
         try:
-            return negotiator_pb2.ListAdaptersResponse(
-                adapters=convert.adapters_to_proto(self._registry.list())
-            )
+            size = _page_size(request.page_size)
+            after = _page_start(request.page_token)
+            response = negotiator_pb2.ListAdaptersResponse()
+            entries = [entry for entry in self._registry.list() if entry.shortname > after]
+            budget = LIST_PAGE_BYTES
+            for entry in entries[:size]:
+                adapter = convert.adapter_to_proto(entry)
+                cost = adapter.ByteSize() + _FIELD_FRAMING_BYTES
+                if response.adapters and cost > budget:
+                    break
+                response.adapters.append(adapter)
+                budget -= cost
+            if len(response.adapters) < len(entries):
+                response.next_page_token = _page_token(response.adapters[-1].declaration.shortname)
+            return response
         except Exception as error:
             await self._fail(context, "ListAdapters", error)
 
@@ -163,12 +208,12 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.RegisterAdapterResponse:
         try:
             problems: list[tuple[str, str]] = []
-            target = ""
+            address: Address | None = None
             if not request.target:
                 problems.append(("target", "is required: unix:PATH or HOST:PORT"))
             else:
                 try:
-                    target = parse_address(request.target).target
+                    address = parse_address(request.target)
                 except ValueError as exc:
                     problems.append(("target", str(exc)))
             if request.shortname:
@@ -176,8 +221,10 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                     validate_shortname(request.shortname)
                 except ConfigError as exc:
                     problems.append(("shortname", exc.message))
-            if problems:
+            if problems or address is None:
                 raise InvalidRequest(problems)
+            target = address.target
+            check_adapter_target(address, self._adapter_hosts)
             adapter = await self._connect_remote(target, request.shortname)
             entry = RegisteredAdapter(adapter=adapter, source="runtime", target=target)
             try:
@@ -209,7 +256,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.NegotiateResponse:
         try:
             try:
-                call = convert.negotiate_request(request)
+                call = with_conversation_id(convert.negotiate_request(request))
                 decision = self._broker.negotiate(call, caller=self._caller(context))
             except InvalidRequest as error:
                 # The call is nested here: point at it from the top of this request.
@@ -225,9 +272,8 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.ProduceRequest, context: Context
     ) -> negotiator_pb2.ProduceResponse:
         try:
-            call = convert.produce_request(request)
-            reply, decision = await self._brokered(call, context)
-            return convert.produce_response(reply, decision)
+            call = with_conversation_id(convert.produce_request(request))
+            return await self._brokered(call, context, convert.produce_response)
         except Exception as error:
             await self._fail(context, "Produce", error)
 
@@ -235,9 +281,8 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.InvokeRequest, context: Context
     ) -> negotiator_pb2.InvokeResponse:
         try:
-            call = convert.invoke_request(request)
-            reply, decision = await self._brokered(call, context)
-            return convert.invoke_response(reply, decision)
+            call = with_conversation_id(convert.invoke_request(request))
+            return await self._brokered(call, context, convert.invoke_response)
         except Exception as error:
             await self._fail(context, "Invoke", error)
 
@@ -249,6 +294,13 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             delegation_depth = _delegation_depth(context)
 
             async def dispatch(call: CallRequest, toolbox: ToolBox | None) -> tuple[AdapterReply, Decision]:
+                # The final message wraps the response: its tag and length prefix.
+                sized: _SizedReply[Any] = (
+                    _sized(convert.produce_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+                    if call.kind is CallKind.PRODUCE
+                    else _sized(convert.invoke_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+                )
+
                 def turn_dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
                     return self._broker.call(
                         call,
@@ -258,12 +310,18 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                         tools=toolbox,
                         caller=self._caller(context),
                         audit_operation="tool_session",
+                        check_reply=sized.check,
                     )
 
                 refused = self._conversation_refused("tool_session", call, context, delegation_depth)
-                return await self._conversations.run(call, delegation_depth, turn_dispatch, refused=refused)
+                return await self._conversations.run(
+                    call, delegation_depth, turn_dispatch, refused=refused, owner=self._owner(context)
+                )
 
-            incoming = (convert.tool_session_request(message) async for message in request_iterator)
+            incoming = (
+                _with_generated_id(convert.tool_session_request(message))
+                async for message in request_iterator
+            )
             async for message in tools.run_session(incoming, dispatch):
                 yield convert.tool_session_response(message)
         except NegotiatorError as error:
@@ -333,22 +391,44 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
     # -- plumbing --------------------------------------------------------
 
-    async def _brokered(self, call: CallRequest, context: Context) -> tuple[AdapterReply, Decision]:
-        """A Produce/Invoke through the broker, as a conversation turn when it names a conversation."""
+    async def _brokered(
+        self, call: CallRequest, context: Context, respond: Callable[[AdapterReply, Decision], _Message]
+    ) -> _Message:
+        """A Produce/Invoke through the broker, as a conversation turn when it names a conversation.
+
+        The response is built, and its size checked, inside the broker call,
+        before the conversation commits: a reply too large to send fails the
+        call whole.
+        """
+        sized = _sized(respond, call, self._max_reply_bytes)
         depth = _delegation_depth(context)
         if call.options.conversation_id is None:
             # What the conversation manager does with such a call, without its turn and callbacks.
-            return await self._broker_call(call, context, depth, None)
+            await self._broker_call(call, context, depth, None, sized.check)
+            return sized.message()
 
         def dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
             # The budget is read only now: waiting for a busy conversation spends it.
-            return self._broker_call(call, context, turn.delegation_depth, turn.state)
+            return self._broker_call(call, context, turn.delegation_depth, turn.state, sized.check)
 
         refused = self._conversation_refused(call.kind.value, call, context, depth)
-        return await self._conversations.run(call, depth, dispatch, refused=refused)
+        await self._conversations.run(call, depth, dispatch, refused=refused, owner=self._owner(context))
+        return sized.message()
+
+    def _owner(self, context: Context) -> str:
+        """Whose conversations a call reaches: with tokens configured, its bearer token's."""
+        if not self._bind_conversations:
+            return ""
+        tokens = bearer_values(call_metadata(context))
+        return owner_of(tokens[0] if tokens else None)
 
     def _broker_call(
-        self, call: CallRequest, context: Context, delegation_depth: int, conversation_state: JsonValue
+        self,
+        call: CallRequest,
+        context: Context,
+        delegation_depth: int,
+        conversation_state: JsonValue,
+        check_reply: Callable[[AdapterReply, Decision], None],
     ) -> Awaitable[tuple[AdapterReply, Decision]]:
         return self._broker.call(
             call,
@@ -356,6 +436,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             delegation_depth=delegation_depth,
             conversation_state=conversation_state,
             caller=self._caller(context),
+            check_reply=check_reply,
         )
 
     def _conversation_refused(
@@ -381,6 +462,20 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             return None
         return max(remaining - self._deadline_margin, 0.0)
 
+    def _default_timeout_error(self, context: Context, error: NegotiatorError) -> RichError | None:
+        """DEFAULT_TIMEOUT_EXCEEDED for a timeout of the budget the sidecar's default deadline gave.
+
+        The budget ends `deadline_margin` before the deadline, so once it is
+        spent no more than the margin remains; a timeout with more time left
+        is the adapter's own limit, and keeps its reason.
+        """
+        if not isinstance(error, AdapterTimeout | SeedCommandTimeout):
+            return None
+        seconds = default_timeout_of(context)
+        if seconds is None or context.time_remaining() > self._deadline_margin:
+            return None
+        return default_timeout_exceeded(seconds)
+
     async def _fail(self, context: Context, operation: str, error: Exception) -> NoReturn:
         """End a unary call that raised `error` with its rich status (never UNKNOWN).
 
@@ -389,11 +484,147 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         coroutine fewer per call on the paths that matter most.
         """
         if isinstance(error, NegotiatorError):
-            await abort_with(context, to_rich_error(error))
+            await abort_with(context, self._default_timeout_error(context, error) or to_rich_error(error))
         else:
             self._logger.error("%s failed unexpectedly", operation, exc_info=error)
             await abort_with(context, unexpected_error(error, operation))
         raise AssertionError("abort_with never returns")
+
+
+ANY_HOST = "*"
+# ListAdapters paging (AIP-158): page_size 0 is the default, larger than the maximum is the maximum.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+# A page stops before this many bytes of adapters (always holding at least
+# one; a remote declaration is at most 64 KiB).
+LIST_PAGE_BYTES = 1024 * 1024
+_TOKEN_PREFIX = b"after:"
+
+
+def _page_size(requested: int) -> int:
+    if requested < 0:
+        raise InvalidRequest([("page_size", f"must not be negative, got {requested}")])
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _page_token(last_shortname: str) -> str:
+    """An opaque token resuming after `last_shortname`."""
+    return base64.urlsafe_b64encode(_TOKEN_PREFIX + last_shortname.encode()).decode()
+
+
+def _page_start(token: str) -> str:
+    """The shortname a page token resumes after ("" for the first page)."""
+    if not token:
+        return ""
+    try:
+        raw = base64.urlsafe_b64decode(token.encode("ascii"))
+        if not raw.startswith(_TOKEN_PREFIX):
+            raise ValueError("no prefix")
+        return raw.removeprefix(_TOKEN_PREFIX).decode()
+    except ValueError:  # binascii.Error, UnicodeError
+        raise InvalidRequest([("page_token", "is not a next_page_token this negotiator returned")]) from None
+
+
+def with_conversation_id(call: CallRequest) -> CallRequest:
+    """`call` with a generated conversation id when it asked for one (generate_conversation_id)."""
+    options = call.options
+    if not options.generate_conversation_id:
+        return call
+    if options.conversation_id is not None:
+        raise InvalidRequest(
+            [("options.generate_conversation_id", "set either it or options.conversation_id, not both")]
+        )
+    generated = replace(options, conversation_id=new_conversation_id(), generate_conversation_id=False)
+    return replace(call, options=generated)
+
+
+def _with_generated_id(message: CallerMessage) -> CallerMessage:
+    if isinstance(message, StartMessage):
+        try:
+            return replace(message, call=with_conversation_id(message.call))
+        except InvalidRequest as error:
+            prefix = message.call_field
+            raise InvalidRequest([(f"{prefix}.{f}", d) for f, d in error.violations]) from error
+    return message
+
+
+def _sized(
+    respond: Callable[[AdapterReply, Decision], _Message],
+    call: CallRequest,
+    limit: int | None,
+    framing: int = 0,
+) -> _SizedReply[_Message]:
+    """The response builder of `call`: its size checked, its conversation id (if any) set."""
+    conversation_id = call.options.conversation_id
+    if conversation_id is not None:
+        respond = _naming_conversation(respond, conversation_id)
+    return _SizedReply(respond, limit, framing=framing)
+
+
+def _naming_conversation(
+    respond: Callable[[AdapterReply, Decision], _Message], conversation_id: str
+) -> Callable[[AdapterReply, Decision], _Message]:
+    def named(reply: AdapterReply, decision: Decision) -> _Message:
+        message = respond(reply, decision)
+        message.conversation_id = conversation_id
+        return message
+
+    return named
+
+
+# A message field's tag and length prefix, at most: one byte of tag, five of length.
+_FIELD_FRAMING_BYTES = 6
+_Message = TypeVar("_Message", negotiator_pb2.ProduceResponse, negotiator_pb2.InvokeResponse)
+
+
+class _SizedReply(Generic[_Message]):
+    """Builds a call's response from the broker's reply, refusing one larger than the server sends."""
+
+    __slots__ = ("_built", "_framing", "_limit", "_respond")
+
+    def __init__(
+        self,
+        respond: Callable[[AdapterReply, Decision], _Message],
+        limit: int | None,
+        *,
+        framing: int = 0,
+    ) -> None:
+        self._respond: Callable[[AdapterReply, Decision], _Message] = respond
+        self._limit = limit
+        self._framing = framing
+        self._built: _Message | None = None
+
+    def check(self, reply: AdapterReply, decision: Decision) -> None:
+        message = self._respond(reply, decision)
+        if self._limit is not None:
+            size = message.ByteSize() + self._framing
+            if size > self._limit:
+                raise ReplyTooLarge(decision.adapter, size, self._limit)
+        self._built = message
+
+    def message(self) -> _Message:
+        assert self._built is not None  # the broker ran `check` before returning
+        return self._built
+
+
+def normal_host(host: str) -> str:
+    """A host as `check_adapter_target` compares it: lower case, IPv6 without brackets."""
+    return host.strip().strip("[]").lower()
+
+
+def check_adapter_target(address: Address, allowed_hosts: Collection[str]) -> None:
+    """Raise AdapterTargetNotAllowed unless a runtime registration may connect to `address`.
+
+    A Unix socket and a loopback address reach only this host; any other
+    host must be one the operator listed (`allowed_hosts`, normalised by
+    `normal_host`; "*" allows every host). A host name is compared as
+    written, never resolved: resolving would already reach out.
+    """
+    if address.is_unix or is_loopback(address) or ANY_HOST in allowed_hosts:
+        return
+    host = normal_host(address.target.rpartition(":")[0])
+    if host not in allowed_hosts:
+        raise AdapterTargetNotAllowed(address.target, host)
 
 
 def _required_shortname(shortname: str) -> str:

@@ -65,6 +65,8 @@ from negotiator_service.model import CapabilityState, Verdict
 from sidecar_runtime.richstatus import PreconditionViolation, RichError
 
 DOMAIN = "negotiator.agentsidecar"
+# ErrorInfo metadata `rule` of ADAPTER_TARGET_NOT_ALLOWED.
+ADAPTER_TARGET_RULE = "unix-or-loopback-unless-allowed"
 
 GAP_TYPES: Mapping[CapabilityState, str] = MappingProxyType(
     {
@@ -176,6 +178,14 @@ def _registration_failed(error: errors.AdapterRegistrationFailed) -> RichError:
     )
 
 
+def _target_not_allowed(error: errors.AdapterTargetNotAllowed) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.PERMISSION_DENIED,
+        {"target": error.target, "host": error.host, "rule": ADAPTER_TARGET_RULE},
+    )
+
+
 def _output_violation(error: errors.OutputSchemaViolation) -> RichError:
     return _rich(
         error,
@@ -185,6 +195,14 @@ def _output_violation(error: errors.OutputSchemaViolation) -> RichError:
             PreconditionViolation("OUTPUT_SCHEMA", pointer or "/", message)
             for pointer, message in error.violations
         ),
+    )
+
+
+def _reply_too_large(error: errors.ReplyTooLarge) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        {"adapter": error.adapter, "replyBytes": str(error.size), "maxMessageBytes": str(error.limit)},
     )
 
 
@@ -409,7 +427,9 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterNotRemovable: _not_removable,
         errors.ConfigError: _config,
         errors.AdapterRegistrationFailed: _registration_failed,
+        errors.AdapterTargetNotAllowed: _target_not_allowed,
         errors.OutputSchemaViolation: _output_violation,
+        errors.ReplyTooLarge: _reply_too_large,
         errors.DelegationDepthExceeded: _depth_exceeded,
         errors.AuditWatcherDropped: _audit_watcher_dropped,
         errors.ConversationBusy: _conversation_busy,
@@ -421,6 +441,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterUnavailable: _adapter_failure(grpc.StatusCode.UNAVAILABLE),
         errors.AdapterTimeout: _adapter_failure(grpc.StatusCode.DEADLINE_EXCEEDED),
         errors.AdapterRateLimited: _rate_limited,
+        errors.AdapterReplyTooLarge: _adapter_failure(grpc.StatusCode.INTERNAL),
         errors.AdapterRefused: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterMisconfigured: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterInternal: _adapter_failure(grpc.StatusCode.INTERNAL),

@@ -69,6 +69,7 @@ from negotiator_service.model import (
     ToolOutcome,
     ToolRisk,
     ToolSpec,
+    json_problem,
     strict_json,
 )
 
@@ -150,6 +151,7 @@ class FinalResult:
     kind: CallKind
     reply: AdapterReply
     decision: Decision
+    conversation_id: str | None = None
 
 
 SessionMessage = ToolCallMessage | ApprovalRequestMessage | FinalResult
@@ -256,10 +258,14 @@ def visible_tools(specs: Sequence[ToolSpec], tool_filter: ToolFilter) -> tuple[T
 def schema_problems(schema: Mapping[str, Any], instance: JsonValue) -> str:
     """The instance's violations of a schema as one line, "" when it conforms."""
     validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-    found = sorted(
-        f"{negotiation.json_pointer(error.absolute_path) or '/'}: {error.message}"
-        for error in validator.iter_errors(instance)
-    )
+    try:
+        found = sorted(
+            f"{negotiation.json_pointer(error.absolute_path) or '/'}: {error.message}"
+            for error in validator.iter_errors(instance)
+        )
+    except RecursionError:
+        # A recursive schema on a value nested near MAX_JSON_DEPTH: refused, not a crash.
+        return "/: nests too deeply to validate against the schema"
     listed = "; ".join(found[:_MAX_LISTED_PROBLEMS])
     if len(found) > _MAX_LISTED_PROBLEMS:
         listed += f"; and {len(found) - _MAX_LISTED_PROBLEMS} more"
@@ -434,8 +440,8 @@ def _approval(message: ApprovalMessage) -> _Approval:
 def _parse_json(text: str, path: str) -> JsonValue:
     try:
         return strict_json(text)
-    except ValueError as exc:  # malformed, or NaN / Infinity (json.JSONDecodeError is a ValueError)
-        raise InvalidRequest([(path, f"is not valid JSON: {exc}")]) from exc
+    except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit
+        raise InvalidRequest([(path, json_problem(exc))]) from exc
 
 
 # --- the session ---------------------------------------------------------------------
@@ -464,7 +470,7 @@ async def run_session(
             await asyncio.wait(waiting_on, return_when=asyncio.FIRST_COMPLETED)
             if work.done():
                 reply, decision = work.result()
-                yield FinalResult(request.kind, reply, decision)
+                yield FinalResult(request.kind, reply, decision, request.options.conversation_id)
                 return
             if next_message.done():
                 yield next_message.result()

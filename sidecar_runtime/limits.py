@@ -92,15 +92,25 @@ class CallLimit:
 class _ContextWithDeadline:
     """The servicer context, with `time_remaining()` counting down the default deadline."""
 
-    def __init__(self, context: Any, deadline: float) -> None:
+    def __init__(self, context: Any, deadline: float, seconds: float) -> None:
         self._context = context
         self._deadline = deadline
+        self.default_timeout = seconds
 
     def time_remaining(self) -> float:
         return max(self._deadline - time.monotonic(), 0.0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
+
+
+def default_timeout_of(context: Any) -> float | None:
+    """The default timeout `context` counts down; None when the caller's own deadline (or none) governs.
+
+    A servicer that passes `time_remaining()` on as a budget uses it to say
+    DEFAULT_TIMEOUT_EXCEEDED, not "raise your deadline", when that budget runs out.
+    """
+    return context.default_timeout if isinstance(context, _ContextWithDeadline) else None
 
 
 class _Bounded:
@@ -152,7 +162,7 @@ class DefaultTimeout:
                 self._arm(deadline)
             uncancelled = False
             try:
-                return await inner(request, _ContextWithDeadline(context, deadline))
+                return await inner(request, _ContextWithDeadline(context, deadline, seconds))
             except asyncio.CancelledError:
                 if call.expired:
                     uncancelled = True

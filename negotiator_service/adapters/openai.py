@@ -26,6 +26,11 @@ Options:
     model:           the default model (required)
     timeout_seconds: default 60
     organization:    sent as OpenAI-Organization (optional)
+    max_response_bytes: the largest response body read from the provider
+                     (default 8 MiB, after content decoding). The body is read
+                     as a stream and reading stops at the cap: the call fails
+                     with ADAPTER_REPLY_TOO_LARGE and the connection is dropped,
+                     so one huge reply never holds more than the cap in memory.
 """
 
 from __future__ import annotations
@@ -58,10 +63,12 @@ from negotiator_service.model import (
     JsonValue,
     ToolOutcome,
     ToolSpec,
+    strict_json,
 )
 from sidecar_runtime.tracing import trace_metadata
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 STRING_FORMATS = frozenset(
     {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
 )
@@ -141,6 +148,7 @@ class OpenAIOptions:
     model: str
     timeout_seconds: float
     organization: str | None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
 
 def read_options(spec: AdapterSpec) -> OpenAIOptions:
@@ -157,6 +165,7 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
     timeout = reader.positive_number("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
     assert timeout is not None  # it has a default
     organization = reader.string("organization")
+    max_response_bytes = reader.positive_int("max_response_bytes", DEFAULT_MAX_RESPONSE_BYTES)
     reader.finish()
     return OpenAIOptions(
         base_url=base_url,
@@ -164,6 +173,7 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
         model=model,
         timeout_seconds=timeout,
         organization=organization,
+        max_response_bytes=max_response_bytes,
     )
 
 
@@ -475,8 +485,8 @@ class OpenAIAdapter:
         messages = []
         for model_call in calls:
             try:
-                arguments = json.loads(model_call.arguments)
-            except json.JSONDecodeError as exc:
+                arguments = strict_json(model_call.arguments)
+            except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit
                 outcome = ToolOutcome(error=f"the arguments are not valid JSON ({exc}); the tool did not run")
             else:
                 outcome = await call.tools.call(model_call.name, arguments)
@@ -487,9 +497,14 @@ class OpenAIAdapter:
         self, body: dict[str, JsonValue], headers: dict[str, str], deadline: Deadline
     ) -> tuple[int, Mapping[str, str], bytes]:
         shortname = self._declaration.shortname
+        request = self._client.build_request("POST", self._endpoint, json=body, headers=headers)
         try:
             async with asyncio.timeout(deadline.seconds):
-                response = await self._client.post(self._endpoint, json=body, headers=headers)
+                response = await self._client.send(request, stream=True)
+                try:
+                    content = await self._read_capped(response)
+                finally:
+                    await response.aclose()
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise deadline.expired(shortname) from exc
         except httpx.TransportError as exc:
@@ -498,4 +513,30 @@ class OpenAIAdapter:
             raise errors.AdapterInternal(
                 shortname, f"HTTP exchange with {self._url} failed: {exc!r}"
             ) from exc
-        return response.status_code, response.headers, response.content
+        return response.status_code, response.headers, content
+
+    async def _read_capped(self, response: httpx.Response) -> bytes:
+        """The body, read chunk by chunk; past max_response_bytes, ADAPTER_REPLY_TOO_LARGE.
+
+        Closing a response that was not read to its end drops its connection,
+        so the rest of the body is never received.
+        """
+        cap = self._options.max_response_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise self._too_large(f"declares a {declared}-byte body")
+        chunks: list[bytes] = []
+        received = 0
+        async for chunk in response.aiter_bytes():
+            received += len(chunk)
+            if received > cap:
+                raise self._too_large(f"sent more than {cap} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, what: str) -> errors.AdapterReplyTooLarge:
+        return errors.AdapterReplyTooLarge(
+            self._declaration.shortname,
+            f"the provider's response {what}, over max_response_bytes "
+            f"({self._options.max_response_bytes}); nothing more was read",
+        )

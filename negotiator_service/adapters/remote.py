@@ -32,6 +32,7 @@ import grpc.aio
 from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
 from agentsidecar.common.v1 import common_pb2
 from google.protobuf import json_format, struct_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
 from negotiator_service import errors
@@ -67,6 +68,10 @@ _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
 DECLARATION_TIMEOUT_SECONDS = 5.0
+# The largest GetDeclarationResponse registered, serialized. Every declaration
+# travels in each ListAdapters page and WatchAdapters event, so one must stay
+# small beside the 4 MiB message limit; real ones are a few hundred bytes.
+MAX_DECLARATION_BYTES = 64 * 1024
 DELEGATION_DEPTH_METADATA = "x-delegation-depth"
 # What each revision of the contract carries (GetDeclarationResponse.contract_revision).
 # Revision 1 added CallWithTools (whose ToolBox applies the tool filter to the
@@ -302,11 +307,37 @@ def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
     return struct
 
 
+# What grpc's C core says when it ends a call for breaking this channel's own
+# limits (the metadata size, the message size). Such a RESOURCE_EXHAUSTED is
+# raised here, not sent by the remote, so it is no throttling; the remote's
+# own status, if it had one, is lost.
+_LOCAL_LIMIT_MARKERS = (
+    "received metadata size exceeds",
+    "received message larger than max",
+    "sent message larger than max",
+)
+
+
+def local_limit(error: grpc.aio.AioRpcError) -> str | None:
+    """What the negotiator's own channel limit refused, when grpc ended `error` for one; else None."""
+    if error.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    details = error.details() or ""
+    if any(marker in details.lower() for marker in _LOCAL_LIMIT_MARKERS):
+        return details
+    return None
+
+
 def failure_from_status(
     adapter: str, error: grpc.aio.AioRpcError, deadline: Deadline
 ) -> errors.AdapterFailure:
     code = error.code()
     details = error.details() or "(no details)"
+    limit = local_limit(error)
+    if limit is not None:
+        return errors.AdapterReplyTooLarge(
+            adapter, f"the remote's reply or status exceeds the negotiator's limits: {limit}"
+        )
     failure = _STATUS_FAILURES.get(code, errors.AdapterInternal)
     cause = f"gRPC {code.name}: {details}"
     if code is grpc.StatusCode.DEADLINE_EXCEEDED and deadline.seconds is not None:
@@ -499,17 +530,45 @@ class RemoteAdapter:
         deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
         metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)), *trace_metadata())
         try:
-            return await method(request, timeout=deadline.seconds, metadata=metadata)
+            response = await method(request, timeout=deadline.seconds, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise failure_from_status(shortname, exc, deadline) from exc
         except grpc.aio.BaseError as exc:  # client-side misuse or a C-core fault, not a remote status
             raise errors.AdapterInternal(shortname, f"gRPC client error: {exc!r}") from exc
+        if response is None:  # grpc.aio answers None for a reply its deserializer could not decode
+            raise errors.AdapterInternal(
+                shortname, "the reply is not a valid message of the adapter contract"
+            )
+        return response
 
     @staticmethod
     def _events(call: AdapterCall, events: Iterable[adapter_pb2.AdapterEvent]) -> tuple[StreamEvent, ...]:
         if not call.options.stream_events:
             return ()  # not asked for; passing them on would widen the reply
         return tuple(StreamEvent(type=event.type, text=event.text) for event in events)
+
+
+_GET_DECLARATION = "/agentsidecar.adapter.v1.AdapterService/GetDeclaration"
+
+
+def _declaration_response(
+    raw: bytes, target: str, expected_shortname: str
+) -> adapter_pb2.GetDeclarationResponse:
+    """The GetDeclaration reply decoded, or AdapterRegistrationFailed when it is too large or undecodable."""
+    if len(raw) > MAX_DECLARATION_BYTES:
+        raise errors.AdapterRegistrationFailed(
+            target,
+            f"the declaration is {len(raw)} bytes, over the limit of {MAX_DECLARATION_BYTES} bytes",
+            expected_shortname,
+        )
+    response = adapter_pb2.GetDeclarationResponse()
+    try:
+        response.ParseFromString(raw)
+    except DecodeError as exc:
+        raise errors.AdapterRegistrationFailed(
+            target, f"GetDeclaration's reply is not a GetDeclarationResponse ({exc})", expected_shortname
+        ) from exc
+    return response
 
 
 async def connect_remote(
@@ -523,7 +582,8 @@ async def connect_remote(
     """Connect, fetch and check the declaration, and return the adapter.
 
     Unreachable → AdapterUnavailable (worth retrying); a declaration that is
-    missing, invalid, or names another shortname → AdapterRegistrationFailed;
+    missing, undecodable, over MAX_DECLARATION_BYTES, invalid, or names
+    another shortname → AdapterRegistrationFailed;
     `override` widening the declaration → ConfigError.
     """
     name = expected_shortname or target
@@ -536,20 +596,29 @@ async def connect_remote(
     # address would make a restarted one unreachable until its reconnect backoff expires.
     channel = grpc.aio.insecure_channel(resolved, options=[("grpc.use_local_subchannel_pool", 1)])
     try:
-        stub = adapter_pb2_grpc.AdapterServiceStub(channel)
+        # Read as bytes, so a reply that is no GetDeclarationResponse, or one
+        # too large, is named here rather than lost in grpc's deserializer.
+        get_declaration = channel.unary_unary(
+            _GET_DECLARATION,
+            request_serializer=adapter_pb2.GetDeclarationRequest.SerializeToString,
+            response_deserializer=None,
+        )
         try:
-            response = await stub.GetDeclaration(
-                adapter_pb2.GetDeclarationRequest(), timeout=declaration_timeout
-            )
+            raw = await get_declaration(adapter_pb2.GetDeclarationRequest(), timeout=declaration_timeout)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise errors.AdapterUnavailable(
                     name, f"cannot reach {target}: {code.name}: {exc.details()}"
                 ) from exc
-            raise errors.AdapterRegistrationFailed(
-                target, f"GetDeclaration failed: {code.name}: {exc.details()}", expected_shortname
-            ) from exc
+            limit = local_limit(exc)
+            cause = (
+                f"GetDeclaration's reply or status exceeds the negotiator's limits: {limit}"
+                if limit is not None
+                else f"GetDeclaration failed: {code.name}: {exc.details()}"
+            )
+            raise errors.AdapterRegistrationFailed(target, cause, expected_shortname) from exc
+        response = _declaration_response(raw, target, expected_shortname)
         if not response.HasField("declaration"):
             raise errors.AdapterRegistrationFailed(
                 target, "GetDeclaration returned no declaration", expected_shortname

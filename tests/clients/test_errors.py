@@ -102,6 +102,15 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
         nerrors.OutputSchemaViolation("bad-output", [("/summary", "42 is not of type 'string'")]),
         errors.OutputSchemaViolationError,
     ),
+    nerrors.AdapterTargetNotAllowed: (
+        nerrors.AdapterTargetNotAllowed("10.0.0.1:80", "10.0.0.1"),
+        errors.PermissionDeniedError,
+    ),
+    nerrors.ReplyTooLarge: (nerrors.ReplyTooLarge("x", 5000, 4096), errors.ResourceExhaustedError),
+    nerrors.AdapterReplyTooLarge: (
+        nerrors.AdapterReplyTooLarge("x", "trailers too long"),
+        errors.AdapterInternalError,
+    ),
     nerrors.AdapterFailure: (nerrors.AdapterFailure("x", "crashed"), errors.AdapterInternalError),
     nerrors.AdapterUnavailable: (nerrors.AdapterUnavailable("x", "gone"), errors.AdapterUnavailableError),
     nerrors.AdapterTimeout: (nerrors.AdapterTimeout("x", "late"), errors.AdapterTimeoutError),
@@ -213,6 +222,11 @@ SEEDSTORE_CASES: dict[type[serrors.SeedStoreError], tuple[serrors.SeedStoreError
     ),
     serrors.RevisionMismatch: (serrors.RevisionMismatch("say", "r1", "r2"), errors.RevisionConflictError),
     serrors.StoreUnavailable: (serrors.StoreUnavailable("read-only"), errors.StoreUnavailableError),
+    serrors.OutsideStore: (
+        serrors.OutsideStore("/s/voice/x.yml", "/s"),
+        errors.FailedPreconditionError,
+    ),
+    serrors.WatchBacklogExceeded: (serrors.WatchBacklogExceeded(9_000_000, 8_388_608), errors.AbortedError),
 }
 
 

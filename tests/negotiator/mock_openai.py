@@ -13,6 +13,10 @@ exercised exactly as against a provider. Set `mode` per test:
     refusal     200 with message.refusal set and content null
     length      200 with finish_reason "length" and cut-off content
     hang        never answers until the server stops
+    huge        200 with a `huge_bytes` body (Content-Length set), written in
+                64 KiB chunks until the client stops reading; `sent_bytes`
+                counts what was written
+    huge_chunked  the same body with chunked transfer encoding (no length)
 
 Function calling: `tool_rounds` is a queue of rounds, each a list of
 `{"name": ..., "arguments": <value or JSON text>}`. While it is not empty (in
@@ -86,6 +90,8 @@ class MockOpenAI:
         self.requests: list[RecordedRequest] = []
         self.tool_rounds: list[list[dict[str, Any]]] = []
         self.tool_messages: list[dict[str, Any]] = []
+        self.huge_bytes = 200 * 1024 * 1024
+        self.sent_bytes = 0
         self._call_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._release = threading.Event()
@@ -228,6 +234,8 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
                 status, message, kind, code = _ERRORS[mode]
                 headers = {"Retry-After": mock.retry_after} if mode == "429" else {}
                 self._send_json(status, _error_body(message, kind, code), headers)
+            elif mode in ("huge", "huge_chunked"):
+                self._send_huge(chunked=mode == "huge_chunked")
             elif mode == "malformed":
                 self._send(200, b"<html>502 Bad Gateway</html>", "application/json")
             elif mode == "no_choices":
@@ -236,6 +244,26 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._send_json(200, completion)
             else:
                 self._send_json(200, mock.completion(body))
+
+        def _send_huge(self, *, chunked: bool) -> None:
+            """A JSON string `huge_bytes` long, sent until the client hangs up."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Length", str(mock.huge_bytes))
+            self.end_headers()
+            block = b" " * 65536
+            self.close_connection = True
+            try:
+                for _ in range(mock.huge_bytes // len(block)):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block) if chunked else block)
+                    mock.sent_bytes += len(block)
+                if chunked:
+                    self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # the client stopped reading and closed the connection
+                pass
 
         def _send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
             self._send(status, json.dumps(body).encode(), "application/json", headers)
