@@ -38,6 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
@@ -478,18 +479,25 @@ def seed_facts(response: spb.InspectSeedResponse) -> SeedFacts:
 class GrpcSeedSource:
     """The seedstore at `target`, over gRPC; its failures mapped into the negotiator's taxonomy."""
 
-    def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
+    def __init__(
+        self, target: str, *, channel: grpc.aio.Channel | None = None, token_file: Path | None = None
+    ) -> None:
         """Build inside the event loop that uses it. Raises ValueError for a malformed address.
 
         Without a `channel`, it opens its own, which carries the caller's trace
-        context with --otel (`trace_metadata`), and closes it on `close`.
+        context with --otel (`trace_metadata`) and, with `token_file`, the bearer
+        token a seedstore with --token-file asks for (the file holds that one
+        token and is re-read when it changes), and closes it on `close`.
         """
         self._own_channel: grpc.aio.Channel | None = None
         self.target = target
         if channel is None:
             self.target = parse_address(target).target
             channel = self._own_channel = open_channel(
-                target, aio=True, interceptors=metadata_interceptors(trace_metadata)
+                target,
+                aio=True,
+                token_file=token_file,
+                interceptors=metadata_interceptors(trace_metadata),
             )
         self._client = AsyncSeedStoreClient(channel=channel)
 

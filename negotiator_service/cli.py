@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the seedstore Bootstrap searches for capability seeds (default: none; Bootstrap is refused)",
     )
     serve.add_argument(
+        "--seedstore-token-file",
+        type=Path,
+        metavar="PATH",
+        help="a file holding the one bearer token to send to the seedstore (for a seedstore run "
+        "with --token-file); re-read when it changes",
+    )
+    serve.add_argument(
         "--audit-log",
         type=Path,
         metavar="FILE",
@@ -539,6 +546,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server_options=options,
         state_dir=args.state_dir,
         seedstore_target=args.seedstore,
+        seedstore_token_file=args.seedstore_token_file,
         audit_log=args.audit_log,
         decisions_to_stderr=True,
         adapter_hosts=_hosts(args.allow_adapter_hosts),

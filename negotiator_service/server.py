@@ -74,6 +74,8 @@ class Settings:
     server_options: ServerOptions | None = None
     # The seedstore Bootstrap searches (unix:PATH or HOST:PORT); None: Bootstrap is refused.
     seedstore_target: str | None = None
+    # The bearer token(s) sent to that seedstore, one per line (its --token-file); None: no token.
+    seedstore_token_file: Path | None = None
     # Where conversations are kept; None: conversations.default_state_dir().
     state_dir: Path | None = None
     # The JSON-lines audit log (appended); None: audit records go to WatchAudit only.
@@ -198,7 +200,9 @@ async def create_server(
             conversation_store or ConversationStore(settings.state_dir or default_state_dir()), broker.preview
         )
         seedstore = (
-            GrpcSeedSource(settings.seedstore_target) if settings.seedstore_target is not None else None
+            GrpcSeedSource(settings.seedstore_target, token_file=settings.seedstore_token_file)
+            if settings.seedstore_target is not None
+            else None
         )
         bootstrapper = Bootstrapper(seedstore, audit=broker.audit)
         servicer = NegotiatorServicer(

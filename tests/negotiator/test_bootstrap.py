@@ -830,3 +830,54 @@ def test_commands_are_split_like_a_shell_would_but_never_run_by_one() -> None:
             ),
             frozenset(),
         )
+
+
+async def test_a_token_guarded_seedstore_is_searched_with_seedstore_token_file(
+    short_dir: Path, tmp_path: Path
+) -> None:
+    """A seedstore with --token-file and no --open-reads: the negotiator's Bootstrap reaches it only
+    with --seedstore-token-file, and without it the seedstore's TOKEN_MISSING is named."""
+    home = tmp_path / "guarded-home"
+    home.mkdir()
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    seed_sock = f"unix:{short_dir / 'guarded.sock'}"
+    env = {"SKILLSPEC_HOME": str(home)}
+    seedstore_process, _ = start_process(
+        [
+            str(NEGOTIATOR_BIN.with_name("seedstore")),
+            "serve",
+            "--listen",
+            seed_sock,
+            "--token-file",
+            str(token_file),
+        ],
+        env=env,
+    )
+    processes = [seedstore_process]
+    try:
+        async with AsyncSeedStoreClient(seed_sock, timeout=10, token_file=token_file) as seeds:
+            await add_seed(
+                seeds, "say", "voice", Script(tmp_path, "say", "cat").command, provides=["text_to_speech"]
+            )
+        targets = {}
+        for name, extra in (("with", ["--seedstore-token-file", str(token_file)]), ("without", [])):
+            targets[name] = f"unix:{short_dir / f'neg-{name}.sock'}"
+            process, _ = start_process(
+                [str(NEGOTIATOR_BIN), "serve", "--listen", targets[name], "--state-dir", str(tmp_path / name)]
+                + ["--seedstore", seed_sock, *extra]
+            )
+            processes.append(process)
+        async with grpc.aio.insecure_channel(targets["with"]) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            response = await stub.Bootstrap(request("text_to_speech", run=True, prompt="hi"), timeout=10)
+        async with grpc.aio.insecure_channel(targets["without"]) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+            error = await call_error(stub.Bootstrap(request("text_to_speech"), timeout=10))
+    finally:
+        for process in processes:
+            stop_process(process)
+    assert response.selected == "voice/say"
+    assert response.run.output == "hi"
+    assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEEDSTORE_REFUSED")
+    assert "TOKEN_MISSING" in error.message
