@@ -57,6 +57,7 @@ from negotiator_service.model import (
     Requirement,
     TypedSet,
     Verdict,
+    json_depth,
     json_problem,
     strict_json,
 )
@@ -153,19 +154,6 @@ def _target_problems(request: CallRequest) -> list[tuple[str, str]]:
 MAX_SCHEMA_NESTING = 64
 
 
-def _nesting_depth(value: Any) -> int:
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
-    return deepest
-
-
 # Callers send the same few schemas over and over; checking one (metaschema,
 # $ref crawl) costs far more than parsing it, and depends on the text alone.
 # Only texts up to a size are kept, so the cache stays small in memory.
@@ -203,7 +191,7 @@ def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
         parsed = strict_json(text)
     except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit (nesting, integer digits)
         return (("output_schema", json_problem(exc)),)
-    if _nesting_depth(parsed) > MAX_SCHEMA_NESTING:
+    if json_depth(parsed) > MAX_SCHEMA_NESTING:
         return too_deep
     if isinstance(parsed, bool):
         parsed = {} if parsed else {"not": {}}

@@ -864,8 +864,17 @@ async def test_a_token_guarded_seedstore_is_searched_with_seedstore_token_file(
         for name, extra in (("with", ["--seedstore-token-file", str(token_file)]), ("without", [])):
             targets[name] = f"unix:{short_dir / f'neg-{name}.sock'}"
             process, _ = start_process(
-                [str(NEGOTIATOR_BIN), "serve", "--listen", targets[name], "--state-dir", str(tmp_path / name)]
-                + ["--seedstore", seed_sock, *extra]
+                [
+                    str(NEGOTIATOR_BIN),
+                    "serve",
+                    "--listen",
+                    targets[name],
+                    "--state-dir",
+                    str(tmp_path / name),
+                    "--seedstore",
+                    seed_sock,
+                    *extra,
+                ]
             )
             processes.append(process)
         async with grpc.aio.insecure_channel(targets["with"]) as channel:

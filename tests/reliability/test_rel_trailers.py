@@ -14,11 +14,9 @@ Figures: trailer bytes per case and violations kept.
 
 from __future__ import annotations
 
-import base64
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import pytest
@@ -32,7 +30,6 @@ from sidecar_runtime.richstatus import (
     VIOLATIONS_OMITTED,
     DecodedError,
     decode_error,
-    wire_message_size,
 )
 from tests.reliability.rel_support import (
     Figures,
@@ -43,6 +40,7 @@ from tests.reliability.rel_support import (
     start_negotiator,
     start_seedstore,
 )
+from tests.runtime.runtime_support import trailer_bytes
 
 GAPS = 500
 HUGE = "a" * 100_000
@@ -125,16 +123,6 @@ CASES: dict[str, tuple[str, Callable[[Pair], object]]] = {
         ),
     ),
 }
-
-
-def trailer_bytes(error: Any) -> int:
-    """grpc-message plus grpc-status-details-bin of a failed call, as they travelled."""
-    details: bytes = b""
-    for key, value in error.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            details = value
-    message: str = error.details() or ""
-    return wire_message_size(message) + len(base64.b64encode(details).rstrip(b"="))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -15,6 +15,7 @@ no generated code:
 from __future__ import annotations
 
 import asyncio
+import base64
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from sidecar_runtime.richstatus import RichError, abort_with
+from sidecar_runtime.richstatus import RichError, abort_with, wire_message_size
 from sidecar_runtime.server import RunningServer
 
 PROBE_SERVICE = "runtime.test.v1.Probe"
@@ -203,3 +204,13 @@ def tls_channel(target: str, pki: Pki, *, cert: Path | None, key: Path | None) -
 
 
 StartProbe = Callable[..., Awaitable[RunningServer]]
+
+
+def trailer_bytes(error: Any) -> int:
+    """grpc-message plus grpc-status-details-bin of a failed call, as they travelled."""
+    details: bytes = b""
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            details = value
+    message: str = error.details() or ""
+    return wire_message_size(message) + len(base64.b64encode(details).rstrip(b"="))

@@ -8,7 +8,6 @@ limits) must get the error's own code and ErrorInfo every time.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from sidecar_runtime.richstatus import (
     wire_message_size,
 )
 from sidecar_runtime.server import RunningServer, ServerOptions, start_server
+from tests.runtime.runtime_support import trailer_bytes
 
 SERVICE = "runtime.test.v1.Oversized"
 DOMAIN = "oversized.test"
@@ -111,16 +111,6 @@ async def oversized(socket_dir: Path) -> AsyncIterator[RunningServer]:
     server = await start_server(register, (SERVICE,), options)
     yield server
     await server.stop()
-
-
-def trailer_bytes(error: Any) -> int:
-    """grpc-message plus grpc-status-details-bin of a failed call, as they travelled."""
-    details: bytes = b""
-    for key, value in error.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            details = value
-    message: str = error.details() or ""
-    return wire_message_size(message) + len(base64.b64encode(details).rstrip(b"="))
 
 
 def sync_call(target: str, name: str) -> tuple[DecodedError, int]:
