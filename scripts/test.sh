@@ -11,6 +11,11 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
 export PATH="$PWD/.venv/bin:$PATH"
+# Third-party peers the tests start on loopback (each script is idempotent and
+# quick once its peer is installed).
+for peer in scripts/peers/*.sh; do
+  if [ -e "$peer" ]; then bash "$peer"; fi
+done
 
 echo "== buf lint (protos/)"
 (cd protos && buf lint)
