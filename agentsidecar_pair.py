@@ -4,6 +4,12 @@ Each service runs in its own process, as it would in a pod; the negotiator
 asks this seedstore for capability bootstrap (`--seedstore`). This launcher
 waits until both report READY, prints where they listen, forwards SIGTERM /
 SIGINT to both and exits when both have drained.
+
+Everything the quick start writes stays in the run directory unless told
+otherwise: the seed store is `$SKILLSPEC_HOME` when that is set, else
+`<run dir>/skillspec-home` (so a demo never writes into a user's real
+`~/.skillspec`), and the negotiator's state (conversations) is
+`<run dir>/state` unless `--state-dir` says where.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         "--negotiator-config", default=None, help="negotiator YAML config (default: embedded)"
     )
     parser.add_argument(
+        "--state-dir", default=None, help="the negotiator's state directory (default <run dir>/state)"
+    )
+    parser.add_argument(
         "--otel",
         action="store_true",
         help="OpenTelemetry spans from both services, exported as the OTEL_* variables say",
@@ -46,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(args.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    env = os.environ.copy()
+    store_home = env.get("SKILLSPEC_HOME") or str(run_dir / "skillspec-home")
+    env["SKILLSPEC_HOME"] = store_home
+    state_dir = args.state_dir or str(run_dir / "state")
     bin_dir = Path(sys.executable).parent
     seedstore_socket = f"unix:{run_dir / 'seedstore.sock'}"
     seedstore_cmd = [str(bin_dir / "seedstore"), "serve", "--listen", seedstore_socket]
@@ -56,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         negotiator_cmd += ["--listen", args.negotiator_tcp]
     if args.negotiator_config:
         negotiator_cmd += ["--config", args.negotiator_config]
-    negotiator_cmd += ["--seedstore", seedstore_socket]
+    negotiator_cmd += ["--seedstore", seedstore_socket, "--state-dir", state_dir]
     if args.otel:
         seedstore_cmd.append("--otel")
         negotiator_cmd.append("--otel")
@@ -71,13 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     for name, command in (("seedstore", seedstore_cmd), ("negotiator", negotiator_cmd)):
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
         processes.append(process)
         print(_wait_ready(name, process), flush=True)
         # Keep draining stdout so a chatty child never blocks on a full pipe.
         threading.Thread(target=lambda p=process: [None for _ in p.stdout or ()], daemon=True).start()
+    where = (
+        "from SKILLSPEC_HOME"
+        if os.environ.get("SKILLSPEC_HOME")
+        else "project-local; set SKILLSPEC_HOME for another"
+    )
     print(
-        "pair ready: try `.venv/bin/seedstore --server unix:run/seedstore.sock list` or "
+        f"pair ready (seed store {store_home}/capabilities, {where}): try "
+        "`.venv/bin/seedstore --server unix:run/seedstore.sock list` or "
         "`.venv/bin/negotiator --server unix:run/negotiator.sock adapters`; Ctrl-C stops both",
         flush=True,
     )

@@ -67,3 +67,37 @@ async def test_the_pair_serves_both_and_the_negotiator_asks_its_seedstore(
     assert "seedstore: stopping" in stderr
     assert not (run_dir / "seedstore.sock").exists()
     assert not (run_dir / "negotiator.sock").exists()
+
+
+async def test_without_skillspec_home_the_store_and_state_stay_in_the_run_dir(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    run_dir = tmp_path_factory.mktemp("local")
+    home = tmp_path_factory.mktemp("user-home")
+    env = {k: v for k, v in os.environ.items() if k != "SKILLSPEC_HOME"}
+    process = subprocess.Popen(
+        [str(PAIR), "--run-dir", str(run_dir), "--seedstore-tcp", "", "--negotiator-tcp", ""],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "HOME": str(home), "XDG_STATE_HOME": str(home / "state"), "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert lines[2].startswith("pair ready"), lines
+        assert f"seed store {run_dir}/skillspec-home/capabilities, project-local" in lines[2]
+        async with grpc.aio.insecure_channel(f"unix:{run_dir / 'seedstore.sock'}") as channel:
+            seeds = seedstore_pb2_grpc.SeedStoreServiceStub(channel)
+            store = await seeds.GetStore(seedstore_pb2.GetStoreRequest(), timeout=10)
+            await seeds.AddSeed(
+                seedstore_pb2.AddSeedRequest(
+                    id="echo", domain="text", kind="cli", command="cat", provides=["text_echo"]
+                ),
+                timeout=10,
+            )
+    finally:
+        stop_process(process)
+    assert Path(store.seed_store) == run_dir / "skillspec-home" / "capabilities"
+    assert (run_dir / "skillspec-home" / "capabilities" / "text" / "echo.yml").is_file()
+    assert sorted(p.name for p in home.iterdir()) == []
