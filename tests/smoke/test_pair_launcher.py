@@ -69,9 +69,9 @@ async def test_the_pair_serves_both_and_the_negotiator_asks_its_seedstore(
     assert not (run_dir / "negotiator.sock").exists()
 
 
-async def test_without_skillspec_home_the_store_and_state_stay_in_the_run_dir(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+@pytest.fixture
+def local_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Path]]:
+    """The launcher started without SKILLSPEC_HOME: its ready line, run directory and user HOME."""
     run_dir = tmp_path_factory.mktemp("local")
     home = tmp_path_factory.mktemp("user-home")
     env = {k: v for k, v in os.environ.items() if k != "SKILLSPEC_HOME"}
@@ -82,22 +82,29 @@ async def test_without_skillspec_home_the_store_and_state_stay_in_the_run_dir(
         text=True,
         env={**env, "HOME": str(home), "XDG_STATE_HOME": str(home / "state"), "PYTHONUNBUFFERED": "1"},
     )
-    try:
-        assert process.stdout is not None
-        lines = [process.stdout.readline() for _ in range(3)]
-        assert lines[2].startswith("pair ready"), lines
-        assert f"seed store {run_dir}/skillspec-home/capabilities, project-local" in lines[2]
-        async with grpc.aio.insecure_channel(f"unix:{run_dir / 'seedstore.sock'}") as channel:
-            seeds = seedstore_pb2_grpc.SeedStoreServiceStub(channel)
-            store = await seeds.GetStore(seedstore_pb2.GetStoreRequest(), timeout=10)
-            await seeds.AddSeed(
-                seedstore_pb2.AddSeedRequest(
-                    id="echo", domain="text", kind="cli", command="cat", provides=["text_echo"]
-                ),
-                timeout=10,
-            )
-    finally:
-        stop_process(process)
+    assert process.stdout is not None
+    lines = [process.stdout.readline() for _ in range(3)]
+    if not lines[2].startswith("pair ready"):
+        process.kill()
+        raise AssertionError(f"the pair did not start: {lines} {process.communicate(timeout=10)}")
+    yield lines[2], run_dir, home
+    stop_process(process)
+
+
+async def test_without_skillspec_home_the_store_and_state_stay_in_the_run_dir(
+    local_pair: tuple[str, Path, Path],
+) -> None:
+    ready, run_dir, home = local_pair
+    assert f"seed store {run_dir}/skillspec-home/capabilities, project-local" in ready
+    async with grpc.aio.insecure_channel(f"unix:{run_dir / 'seedstore.sock'}") as channel:
+        seeds = seedstore_pb2_grpc.SeedStoreServiceStub(channel)
+        store = await seeds.GetStore(seedstore_pb2.GetStoreRequest(), timeout=10)
+        await seeds.AddSeed(
+            seedstore_pb2.AddSeedRequest(
+                id="echo", domain="text", kind="cli", command="cat", provides=["text_echo"]
+            ),
+            timeout=10,
+        )
     assert Path(store.seed_store) == run_dir / "skillspec-home" / "capabilities"
     assert (run_dir / "skillspec-home" / "capabilities" / "text" / "echo.yml").is_file()
     assert sorted(p.name for p in home.iterdir()) == []
