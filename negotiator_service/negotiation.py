@@ -312,9 +312,7 @@ def parse_required(entry: str) -> tuple[Capability, TypedSet | None, str]:
     if typed_set is TypedSet.MCP_TRANSPORTS:
         member = normalize_transport(member)
         if member not in MCP_TRANSPORTS:
-            raise ValueError(
-                f'"{entry}": unknown transport; expected stdio, sse, http or streamable-http'
-            )
+            raise ValueError(f'"{entry}": unknown transport; expected stdio, sse, http or streamable-http')
     return SET_CAPABILITY[typed_set], typed_set, member
 
 

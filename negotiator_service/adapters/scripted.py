@@ -360,7 +360,9 @@ class ScriptedAdapter:
         self._declaration = scripted_declaration(spec.declaration, spec.shortname)
         self._options = read_options(spec, self._declaration)
         # What each call that passed the adapter's own check brought, oldest first.
-        self.received: collections.deque[dict[str, JsonValue]] = collections.deque(maxlen=MAX_RECEIVED_RECORDS)
+        self.received: collections.deque[dict[str, JsonValue]] = collections.deque(
+            maxlen=MAX_RECEIVED_RECORDS
+        )
 
     @property
     def declaration(self) -> Declaration:

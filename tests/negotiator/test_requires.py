@@ -77,7 +77,9 @@ async def test_a_required_hook_event_is_judged_as_a_member_of_hook_events(
     [(_, call)] = fake.calls
     assert call.options.requires == ("hooks", "hook_events:pre_tool_use")
 
-    error = await call_error(stub.Invoke(invoke("no-codemode", "hook_events:pre_tool_use", "hook_events:stop")))
+    error = await call_error(
+        stub.Invoke(invoke("no-codemode", "hook_events:pre_tool_use", "hook_events:stop"))
+    )
     [gap] = error.precondition_violations
     assert (gap.type, gap.subject) == ("UNSUPPORTED_CAPABILITY", "hook_events:stop")
     assert gap.description.startswith("options.requires[1] needs hook_events:stop;")
@@ -89,7 +91,9 @@ async def test_unknown_names_are_invalid_argument_on_their_entry(
 ) -> None:
     fake = add_fake(negotiator, EVERYTHING)
     error = await call_error(
-        stub.Invoke(invoke("fake", "codemode", "telepathy", "hook_events:", "codemode", "mcp_transports:pigeon"))
+        stub.Invoke(
+            invoke("fake", "codemode", "telepathy", "hook_events:", "codemode", "mcp_transports:pigeon")
+        )
     )
     assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
     assert [path for path, _ in error.field_violations] == [
@@ -99,7 +103,9 @@ async def test_unknown_names_are_invalid_argument_on_their_entry(
         "options.requires[4]",
     ]
     described = dict(error.field_violations)
-    assert described["options.requires[1]"].startswith('"telepathy" is not a capability or <typed set>:<member>')
+    assert described["options.requires[1]"].startswith(
+        '"telepathy" is not a capability or <typed set>:<member>'
+    )
     assert "repeats options.requires[0]" in described["options.requires[3]"]
     # Negotiate names the field from the top of its request.
     error = await call_error(stub.Negotiate(pb.NegotiateRequest(invoke=invoke("fake", "telepathy"))))
@@ -115,7 +121,8 @@ async def test_every_capability_is_requirable(
     add_fake(negotiator, make_declaration("without", unsupported=[capability]))
     accepted = await stub.Negotiate(pb.NegotiateRequest(invoke=invoke("fake", capability.value)))
     refused = await stub.Negotiate(pb.NegotiateRequest(invoke=invoke("without", capability.value)))
-    assert accepted.decision.accepted and not refused.decision.accepted
+    assert accepted.decision.accepted
+    assert not refused.decision.accepted
     for decision in (accepted.decision, refused.decision):
         [verdict] = decision.verdicts
         assert verdict.requirement.capability == CAPABILITY_TO_PROTO[capability]
@@ -187,7 +194,9 @@ async def test_the_python_client_passes_requires(negotiator: RunningNegotiator) 
         await asyncio.to_thread(call, "telepathy")
 
 
-async def test_the_cli_require_flag(capsys: pytest.CaptureFixture[str], negotiator: RunningNegotiator) -> None:
+async def test_the_cli_require_flag(
+    capsys: pytest.CaptureFixture[str], negotiator: RunningNegotiator
+) -> None:
     add_fake(negotiator, NO_CODEMODE)
     server = negotiator.bound[0]
 

@@ -119,7 +119,9 @@ def test_capabilities_left_out_are_unsupported_unless_the_double_implements_them
     assert declaration.scripted
 
 
-@pytest.mark.parametrize("text", [TEST_CONFIG, RECORDER_CONFIG, EMBEDDED_DEFAULT_CONFIG], ids=["test", "recorder", "embedded"])
+@pytest.mark.parametrize(
+    "text", [TEST_CONFIG, RECORDER_CONFIG, EMBEDDED_DEFAULT_CONFIG], ids=["test", "recorder", "embedded"]
+)
 def test_the_shipped_and_test_configs_claim_only_what_the_double_does(text: str) -> None:
     for adapter_spec in load_config(text, "<config>"):
         if adapter_spec.implementation == "scripted":
@@ -177,7 +179,12 @@ async def test_the_double_records_what_it_was_sent(stub: Stub, negotiator: Runni
         adapter="recorder",
         prompt="hello",
         options=pb.CallOptions(
-            model="m-1", effort="low", settings=settings, profile="fast", persona="critic", requires=["persona"]
+            model="m-1",
+            effort="low",
+            settings=settings,
+            profile="fast",
+            persona="critic",
+            requires=["persona"],
         ),
     )
     reply = await stub.Invoke(request)
