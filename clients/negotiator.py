@@ -97,6 +97,7 @@ def call_options(
     conversation_id: str = "",
     no_wait: bool = False,
     new_conversation: bool = False,
+    requires: Iterable[str] = (),
 ) -> pb.CallOptions:
     """CallOptions from Python values. Each value given is a requirement the adapter must declare.
 
@@ -105,7 +106,11 @@ def call_options(
     caller accepts while a declaration says UNKNOWN. `conversation_id` makes
     the call a turn of that conversation (needs stateful_history); `no_wait`
     fails a turn at once (ConversationBusyError) instead of queueing behind a
-    running one; `new_conversation` starts it afresh.
+    running one; `new_conversation` starts it afresh. `requires` lists
+    capabilities the call needs beyond those its other fields need, each a
+    capability name ("codemode") or "<typed set>:<member>"
+    ("hook_events:pre_tool_use"); the negotiator judges each one like the
+    rest and names it `options.requires[i]` in a refusal.
     """
     options = pb.CallOptions(
         model=model,
@@ -118,6 +123,7 @@ def call_options(
         conversation_id=conversation_id,
         no_wait=no_wait,
         new_conversation=new_conversation,
+        requires=list(requires),
     )
     if settings is not None:
         struct = struct_pb2.Struct()

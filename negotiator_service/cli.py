@@ -28,6 +28,8 @@ adapter's declaration must meet:
     --allow-tool NAME --deny-tool NAME   repeatable
     --stream-events
     --allow-unknown CAPABILITY     repeatable; accept an UNKNOWN capability for this call
+    --require CAP                  repeatable; also require a capability (`codemode`) or a typed-set
+                                   member (`hook_events:pre_tool_use`), judged as options.requires[i]
     --conversation ID              run as a turn of this conversation (needs stateful_history)
     --no-wait                      with --conversation: fail (ABORTED) instead of waiting for a busy one
     --new-conversation             with --conversation: drop its state and pinned declaration first
@@ -126,6 +128,7 @@ def _call_options_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deny-tool", action="append", default=[], metavar="NAME")
     parser.add_argument("--stream-events", action="store_true")
     parser.add_argument("--allow-unknown", action="append", default=[], metavar="CAPABILITY")
+    parser.add_argument("--require", action="append", default=[], metavar="CAP")
     parser.add_argument("--conversation", default="", metavar="ID")
     parser.add_argument("--no-wait", action="store_true")
     parser.add_argument("--new-conversation", action="store_true")
@@ -315,6 +318,8 @@ def call_options(args: argparse.Namespace) -> pb.CallOptions:
         options.tool_filter.CopyFrom(pb.ToolFilter(allow=args.allow_tool, deny=args.deny_tool))
     options.stream_events = args.stream_events
     options.allow_unknown.extend(_capability(name) for name in args.allow_unknown)
+    # Checked by the negotiator, which names a bad entry options.requires[i].
+    options.requires.extend(args.require)
     options.conversation_id = args.conversation
     options.no_wait = args.no_wait
     options.new_conversation = args.new_conversation

@@ -219,6 +219,7 @@ def _call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
         no_wait=present.get("no_wait", False),
         new_conversation=present.get("new_conversation", False),
         generate_conversation_id=present.get("generate_conversation_id", False),
+        requires=tuple(present["requires"]) if "requires" in present else (),
     )
 
 

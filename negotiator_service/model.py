@@ -248,6 +248,11 @@ class CallOptions:
     new_conversation: bool = False  # drop the conversation's state and pinned declaration
     # The servicer replaces it by a generated conversation_id before anything judges the call.
     generate_conversation_id: bool = False
+    # Capabilities the caller requires beyond those the fields above need, as
+    # sent: "codemode" or "<typed set>:<member>" ("hook_events:pre_tool_use").
+    # validate_request checks each; derive_requirements judges each as
+    # `options.requires[i]`.
+    requires: tuple[str, ...] = ()
 
 
 class CallKind(enum.Enum):

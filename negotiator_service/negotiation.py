@@ -261,12 +261,65 @@ def _option_problems(options: CallOptions) -> list[tuple[str, str]]:
         elif depth.depth is not None and depth.depth < 0:
             problems.append(("options.max_depth.depth", "must not be negative"))
     problems.extend(_conversation_problems(options))
+    problems.extend(_requires_problems(options.requires))
     if options.tool_filter is not None:
         tool_filter = options.tool_filter
         if not tool_filter.allow and not tool_filter.deny:
             problems.append(("options.tool_filter", "allow and deny are both empty; omit the filter instead"))
         for list_name, names in (("allow", tool_filter.allow), ("deny", tool_filter.deny)):
             problems.extend(_name_list_problems(f"options.tool_filter.{list_name}", names, "tool name"))
+    return problems
+
+
+# `options.requires` names a capability by its declaration name, or a typed-set
+# member as "<set>:<member>". Each entry becomes a verdict, so the list is bounded.
+MAX_REQUIRED_ENTRIES = 64
+CAPABILITY_NAMES: Mapping[str, Capability] = MappingProxyType({c.value: c for c in Capability})
+TYPED_SET_NAMES: Mapping[str, TypedSet] = MappingProxyType({s.value: s for s in TypedSet})
+
+
+def parse_required(entry: str) -> tuple[Capability, TypedSet | None, str]:
+    """An `options.requires` entry as (capability, typed set or None, member).
+
+    A set member comes with the capability its set belongs to; an MCP
+    transport member is normalized ("streamable-http" is "http"). Raises
+    ValueError describing what is wrong with the entry.
+    """
+    capability = CAPABILITY_NAMES.get(entry)
+    if capability is not None:
+        return capability, None, ""
+    set_name, colon, member = entry.partition(":")
+    typed_set = TYPED_SET_NAMES.get(set_name)
+    if not colon or typed_set is None:
+        raise ValueError(
+            f'"{entry}" is not a capability or <typed set>:<member>; capabilities: '
+            f"{', '.join(CAPABILITY_NAMES)}; typed sets: {', '.join(TYPED_SET_NAMES)}"
+        )
+    if not member.strip():
+        raise ValueError(f'"{entry}" names no member of {set_name}')
+    if typed_set is TypedSet.MCP_TRANSPORTS:
+        member = normalize_transport(member)
+        if member not in MCP_TRANSPORTS:
+            raise ValueError(f'"{entry}": unknown transport; expected stdio, sse, http or streamable-http')
+    return SET_CAPABILITY[typed_set], typed_set, member
+
+
+def _requires_problems(entries: Sequence[str]) -> list[tuple[str, str]]:
+    if len(entries) > MAX_REQUIRED_ENTRIES:
+        return [("options.requires", f"lists {len(entries)} entries; at most {MAX_REQUIRED_ENTRIES}")]
+    problems = []
+    first_index: dict[tuple[Capability, TypedSet | None, str], int] = {}
+    for index, entry in enumerate(entries):
+        path = f"options.requires[{index}]"
+        try:
+            parsed = parse_required(entry)
+        except ValueError as exc:
+            problems.append((path, str(exc)))
+            continue
+        if parsed in first_index:
+            problems.append((path, f'"{entry}" repeats options.requires[{first_index[parsed]}]'))
+        else:
+            first_index[parsed] = index
     return problems
 
 
@@ -424,6 +477,7 @@ def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) 
         options.stream_events,
         options.conversation_id is not None,
         bool(request.tools),
+        options.requires,
     )
     requirements = _DERIVED.get(shape)
     if requirements is None:
@@ -488,6 +542,14 @@ def _derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None)
         requirements.append(Requirement(Capability.STREAM_EVENTS, "options.stream_events"))
     if options.conversation_id is not None:
         requirements.append(Requirement(Capability.STATEFUL_HISTORY, "options.conversation_id"))
+    for index, entry in enumerate(options.requires):
+        # Each entry has its own verdict, also when a field above needs the same
+        # capability: the caller sees the judgement of every entry it wrote.
+        capability, typed_set, member = parse_required(entry)
+        request_field = f"options.requires[{index}]"
+        requirements.append(Requirement(capability, request_field))
+        if typed_set is not None:
+            requirements.append(Requirement(capability, request_field, typed_set, member))
     if request.tools:
         # Caller tools of a ToolSession (ToolSessionStart.tools, after the call itself).
         requirements.append(Requirement(Capability.TOOL_REGISTRATION, "tools"))

@@ -1,9 +1,26 @@
 """The scripted adapter: canned, deterministic replies from config.
 
-For demos and tests only, and labelled so (`Declaration.scripted`). Its whole
-declaration comes from config, since there is no code behind it to narrow;
-it still refuses, like any adapter, a call field its declaration does not
-accept.
+For demos and tests only, and labelled so (`Declaration.scripted`). Its
+declaration comes from config, but config may declare only what this code
+does (`IMPLEMENTED`); it still refuses, like any adapter, a call field its
+declaration does not accept.
+
+What the double does for each capability it may declare:
+- behaviour: structured_output (the `produce` reply, which the negotiator
+  validates against the caller's schema, string formats included),
+  tool_registration and tool_filter (`tool_calls` go through the call's
+  ToolBox, which hides and refuses filtered tools), stream_events (`events`),
+  stateful_history (the conversation transcript below);
+- recorded: model_override, effort, settings, profile_override and persona
+  change no reply; the double records them with everything else it was sent
+  (`ScriptedAdapter.received`, and the `{received: true}` reply), so a test
+  asserts that they arrived.
+Every other capability (mcp, codemode, native_approvals,
+native_approval_handler, subagents, background_subagents, hooks,
+history_replay, native_artifacts, depth_limit) has no behaviour here: config
+may only declare it unsupported, a capability config leaves out is
+unsupported, and `mcp_transports` / `hook_events` must stay empty. Anything
+else is a ConfigError naming the adapter and the capability.
 
 Options:
     invoke:  a reply (default `{echo: true}`)
@@ -20,7 +37,8 @@ Options:
 
 A reply is exactly one of `{text: "..."}`, `{echo: true}` (the prompt),
 `{json: <value>}` (its JSON text), `{transcript: true}` (the JSON array of
-the conversation's prompts so far, this one included) or
+the conversation's prompts so far, this one included), `{received: true}`
+(the JSON text of this call's record, see `received_record`) or
 `{error: {kind, message, retry_after?}}` with kind one of unavailable,
 timeout, rate_limited, refused, misconfigured, internal.
 
@@ -33,16 +51,19 @@ if the whole call succeeds, so `transcript` shows exactly what was committed.
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from negotiator_service import errors
-from negotiator_service.adapters._calls import ALL_CAPABILITIES, call_deadline, check_call
+from negotiator_service.adapters._calls import call_deadline, check_call, plain_json
 from negotiator_service.adapters._options import OptionReader, type_name
 from negotiator_service.declarations import declaration_from_override
 from negotiator_service.model import (
+    SET_CAPABILITY,
     AdapterCall,
     AdapterReply,
     AdapterSpec,
@@ -50,10 +71,36 @@ from negotiator_service.model import (
     Capability,
     CapabilityState,
     Declaration,
+    DeclarationOverride,
     JsonValue,
     StreamEvent,
     ToolOutcome,
+    TypedSet,
 )
+
+# Capabilities this code carries out (see the module docstring).
+BEHAVIOUR = frozenset(
+    {
+        Capability.STRUCTURED_OUTPUT,
+        Capability.TOOL_REGISTRATION,
+        Capability.TOOL_FILTER,
+        Capability.STREAM_EVENTS,
+        Capability.STATEFUL_HISTORY,
+    }
+)
+# Capabilities whose value changes no reply: the double records it, and nothing more.
+RECORDED = frozenset(
+    {
+        Capability.MODEL_OVERRIDE,
+        Capability.EFFORT,
+        Capability.SETTINGS,
+        Capability.PROFILE_OVERRIDE,
+        Capability.PERSONA,
+    }
+)
+IMPLEMENTED = BEHAVIOUR | RECORDED
+# The records `ScriptedAdapter.received` keeps, newest last; older ones are dropped.
+MAX_RECEIVED_RECORDS = 256
 
 ERROR_KINDS: Mapping[str, Callable[[str, str], errors.AdapterFailure]] = MappingProxyType(
     {
@@ -65,7 +112,7 @@ ERROR_KINDS: Mapping[str, Callable[[str, str], errors.AdapterFailure]] = Mapping
         "internal": errors.AdapterInternal,
     }
 )
-_REPLY_FORMS = ("text", "echo", "json", "transcript", "error")
+_REPLY_FORMS = ("text", "echo", "json", "transcript", "received", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +134,10 @@ class ScriptedReply:
     text: str | None = None
     echo: bool = False
     transcript: bool = False
+    received: bool = False
     error: ScriptedError | None = None
 
-    def answer(self, adapter: str, prompt: str, prompts: list[str]) -> str:
+    def answer(self, adapter: str, prompt: str, prompts: list[str], record: Mapping[str, JsonValue]) -> str:
         """The reply text; `prompts` is the conversation's transcript, this prompt included."""
         if self.error is not None:
             raise self.error.exception(adapter)
@@ -97,6 +145,8 @@ class ScriptedReply:
             return prompt
         if self.transcript:
             return json.dumps(prompts, ensure_ascii=False)
+        if self.received:
+            return json.dumps(record, ensure_ascii=False)
         assert self.text is not None  # _read_reply sets exactly one form
         return self.text
 
@@ -158,6 +208,10 @@ def _read_reply(parent: OptionReader, key: str) -> ScriptedReply:
         if reader.raw("transcript") is not True:
             reader.fail(reader.path("transcript"), "must be true (omit it otherwise)")
         reply = ScriptedReply(transcript=True)
+    elif form == "received":
+        if reader.raw("received") is not True:
+            reader.fail(reader.path("received"), "must be true (omit it otherwise)")
+        reply = ScriptedReply(received=True)
     elif form == "json":
         try:
             text = json.dumps(reader.raw("json"), ensure_ascii=False)
@@ -237,6 +291,61 @@ def tool_results_reply(outcomes: list[tuple[str, ToolOutcome]], persona: str | N
     return json.dumps({"tool_results": results, "persona": persona}, ensure_ascii=False)
 
 
+def scripted_declaration(override: DeclarationOverride, shortname: str) -> Declaration:
+    """The declaration config writes for a scripted adapter, held to what this code does.
+
+    Raises ConfigError naming every capability (and typed set) the config
+    declares beyond `IMPLEMENTED`; a capability outside it that config
+    leaves out is declared unsupported.
+    """
+    problems = [
+        f"capabilities.{capability.value}={state.value}: a scripted adapter has no behaviour for "
+        f"{capability.value} (it may only be declared unsupported)"
+        for capability, state in sorted(override.capabilities.items(), key=lambda kv: kv[0].value)
+        if capability not in IMPLEMENTED and state is not CapabilityState.UNSUPPORTED
+    ]
+    for typed_set, members in (
+        (TypedSet.MCP_TRANSPORTS, override.mcp_transports),
+        (TypedSet.HOOK_EVENTS, override.hook_events),
+    ):
+        if members:
+            problems.append(
+                f"{typed_set.value} must be empty: a scripted adapter has no behaviour for "
+                f"{SET_CAPABILITY[typed_set].value}"
+            )
+    if problems:
+        raise errors.ConfigError(f'adapter "{shortname}": ' + "; ".join(problems))
+    capabilities = {c: CapabilityState.UNSUPPORTED for c in Capability if c not in IMPLEMENTED}
+    capabilities.update(override.capabilities)
+    completed = dataclasses.replace(override, capabilities=MappingProxyType(capabilities))
+    return declaration_from_override(completed, shortname=shortname, scripted=True)
+
+
+def received_record(kind: CallKind, call: AdapterCall) -> dict[str, JsonValue]:
+    """What one call brought the double, as JSON: every field it can carry, set or not."""
+    options = call.options
+    tool_filter = options.tool_filter
+    return {
+        "kind": kind.value,
+        "prompt": call.prompt,
+        "output_schema": plain_json(call.output_schema) if call.output_schema is not None else None,
+        "model": options.model,
+        "effort": options.effort,
+        "settings": plain_json(options.settings),
+        "profile": options.profile,
+        "persona": options.persona,
+        "stream_events": options.stream_events,
+        "conversation_id": options.conversation_id,
+        "tool_filter": (
+            None
+            if tool_filter is None
+            else {"allow": list(tool_filter.allow), "deny": list(tool_filter.deny)}
+        ),
+        "tools": [spec.name for spec in call.tools.specs] if call.tools is not None else [],
+        "requires": list(options.requires),
+    }
+
+
 class ScriptedAdapter:
     """Canned replies; see the module docstring for the options."""
 
@@ -248,32 +357,36 @@ class ScriptedAdapter:
                 f'adapter "{spec.shortname}": a scripted adapter needs a declaration in config '
                 "(there is no code to declare one)"
             )
-        self._declaration = declaration_from_override(
-            spec.declaration, shortname=spec.shortname, scripted=True
-        )
+        self._declaration = scripted_declaration(spec.declaration, spec.shortname)
         self._options = read_options(spec, self._declaration)
+        # What each call that passed the adapter's own check brought, oldest first.
+        self.received: collections.deque[dict[str, JsonValue]] = collections.deque(
+            maxlen=MAX_RECEIVED_RECORDS
+        )
 
     @property
     def declaration(self) -> Declaration:
         return self._declaration
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.INVOKE, implemented=ALL_CAPABILITIES)
-        return await self._reply(self._options.invoke, call)
+        check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
+        return await self._reply(self._options.invoke, call, CallKind.INVOKE)
 
     async def produce(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.PRODUCE, implemented=ALL_CAPABILITIES)
+        check_call(self._declaration, call, CallKind.PRODUCE, implemented=IMPLEMENTED)
         if self._options.produce is None:
             raise errors.AdapterRefused(
                 self._declaration.shortname, "no scripted produce reply is configured"
             )
-        return await self._reply(self._options.produce, call)
+        return await self._reply(self._options.produce, call, CallKind.PRODUCE)
 
     async def close(self) -> None:
         return None
 
-    async def _reply(self, reply: ScriptedReply, call: AdapterCall) -> AdapterReply:
+    async def _reply(self, reply: ScriptedReply, call: AdapterCall, kind: CallKind) -> AdapterReply:
         shortname = self._declaration.shortname
+        record = received_record(kind, call)
+        self.received.append(record)
         if self._options.delay_seconds > 0:
             deadline = call_deadline(shortname, call.time_budget)
             try:
@@ -289,7 +402,7 @@ class ScriptedAdapter:
         if self._options.reply_with_tool_results:
             text = tool_results_reply(outcomes, call.options.persona)
         else:
-            text = reply.answer(shortname, call.prompt, prompts)
+            text = reply.answer(shortname, call.prompt, prompts, record)
         state: JsonValue = None
         if call.options.conversation_id is not None:
             state = {"turns": len(prompts), "prompts": prompts}

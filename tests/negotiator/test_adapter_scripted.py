@@ -190,7 +190,9 @@ async def test_declaration_comes_from_config_and_is_labelled_scripted() -> None:
     assert declaration.kind is AdapterKind.HARNESS
     assert declaration.state(Capability.STRUCTURED_OUTPUT) is SUPPORTED
     assert declaration.state(Capability.PERSONA) is CapabilityState.UNSUPPORTED
-    assert declaration.state(Capability.MCP) is CapabilityState.UNKNOWN
+    # Left out: unknown where the double records the value, unsupported where it has no behaviour.
+    assert declaration.state(Capability.EFFORT) is CapabilityState.UNKNOWN
+    assert declaration.state(Capability.MCP) is CapabilityState.UNSUPPORTED
     assert declaration.accepted_settings == {"temperature"}
     assert adapter.implementation == "scripted"
 

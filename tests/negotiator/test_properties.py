@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fakes import FakeAdapter
@@ -286,6 +286,93 @@ def test_accepted_calls_need_only_what_is_supported_or_allowed(
             for v in failure.decision.gaps
         }
         assert refused == {n for n in needs if not met(n, declaration, request.options.allow_unknown)}
+    else:
+        assert isinstance(failure, errors.AdapterKindMismatch)
+        assert not kind_fits(request, declaration)
+
+
+# --- caller-stated requirements (options.requires) ----------------------------------
+
+_REQUIRABLE = (
+    *(c.value for c in Capability),
+    *(f"hook_events:{event}" for event in (*HOOK_EVENTS, "stop")),
+    *(f"accepted_settings:{key}" for key in SETTING_KEYS),
+    *(f"mcp_transports:{transport}" for transport in TRANSPORTS),
+    *(f"string_formats:{string_format}" for string_format in FORMATS),
+)
+# "streamable-http" and "http" name one transport, so one list holds at most one of them.
+_REQUIRES = st.lists(st.sampled_from(_REQUIRABLE), max_size=4, unique=True).filter(
+    lambda entries: not {"mcp_transports:http", "mcp_transports:streamable-http"} <= set(entries)
+)
+
+
+@st.composite
+def scenarios_with_requires(draw: st.DrawFn) -> tuple[Declaration, CallRequest]:
+    """`scenarios()` with a list of caller-stated requirements added to the call."""
+    declaration, request = draw(scenarios())
+    options = replace(request.options, requires=tuple(draw(_REQUIRES)))
+    return declaration, replace(request, options=options)
+
+
+def required_needs(request: CallRequest) -> list[tuple[int, Need]]:
+    """(entry index, need) for each `options.requires` entry, re-stated from its text."""
+    needs: list[tuple[int, Need]] = []
+    for index, entry in enumerate(request.options.requires):
+        name, _, member = entry.partition(":")
+        if not member:
+            needs.append((index, Need(Capability(name))))
+            continue
+        typed_set = TypedSet(name)
+        member = "http" if member == "streamable-http" else member
+        needs.append((index, Need(SET_CAPABILITY[typed_set])))
+        needs.append((index, Need(SET_CAPABILITY[typed_set], typed_set, member)))
+    return needs
+
+
+@PROPERTIES
+@given(scenario=scenarios_with_requires())
+def test_every_required_entry_appears_as_its_own_verdict(scenario: tuple[Declaration, CallRequest]) -> None:
+    declaration, request = scenario
+    registry = AdapterRegistry()
+    registry.add(RegisteredAdapter(FakeAdapter(declaration), "config"))
+    try:
+        decision = Broker(registry).negotiate(request)
+    except errors.AdapterKindMismatch:
+        assert not kind_fits(request, declaration)
+        return
+    stated = [
+        (int(v.requirement.request_field.removeprefix("options.requires[").removesuffix("]")), v)
+        for v in decision.verdicts
+        if v.requirement.request_field.startswith("options.requires[")
+    ]
+    assert [
+        (index, Need(v.requirement.capability, v.requirement.typed_set, v.requirement.member))
+        for index, v in stated
+    ] == required_needs(request)
+    for _, verdict in stated:
+        need = Need(verdict.requirement.capability, verdict.requirement.typed_set, verdict.requirement.member)
+        assert verdict.accepted == met(need, declaration, request.options.allow_unknown)
+
+
+@PROPERTIES
+@given(scenario=scenarios_with_requires())
+def test_accepted_calls_meet_every_required_entry_too(scenario: tuple[Declaration, CallRequest]) -> None:
+    declaration, request = scenario
+    adapter, failure = asyncio.run(run(declaration, request))
+    allow = request.options.allow_unknown
+    needs = needs_of(request) + [need for _, need in required_needs(request)]
+    unmet = {need for need in needs if not met(need, declaration, allow)}
+    if failure is None:
+        assert kind_fits(request, declaration)
+        assert not unmet, unmet
+        [(_, call)] = adapter.calls
+        assert call.options.requires == request.options.requires
+    elif isinstance(failure, errors.UnsupportedCapability):
+        assert adapter.calls == []
+        assert unmet == {
+            Need(v.requirement.capability, v.requirement.typed_set, v.requirement.member)
+            for v in failure.decision.gaps
+        }
     else:
         assert isinstance(failure, errors.AdapterKindMismatch)
         assert not kind_fits(request, declaration)

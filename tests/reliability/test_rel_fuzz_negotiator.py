@@ -75,12 +75,11 @@ adapters:
         model_override: supported
         settings: supported
         stream_events: supported
-        mcp: supported
+        mcp: unsupported
         tool_filter: supported
-        depth_limit: supported
+        depth_limit: unsupported
         persona: unsupported
         effort: unsupported
-      mcp_transports: [stdio, http]
       accepted_settings: [temperature, seed]
       string_formats: [email, date]
     options:

@@ -138,6 +138,36 @@ for (const transport of ['tcp', 'uds']) {
       assert.match(status.preconditionFailure.violations[1].description, /^options\.settings\.top_k needs /);
     });
 
+    test('options.requires: each entry is judged and named options.requires[i]; unknown names are INVALID_ARGUMENT', async () => {
+      const error = await rejectionOf(
+        client.invoke({ adapter: 'demo', prompt: 'hi', options: { requires: ['codemode', 'hook_events:pre_tool_use'] } }),
+        'Invoke requiring codemode',
+      );
+      const status = decodeStatus(error);
+      assert.equal(status.code, grpc.status.FAILED_PRECONDITION);
+      assert.equal(status.errorInfo.reason, 'UNSUPPORTED_CAPABILITY');
+      assert.deepEqual(
+        status.preconditionFailure.violations.map(({ subject, description }) => [subject, description.split(' needs ')[0]]),
+        [
+          ['codemode', 'options.requires[0]'],
+          ['hooks', 'options.requires[1]'],
+          ['hook_events:pre_tool_use', 'options.requires[1]'],
+        ],
+      );
+
+      const invalid = decodeStatus(
+        await rejectionOf(
+          client.invoke({ adapter: 'demo', prompt: 'hi', options: { requires: ['telepathy'] } }),
+          'Invoke requiring an unknown capability',
+        ),
+      );
+      assert.equal(invalid.code, grpc.status.INVALID_ARGUMENT);
+      assert.deepEqual(
+        invalid.badRequest.fieldViolations.map(({ field }) => field),
+        ['options.requires[0]'],
+      );
+    });
+
     test('Negotiate reports the same gaps without dispatching', async () => {
       const { decision } = await client.negotiate({
         produce: { agent: 'shell-echo', prompt: 'hi', outputSchema: OBJECT_SCHEMA },
