@@ -356,7 +356,9 @@ def adapter_json(adapter: pb.Adapter) -> dict[str, Any]:
         "implementation": adapter.implementation,
         "source": _enum_name(pb.AdapterSource.Name(adapter.source), "ADAPTER_SOURCE_"),
         "target": adapter.target,
-        "serving": _enum_name(pb.AdapterServingStatus.Name(adapter.serving_status), "ADAPTER_SERVING_STATUS_"),
+        "serving": _enum_name(
+            pb.AdapterServingStatus.Name(adapter.serving_status), "ADAPTER_SERVING_STATUS_"
+        ),
         "serving_detail": adapter.serving_detail,
         "declaration_version": declaration.version,
         "scripted": declaration.scripted,

@@ -59,7 +59,12 @@ class AdapterRegistry:
         self.refresh_seconds = refresh_seconds
         self._entries: dict[str, RegisteredAdapter] = {}
         self._watchers: set[asyncio.Queue[tuple[Change, RegisteredAdapter] | None]] = set()
+        self._listeners: list[Callable[[Change, RegisteredAdapter], None]] = []
         self._closed = False
+
+    def listen(self, listener: Callable[[Change, RegisteredAdapter], None]) -> None:
+        """Call `listener` with every change as it is published (inside add/remove: it must not block)."""
+        self._listeners.append(listener)
 
     def add(self, entry: RegisteredAdapter) -> None:
         shortname = entry.shortname
@@ -149,3 +154,5 @@ class AdapterRegistry:
     def _publish(self, change: Change, entry: RegisteredAdapter) -> None:
         for queue in self._watchers:
             queue.put_nowait((change, entry))
+        for listener in self._listeners:
+            listener(change, entry)

@@ -99,6 +99,7 @@ EXPECTED_CODES = {
     errors.ConversationAdapterMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ConversationStateCorrupt: grpc.StatusCode.DATA_LOSS,
     errors.ConversationStoreFailed: grpc.StatusCode.INTERNAL,
+    errors.RegistrationStoreFailed: grpc.StatusCode.INTERNAL,
     errors.AdapterFailure: grpc.StatusCode.INTERNAL,
     errors.AdapterUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.AdapterTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
