@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -24,7 +25,8 @@ import grpc.aio
 from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
 from agentsidecar.common.v1 import common_pb2
 from google.protobuf import struct_pb2
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import _async as health_aio  # the public alias `health.aio` is invisible to mypy
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
 def declaration(shortname: str, effort: bool) -> common_pb2.Declaration:
@@ -75,11 +77,25 @@ class VersionedAdapter(adapter_pb2_grpc.AdapterServiceServicer):
             response.conversation_state.struct_value.CopyFrom(state)
         return response
 
+    async def Produce(
+        self, request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adapter_pb2.ProduceResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "structured output is not declared")
+        raise AssertionError("abort never returns")
+
+    async def CallWithTools(
+        self,
+        request_iterator: AsyncIterator[adapter_pb2.CallWithToolsRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[adapter_pb2.CallWithToolsResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "tools are not declared")
+        yield adapter_pb2.CallWithToolsResponse()  # never reached: makes this an async generator
+
 
 async def serve(listen: str, shortname: str, effort: bool, label: str) -> None:
     server = grpc.aio.server()
     adapter_pb2_grpc.add_AdapterServiceServicer_to_server(VersionedAdapter(shortname, effort, label), server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(listen)
     await server.start()
