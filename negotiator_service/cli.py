@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--state-dir",
         type=Path,
-        help="where conversations are kept (default $XDG_STATE_HOME/agentsidecar/conversations, "
+        help="where conversations and runtime adapter registrations are kept "
+        "(default $XDG_STATE_HOME/agentsidecar/conversations, "
         "else ~/.local/state/agentsidecar/conversations)",
     )
     serve.add_argument(
