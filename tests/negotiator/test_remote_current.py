@@ -25,7 +25,7 @@ import pytest
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from negotiator_testkit import call_error
+from negotiator_testkit import NEGOTIATOR_BIN, call_error
 
 from negotiator_service.registrations import CORRUPT_SUFFIX, FILE_NAME, RegistrationStore
 from negotiator_service.server import RunningNegotiator, Settings, create_server
@@ -413,3 +413,46 @@ async def test_a_reconnection_re_reads_the_declaration_without_waiting_for_the_s
             assert effort_state(back) == common_pb2.CAPABILITY_STATE_SUPPORTED
     finally:
         await running.stop()
+
+
+async def test_negotiator_serve_restarted_brings_back_a_registration_and_follows_its_remote(
+    socket_dir: Path, config_file: Path, tmp_path: Path, remote: Remote
+) -> None:
+    """The console script end to end: `register`, SIGTERM, serve again, `adapters NAME`."""
+    target = f"unix:{socket_dir / 'serve.sock'}"
+    serve = [
+        str(NEGOTIATOR_BIN),
+        "serve",
+        "--config",
+        str(config_file),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--listen",
+        target,
+        "--adapter-refresh-seconds",
+        str(REFRESH_SECONDS),
+    ]
+
+    def cli(*argv: str) -> dict[str, Any]:
+        result = subprocess.run(
+            [str(NEGOTIATOR_BIN), "--server", target, *argv], capture_output=True, text=True, timeout=30
+        )
+        assert result.returncode == 0, result.stderr
+        loaded: dict[str, Any] = json.loads(result.stdout)
+        return loaded
+
+    process, _ = await asyncio.to_thread(start_process, serve)
+    try:
+        registered = await asyncio.to_thread(cli, "register", remote.target)
+        assert (registered["adapter"]["serving"], registered["adapter"]["serving_detail"]) == ("serving", "")
+    finally:
+        await asyncio.to_thread(stop_process, process)
+    remote.kill()
+    remote.start(effort="supported", label="v2")
+    process, _ = await asyncio.to_thread(start_process, serve)
+    try:
+        back = (await asyncio.to_thread(cli, "adapters", "versioned"))["adapter"]
+        assert (back["source"], back["target"], back["serving"]) == ("runtime", remote.target, "serving")
+        assert back["capabilities"]["effort"] == "supported"  # read from the remote as it is now
+    finally:
+        await asyncio.to_thread(stop_process, process)
