@@ -377,6 +377,7 @@ class InternalError(SidecarError):
         "NEGOTIATOR_ERROR",
         "SEEDSTORE_ERROR",
         "CONVERSATION_STORE_FAILED",
+        "REGISTRATION_STORE_FAILED",
     )
 
 

@@ -1,7 +1,7 @@
 """`negotiator`: run the negotiator, or talk to one.
 
     negotiator serve [--config FILE] [--state-dir DIR] [--seedstore ADDR] [--audit-log FILE]
-                     [--allow-adapter-hosts HOST[,HOST]]...
+                     [--allow-adapter-hosts HOST[,HOST]]... [--adapter-refresh-seconds SECONDS]
                      --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
@@ -38,7 +38,8 @@ adapter's declaration must meet:
 Output: JSON on stdout.
     adapters             {"adapters": [ADAPTER, ...]}
     adapters NAME        {"adapter": ADAPTER}
-    adapters --watch     one {"change": "existing"|"registered"|"deregistered", "adapter": ADAPTER} per line
+    adapters --watch     one {"change": "existing"|"registered"|"deregistered"|"updated",
+                          "adapter": ADAPTER} per line
     register/deregister  {"adapter": ADAPTER}
     negotiate            {"adapter", "declaration_version", "accepted",
                           "verdicts": [VERDICT], "gaps": [VERDICT]}
@@ -50,7 +51,8 @@ Output: JSON on stdout.
                           "exit_code", "output", "evidence"}} ("ask_policy" and "run" only when set)
 where
     ADAPTER = {"shortname", "kind": "agent-framework"|"agent-harness", "implementation",
-               "source": "config"|"runtime", "target", "declaration_version", "scripted",
+               "source": "config"|"runtime", "target", "serving": "serving"|"not_serving",
+               "serving_detail", "declaration_version", "scripted",
                "capabilities": {NAME: "supported"|"unsupported"|"unknown"},
                "mcp_transports", "accepted_settings", "string_formats", "hook_events"}
     VERDICT = {"capability", "set", "member", "request_field", "state", "allowed_unknown"}
@@ -77,6 +79,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import shlex
 import sys
@@ -152,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--state-dir",
         type=Path,
-        help="where conversations are kept (default $XDG_STATE_HOME/agentsidecar/conversations, "
+        help="where conversations and runtime adapter registrations are kept "
+        "(default $XDG_STATE_HOME/agentsidecar/conversations, "
         "else ~/.local/state/agentsidecar/conversations)",
     )
     serve.add_argument(
@@ -181,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="TCP hosts `register` (RegisterAdapter) may connect to besides Unix sockets and loopback "
         "addresses; repeatable, '*' allows any host (default: none; others are refused with "
         "PERMISSION_DENIED, ADAPTER_TARGET_NOT_ALLOWED, before any connection)",
+    )
+    serve.add_argument(
+        "--adapter-refresh-seconds",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="how often each remote adapter's health and declaration are checked (default 30; "
+        "also at once whenever its connection is re-established)",
     )
     add_serve_arguments(serve, listen_help=" (required)")
 
@@ -358,6 +369,10 @@ def adapter_json(adapter: pb.Adapter) -> dict[str, Any]:
         "implementation": adapter.implementation,
         "source": _enum_name(pb.AdapterSource.Name(adapter.source), "ADAPTER_SOURCE_"),
         "target": adapter.target,
+        "serving": _enum_name(
+            pb.AdapterServingStatus.Name(adapter.serving_status), "ADAPTER_SERVING_STATUS_"
+        ),
+        "serving_detail": adapter.serving_detail,
         "declaration_version": declaration.version,
         "scripted": declaration.scripted,
         "capabilities": {
@@ -556,6 +571,8 @@ def run_serve(args: argparse.Namespace) -> int:
         decisions_to_stderr=True,
         adapter_hosts=_hosts(args.allow_adapter_hosts),
     )
+    if args.adapter_refresh_seconds is not None:
+        settings = dataclasses.replace(settings, adapter_refresh_seconds=args.adapter_refresh_seconds)
     try:
         asyncio.run(serve(settings))
     except ConfigError as exc:
@@ -565,6 +582,16 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return seconds
 
 
 def _hosts(values: Sequence[str]) -> tuple[str, ...]:

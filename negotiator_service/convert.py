@@ -91,6 +91,7 @@ CHANGE_TO_PROTO: Mapping[Change, negotiator_pb2.AdapterChange.ValueType] = Mappi
         "existing": negotiator_pb2.ADAPTER_CHANGE_EXISTING,
         "registered": negotiator_pb2.ADAPTER_CHANGE_REGISTERED,
         "deregistered": negotiator_pb2.ADAPTER_CHANGE_DEREGISTERED,
+        "updated": negotiator_pb2.ADAPTER_CHANGE_UPDATED,
     }
 )
 
@@ -294,11 +295,18 @@ def declaration_to_proto(declaration: Declaration) -> common_pb2.Declaration:
 
 
 def adapter_to_proto(entry: RegisteredAdapter) -> negotiator_pb2.Adapter:
+    not_serving = entry.serving_detail
     return negotiator_pb2.Adapter(
         declaration=declaration_to_proto(entry.adapter.declaration),
         implementation=entry.adapter.implementation,
         source=SOURCE_TO_PROTO.get(entry.source, negotiator_pb2.ADAPTER_SOURCE_UNSPECIFIED),
         target=entry.target,
+        serving_status=(
+            negotiator_pb2.ADAPTER_SERVING_STATUS_NOT_SERVING
+            if not_serving
+            else negotiator_pb2.ADAPTER_SERVING_STATUS_SERVING
+        ),
+        serving_detail=not_serving,
     )
 
 

@@ -10,6 +10,7 @@ NegotiatorError
 ├── ConfigError                 bad config file, or config widening a declaration
 ├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
 ├── AdapterTargetNotAllowed     RegisterAdapter names a host the operator did not allow
+├── RegistrationStoreFailed     a runtime registration could not be written to the state directory
 ├── ConversationBusy            another call of the conversation is running (caller set no_wait)
 ├── DeclarationChanged          the adapter's declaration differs from the conversation's pinned one
 ├── ConversationAdapterMismatch the conversation is bound to another adapter
@@ -145,6 +146,21 @@ class AdapterTargetNotAllowed(NegotiatorError):
         )
         self.target = target
         self.host = host
+
+
+class RegistrationStoreFailed(NegotiatorError):
+    """Writing the runtime registrations to the state directory failed (disk full, permissions).
+
+    The registration or removal it was for did not happen: the file and the
+    adapters stay as they were.
+    """
+
+    reason = "REGISTRATION_STORE_FAILED"
+
+    def __init__(self, adapter: str, cause: str) -> None:
+        super().__init__(f'cannot store the registration of adapter "{adapter}": {cause}')
+        self.adapter = adapter
+        self.cause = cause
 
 
 class ConversationBusy(NegotiatorError):

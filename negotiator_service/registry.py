@@ -3,19 +3,39 @@
 Single event loop, no locks: `add` and `remove` never await, so a watcher's
 snapshot of existing adapters and its subscription happen atomically and it
 can neither miss nor double-count a change.
+
+An adapter that checks its remote (a `Monitored` one: the remote adapter)
+is set monitoring when added; each change it reports (a new declaration
+version, a serving-status change) is published as "updated" while it is
+still the adapter registered under its shortname.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from negotiator_service.errors import AdapterAlreadyExists, AdapterNotFound, AdapterNotRemovable
 from negotiator_service.model import Adapter, Declaration
 
-Change = Literal["existing", "registered", "deregistered"]
+Change = Literal["existing", "registered", "deregistered", "updated"]
+# How often a monitored adapter checks its remote, unless the registry is told otherwise.
+DEFAULT_REFRESH_SECONDS = 30.0
+
+
+@runtime_checkable
+class Monitored(Protocol):
+    """An adapter whose declaration and serving status can change while it is registered."""
+
+    @property
+    def serving(self) -> bool: ...
+
+    @property
+    def serving_detail(self) -> str: ...
+
+    def monitor(self, refresh_seconds: float, changed: Callable[[], None]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -28,12 +48,23 @@ class RegisteredAdapter:
     def shortname(self) -> str:
         return self.adapter.declaration.shortname
 
+    @property
+    def serving_detail(self) -> str:
+        """Why calls cannot reach the adapter now; "" while they can (always, for a local adapter)."""
+        return self.adapter.serving_detail if isinstance(self.adapter, Monitored) else ""
+
 
 class AdapterRegistry:
-    def __init__(self) -> None:
+    def __init__(self, refresh_seconds: float = DEFAULT_REFRESH_SECONDS) -> None:
+        self.refresh_seconds = refresh_seconds
         self._entries: dict[str, RegisteredAdapter] = {}
         self._watchers: set[asyncio.Queue[tuple[Change, RegisteredAdapter] | None]] = set()
+        self._listeners: list[Callable[[Change, RegisteredAdapter], None]] = []
         self._closed = False
+
+    def listen(self, listener: Callable[[Change, RegisteredAdapter], None]) -> None:
+        """Call `listener` with every change as it is published (inside add/remove: it must not block)."""
+        self._listeners.append(listener)
 
     def add(self, entry: RegisteredAdapter) -> None:
         shortname = entry.shortname
@@ -41,6 +72,8 @@ class AdapterRegistry:
             raise AdapterAlreadyExists(shortname)
         self._entries[shortname] = entry
         self._publish("registered", entry)
+        if isinstance(entry.adapter, Monitored):
+            entry.adapter.monitor(self.refresh_seconds, lambda: self._updated(entry))
 
     def remove(self, shortname: str) -> RegisteredAdapter:
         """Remove a runtime adapter and return it; the caller closes it."""
@@ -114,6 +147,12 @@ class AdapterRegistry:
         if failures:
             raise ExceptionGroup("closing adapters failed", failures)
 
+    def _updated(self, entry: RegisteredAdapter) -> None:
+        if self._entries.get(entry.shortname) is entry:
+            self._publish("updated", entry)
+
     def _publish(self, change: Change, entry: RegisteredAdapter) -> None:
         for queue in self._watchers:
             queue.put_nowait((change, entry))
+        for listener in self._listeners:
+            listener(change, entry)

@@ -3,7 +3,11 @@
 Start-up is all or nothing: a config error (including a config that widens an
 adapter's declaration) or an adapter that cannot be built stops start-up with
 a ConfigError naming the adapter and the field, before anything listens.
-Health turns SERVING only once every config adapter is built.
+Health turns SERVING only once every config adapter is built and the runtime
+registrations kept in the state directory are re-established
+(registrations.py: one whose remote is down is kept, NOT_SERVING; an
+unreadable file is reported and set aside, never stopping start-up).
+Every remote adapter then checks its remote every `adapter_refresh_seconds`.
 
 Shutdown (SIGTERM/SIGINT): open WatchAdapters streams end with UNAVAILABLE,
 health flips to NOT_SERVING, in-flight calls get `grace_seconds` to finish
@@ -24,6 +28,7 @@ import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2
 
 from negotiator_service.adapters import build_adapters, connect_remote
+from negotiator_service.adapters.remote import restore_remote
 from negotiator_service.audit import DEFAULT_WATCH_QUEUE_SIZE, AuditLog
 from negotiator_service.bootstrap import Bootstrapper, GrpcSeedSource
 from negotiator_service.broker import Broker
@@ -34,10 +39,17 @@ from negotiator_service.config import (
     load_negotiator_config,
 )
 from negotiator_service.conversations import ConversationManager, ConversationStore, default_state_dir
-from negotiator_service.errors import ConfigError
+from negotiator_service.errors import AdapterRegistrationFailed, ConfigError
 from negotiator_service.model import Adapter, AdapterSpec
-from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
-from negotiator_service.servicer import DEFAULT_DEADLINE_MARGIN_SECONDS, SERVICE_NAME, NegotiatorServicer
+from negotiator_service.registrations import RegistrationStore, RuntimeRegistrations, StoredRegistration
+from negotiator_service.registry import DEFAULT_REFRESH_SECONDS, AdapterRegistry, RegisteredAdapter
+from negotiator_service.servicer import (
+    DEFAULT_DEADLINE_MARGIN_SECONDS,
+    SERVICE_NAME,
+    NegotiatorServicer,
+    check_adapter_target,
+    normal_host,
+)
 from sidecar_runtime.addresses import parse_address
 from sidecar_runtime.observability import CallLog, open_call_log
 from sidecar_runtime.server import (
@@ -74,9 +86,9 @@ class Settings:
     server_options: ServerOptions | None = None
     # The seedstore Bootstrap searches (unix:PATH or HOST:PORT); None: Bootstrap is refused.
     seedstore_target: str | None = None
-    # The bearer token(s) sent to that seedstore, one per line (its --token-file); None: no token.
+    # The bearer token sent to that seedstore (a file holding it, as its --token-file); None: none.
     seedstore_token_file: Path | None = None
-    # Where conversations are kept; None: conversations.default_state_dir().
+    # Where conversations and runtime registrations are kept; None: conversations.default_state_dir().
     state_dir: Path | None = None
     # The JSON-lines audit log (appended); None: audit records go to WatchAudit only.
     audit_log: Path | None = None
@@ -87,6 +99,8 @@ class Settings:
     decisions_to_stderr: bool = False
     # TCP hosts RegisterAdapter may reach besides Unix sockets and loopback ("*": any).
     adapter_hosts: Sequence[str] = ()
+    # How often each remote adapter's health and declaration are checked.
+    adapter_refresh_seconds: float = DEFAULT_REFRESH_SECONDS
 
 
 @dataclass(slots=True)
@@ -99,6 +113,9 @@ class RunningNegotiator:
     servicer: NegotiatorServicer
     bootstrapper: Bootstrapper | None = None
     decision_log: CallLog | None = None  # closed here when the server does not own it
+    registrations: RuntimeRegistrations | None = None
+    # What restoring the runtime registrations met at start-up (each also logged).
+    registration_problems: Sequence[str] = ()
     _stopped: bool = field(default=False)
 
     @property
@@ -119,6 +136,8 @@ class RunningNegotiator:
             await self.running.stop()
         finally:
             try:
+                if self.registrations is not None:
+                    await self.registrations.close()
                 await self.registry.close()
             finally:
                 try:
@@ -158,7 +177,8 @@ async def create_server(
 
     Conversations are kept in `conversation_store` (default: a store on
     `settings.state_dir`, else `conversations.default_state_dir()`; the
-    directory is created on the first conversation).
+    directory is created on the first conversation), and runtime
+    registrations in the same directory, re-established here.
 
     The config's `profiles` and `limits.max_depth` go to the broker, and
     every decision to an AuditLog on `settings.audit_log` (closed on stop).
@@ -176,9 +196,28 @@ async def create_server(
     except BaseException:
         audit.close()
         raise
-    registry = AdapterRegistry()
+    registry = AdapterRegistry(refresh_seconds=settings.adapter_refresh_seconds)
     for adapter in adapters:
         registry.add(RegisteredAdapter(adapter=adapter, source="config"))
+    store = conversation_store or ConversationStore(settings.state_dir or default_state_dir())
+    registrations = RuntimeRegistrations(registry, RegistrationStore(store.directory))
+    allowed_hosts = frozenset(normal_host(host) for host in settings.adapter_hosts)
+
+    async def restore(stored: StoredRegistration) -> RegisteredAdapter:
+        try:
+            address = parse_address(stored.target)
+        except ValueError as exc:
+            raise AdapterRegistrationFailed(stored.target, str(exc), stored.shortname) from exc
+        check_adapter_target(address, allowed_hosts)  # the operator may have withdrawn the host
+        adapter = await restore_remote(address.target, stored.shortname, stored.declaration_response)
+        return RegisteredAdapter(adapter=adapter, source="runtime", target=address.target)
+
+    try:
+        problems = await registrations.restore(restore)
+    except BaseException:
+        await registry.close()
+        audit.close()
+        raise
     options = replace(
         settings.server_options or ServerOptions(listen=()),
         listen=settings.listen,
@@ -196,9 +235,7 @@ async def create_server(
             audit=audit,
             decision_sink=decision_log.write_line if decision_log is not None else None,
         )
-        conversations = ConversationManager(
-            conversation_store or ConversationStore(settings.state_dir or default_state_dir()), broker.preview
-        )
+        conversations = ConversationManager(store, broker.preview)
         seedstore = (
             GrpcSeedSource(settings.seedstore_target, token_file=settings.seedstore_token_file)
             if settings.seedstore_target is not None
@@ -216,6 +253,7 @@ async def create_server(
             adapter_hosts=settings.adapter_hosts,
             max_reply_bytes=options.max_message_bytes,
             bind_conversations=options.tokens is not None,
+            registrations=registrations,
         )
     except BaseException:
         # Nothing listens yet, but the adapters and the decision writer's thread are running.
@@ -251,6 +289,8 @@ async def create_server(
         servicer=servicer,
         bootstrapper=bootstrapper,
         decision_log=decision_log if shared_log is None else None,
+        registrations=registrations,
+        registration_problems=tuple(problems),
     )
 
 

@@ -42,7 +42,6 @@ from negotiator_service.conversations import (
 )
 from negotiator_service.declarations import validate_shortname
 from negotiator_service.errors import (
-    AdapterAlreadyExists,
     AdapterTargetNotAllowed,
     AdapterTimeout,
     ConfigError,
@@ -61,6 +60,7 @@ from negotiator_service.model import (
     JsonValue,
     ToolBox,
 )
+from negotiator_service.registrations import RuntimeRegistrations
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
 from negotiator_service.tools import CallerMessage, StartMessage
@@ -96,6 +96,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         adapter_hosts: Collection[str] = (),
         max_reply_bytes: int | None = None,
         bind_conversations: bool = False,
+        registrations: RuntimeRegistrations | None = None,
     ) -> None:
         """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
 
@@ -115,6 +116,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
         `adapter_hosts` are the TCP hosts RegisterAdapter may reach besides
         Unix sockets and loopback ("*": any host); see `check_adapter_target`.
+
+        `registrations` adds and removes runtime adapters in `registry` (default:
+        in memory only; the server's keeps them in the state directory).
         """
         self._broker = broker
         self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
@@ -122,6 +126,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             ConversationStore(default_state_dir()), broker.preview
         )
         self._registry = registry
+        self._registrations = registrations or RuntimeRegistrations(registry)
         self._connect_remote = connect_remote
         self._deadline_margin = deadline_margin
         self._logger = logger or _LOGGER
@@ -228,8 +233,8 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             adapter = await self._connect_remote(target, request.shortname)
             entry = RegisteredAdapter(adapter=adapter, source="runtime", target=target)
             try:
-                self._registry.add(entry)
-            except AdapterAlreadyExists:
+                await self._registrations.register(entry)
+            except BaseException:
                 await adapter.close()
                 raise
             self._logger.info("registered remote adapter %s at %s", entry.shortname, target)
@@ -241,7 +246,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.DeregisterAdapterRequest, context: Context
     ) -> negotiator_pb2.DeregisterAdapterResponse:
         try:
-            entry = self._registry.remove(_required_shortname(request.shortname))
+            entry = await self._registrations.deregister(_required_shortname(request.shortname))
             response = negotiator_pb2.DeregisterAdapterResponse(adapter=convert.adapter_to_proto(entry))
             await entry.adapter.close()
             self._logger.info("deregistered adapter %s", entry.shortname)

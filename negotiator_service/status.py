@@ -32,6 +32,8 @@ branches on (code, reason) and never parses the message. On top of ErrorInfo:
   pinnedVersion/declarationVersion or requestedAdapter; the fix is
   options.new_conversation. ConversationStateCorrupt is DATA_LOSS;
   ConversationStoreFailed is INTERNAL (metadata cause).
+- RegistrationStoreFailed: INTERNAL with metadata adapter and cause; the
+  registration or removal did not happen.
 - DelegationDepthExceeded: FAILED_PRECONDITION (do not retry at this depth)
   with metadata attemptedDepth, maxDepth and limit (which limit applied:
   "options.max_depth.depth" or "limits.max_depth") and one
@@ -253,6 +255,10 @@ def _conversation_adapter_mismatch(error: errors.ConversationAdapterMismatch) ->
     )
 
 
+def _registration_store_failed(error: errors.RegistrationStoreFailed) -> RichError:
+    return _rich(error, grpc.StatusCode.INTERNAL, {"adapter": error.adapter, "cause": error.cause})
+
+
 def _conversation_failure(code: grpc.StatusCode) -> Callable[[Any], RichError]:
     def build(error: errors.ConversationStateCorrupt | errors.ConversationStoreFailed) -> RichError:
         return _rich(error, code, {"conversationId": error.conversation_id, "cause": error.cause})
@@ -428,6 +434,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.ConfigError: _config,
         errors.AdapterRegistrationFailed: _registration_failed,
         errors.AdapterTargetNotAllowed: _target_not_allowed,
+        errors.RegistrationStoreFailed: _registration_store_failed,
         errors.OutputSchemaViolation: _output_violation,
         errors.ReplyTooLarge: _reply_too_large,
         errors.DelegationDepthExceeded: _depth_exceeded,

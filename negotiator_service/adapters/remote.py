@@ -14,6 +14,17 @@ CallWithTools instead of Produce/Invoke: each tool call the remote sends is
 run through the call's ToolBox (approval, validation, the filter) and its
 outcome sent back, until the reply arrives.
 
+Once registered, the adapter keeps its declaration current (`monitor`): it
+re-reads it (GetDeclaration, after the remote's grpc.health.v1 Check when the
+remote serves one) every `refresh_seconds` and whenever its channel is READY
+again after losing the connection. A remote that stops answering, answers
+health with anything but SERVING, or now sends a declaration that cannot be
+registered (invalid, another shortname, wider than the config allows) is
+NOT_SERVING: its calls fail at once with AdapterUnavailable, without
+reaching for the remote, until a re-read succeeds. A re-read that brings
+another version replaces the declaration, so calls judged from then on are
+judged by it (and conversations pinned to the old version refuse to go on).
+
 Config options:
     target:          unix:PATH, unix:///PATH or HOST:PORT (required)
     timeout_seconds: the longest any call may take (default: the caller's budget only)
@@ -22,8 +33,10 @@ Config options:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
@@ -34,6 +47,7 @@ from agentsidecar.common.v1 import common_pb2
 from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from negotiator_service import errors
 from negotiator_service.adapters._calls import (
@@ -68,6 +82,13 @@ _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
 DECLARATION_TIMEOUT_SECONDS = 5.0
+# How often a registered remote's health and declaration are checked, unless the operator says otherwise.
+DEFAULT_REFRESH_SECONDS = 30.0
+# grpc's reconnect backoff grows to 120 s by default; capped here, a remote that comes back is
+# connected to again within this long, and its declaration re-read as soon as it is.
+MAX_RECONNECT_BACKOFF_SECONDS = 5.0
+INITIAL_RECONNECT_BACKOFF_SECONDS = 0.2
+_LOGGER = logging.getLogger("negotiator_service.adapters.remote")
 # The largest GetDeclarationResponse registered, serialized. Every declaration
 # travels in each ListAdapters page and WatchAdapters event, so one must stay
 # small beside the 4 MiB message limit; real ones are a few hundred bytes.
@@ -369,7 +390,7 @@ def _retry_delay(error: grpc.aio.AioRpcError) -> float | None:
 
 
 class RemoteAdapter:
-    """A connected remote adapter. Build it with `connect_remote`."""
+    """A connected remote adapter. Build it with `connect_remote` (or `restore_remote`)."""
 
     implementation = "remote"
 
@@ -380,19 +401,179 @@ class RemoteAdapter:
         declaration: Declaration,
         timeout_seconds: float | None = None,
         contract_revision: int = CONTRACT_REVISION,
+        *,
+        response: adapter_pb2.GetDeclarationResponse | None = None,
+        override: DeclarationOverride | None = None,
+        declaration_timeout: float = DECLARATION_TIMEOUT_SECONDS,
+        serving_detail: str = "",
     ) -> None:
+        """`response` is the GetDeclaration reply `declaration` came from (what `declaration_response`
+        gives back), `override` the config's narrowing, applied again to every re-read.
+        A non-empty `serving_detail` starts the adapter NOT_SERVING for that reason."""
         self.target = target
         self.contract_revision = contract_revision
         self._implemented = implemented_in(contract_revision)
         self._channel = channel
         self._stub = adapter_pb2_grpc.AdapterServiceStub(channel)
+        self._health = health_pb2_grpc.HealthStub(channel)
         self._declaration = declaration
+        self._response = response
+        self._override = override
+        self._declaration_timeout = declaration_timeout
         self._timeout_seconds = timeout_seconds
         self._closed = False
+        self._serving_detail = serving_detail
+        # None until a Check answered: the remote may not serve grpc.health.v1 at all.
+        self._health_served: bool | None = None
+        self._refresh_seconds = DEFAULT_REFRESH_SECONDS
+        self._changed: Callable[[], None] | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def declaration(self) -> Declaration:
         return self._declaration
+
+    @property
+    def declaration_response(self) -> adapter_pb2.GetDeclarationResponse | None:
+        """The GetDeclaration reply the current declaration came from, before any config narrowing."""
+        return self._response
+
+    @property
+    def serving(self) -> bool:
+        """Whether calls are dispatched to the remote; see `serving_detail` when not."""
+        return not self._serving_detail
+
+    @property
+    def serving_detail(self) -> str:
+        """Why the adapter is NOT_SERVING; "" while it serves."""
+        return self._serving_detail
+
+    def monitor(self, refresh_seconds: float, changed: Callable[[], None]) -> None:
+        """Keep the declaration and serving status current; `changed` runs after either changes.
+
+        Checks every `refresh_seconds`, and as soon as the channel is READY
+        again after losing its connection. Runs until `close`.
+        """
+        if self._closed or self._tasks:
+            return
+        self._refresh_seconds = refresh_seconds
+        self._changed = changed
+        self._tasks = [
+            asyncio.create_task(self._watch_connectivity(), name=f"remote {self.target} connectivity"),
+            asyncio.create_task(self._refresh_loop(), name=f"remote {self.target} refresh"),
+        ]
+
+    async def refresh(self) -> None:
+        """Check the remote now: its health, then its declaration (never raises).
+
+        A probe waits at most the declaration timeout, and no longer than the
+        refresh interval, so a remote that hangs is NOT_SERVING within one
+        interval of the check.
+        """
+        timeout = min(self._declaration_timeout, self._refresh_seconds)
+        shortname = self._declaration.shortname
+        try:
+            problem = await self._health_problem(timeout)
+            if problem is not None:
+                self._update(problem)
+                return
+            response, declaration = await fetch_declaration(
+                self._channel, self.target, shortname, override=self._override, seconds=timeout
+            )
+        except errors.NegotiatorError as exc:
+            self._update(_cause(exc))
+            return
+        except grpc.aio.BaseError as exc:  # a C-core fault, not a remote status
+            self._update(f"gRPC client error: {exc!r}")
+            return
+        self._update("", response, declaration)
+
+    async def _health_problem(self, seconds: float) -> str | None:
+        """Why grpc.health.v1 says the remote cannot serve, or None (SERVING, or no health service)."""
+        if self._health_served is False:
+            return None
+        try:
+            reply = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=seconds)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND):
+                self._health_served = False
+                return None
+            return f"grpc.health.v1 Check failed: {exc.code().name}: {exc.details()}"
+        self._health_served = True
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return f"grpc.health.v1 Check answered {status}"
+        return None
+
+    def _update(
+        self,
+        problem: str,
+        response: adapter_pb2.GetDeclarationResponse | None = None,
+        declaration: Declaration | None = None,
+    ) -> None:
+        """Apply a check's outcome: NOT_SERVING for `problem`, else SERVING with what was read."""
+        changed = problem != self._serving_detail
+        if changed:
+            if problem:
+                _LOGGER.warning(
+                    "remote adapter %s at %s is not serving: %s",
+                    self._declaration.shortname,
+                    self.target,
+                    problem,
+                )
+            else:
+                _LOGGER.info(
+                    "remote adapter %s at %s is serving again", self._declaration.shortname, self.target
+                )
+        self._serving_detail = problem
+        if response is not None and declaration is not None:
+            self._response = response
+            if declaration.version != self._declaration.version:
+                _LOGGER.info(
+                    "remote adapter %s at %s declares version %s (was %s)",
+                    declaration.shortname,
+                    self.target,
+                    declaration.version,
+                    self._declaration.version,
+                )
+                # A new object: judgements kept for the old declaration no longer apply.
+                self._declaration = declaration
+                self.contract_revision = response.contract_revision
+                self._implemented = implemented_in(response.contract_revision)
+                changed = True
+        if changed and self._changed is not None:
+            self._changed()
+
+    async def _watch_connectivity(self) -> None:
+        """Mark a lost connection NOT_SERVING, and wake a re-read when it is READY again.
+
+        One watch at a time, for the channel's life: a watch is resolved
+        only by a state change or the channel's close.
+        """
+        ready = grpc.ChannelConnectivity.READY
+        state = self._channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.SHUTDOWN:
+            await self._channel.wait_for_state_change(state)
+            # Asking to connect turns an IDLE channel (a dropped connection) into a new attempt.
+            previous, state = state, self._channel.get_state(try_to_connect=True)
+            if state is ready and previous is not ready:
+                self._health_served = None  # the remote may have been replaced by another build
+                self._wake.set()
+            elif state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                self._update(f"cannot connect to {self.target} (channel in TRANSIENT_FAILURE)")
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._refresh_seconds):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.refresh()
+            except Exception as exc:  # the loop must outlive any one check
+                _LOGGER.exception("checking remote adapter at %s failed unexpectedly", self.target)
+                self._update(f"the check failed unexpectedly: {exc!r}")
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         self._check(call, CallKind.INVOKE)
@@ -422,11 +603,20 @@ class RemoteAdapter:
 
     async def close(self) -> None:
         self._closed = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._channel.close(None)
 
     def _check(self, call: AdapterCall, kind: CallKind) -> None:
         if self._closed:
             raise errors.AdapterUnavailable(self._declaration.shortname, "the adapter is closed")
+        if self._serving_detail:
+            # Fail fast: a call would only wait for a connection, or for a remote that does not answer.
+            raise errors.AdapterUnavailable(
+                self._declaration.shortname, f"not serving: {self._serving_detail}"
+            )
         check_call(self._declaration, call, kind, implemented=self._implemented)
         max_depth = call.options.max_depth
         if self.contract_revision < 1 and max_depth is not None and max_depth.provider_managed:
@@ -484,6 +674,7 @@ class RemoteAdapter:
                 await self._send(stream, adapter_pb2.CallWithToolsRequest(tool_outcome=outcome))
             raise errors.AdapterInternal(shortname, f"CallWithTools ended without the {reply_kind} reply")
         except grpc.aio.AioRpcError as exc:
+            self._failed(exc)
             raise failure_from_status(shortname, exc, deadline) from exc
         except grpc.aio.BaseError as exc:
             raise errors.AdapterInternal(shortname, f"gRPC client error: {exc!r}") from exc
@@ -532,6 +723,7 @@ class RemoteAdapter:
         try:
             response = await method(request, timeout=deadline.seconds, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
+            self._failed(exc)
             raise failure_from_status(shortname, exc, deadline) from exc
         except grpc.aio.BaseError as exc:  # client-side misuse or a C-core fault, not a remote status
             raise errors.AdapterInternal(shortname, f"gRPC client error: {exc!r}") from exc
@@ -540,6 +732,11 @@ class RemoteAdapter:
                 shortname, "the reply is not a valid message of the adapter contract"
             )
         return response
+
+    def _failed(self, error: grpc.aio.AioRpcError) -> None:
+        """After a call failed UNAVAILABLE, check the remote now rather than at the next interval."""
+        if error.code() is grpc.StatusCode.UNAVAILABLE:
+            self._wake.set()
 
     @staticmethod
     def _events(call: AdapterCall, events: Iterable[adapter_pb2.AdapterEvent]) -> tuple[StreamEvent, ...]:
@@ -571,6 +768,93 @@ def _declaration_response(
     return response
 
 
+def _channel(resolved: str) -> grpc.aio.Channel:
+    # A private subchannel: in grpc's global pool, a channel still open to a dead adapter at this
+    # address would make a restarted one unreachable until its reconnect backoff expires.
+    return grpc.aio.insecure_channel(
+        resolved,
+        options=[
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.initial_reconnect_backoff_ms", int(INITIAL_RECONNECT_BACKOFF_SECONDS * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(MAX_RECONNECT_BACKOFF_SECONDS * 1000)),
+        ],
+    )
+
+
+def _cause(error: errors.NegotiatorError) -> str:
+    """What went wrong, without the "cannot register ..." framing of the error's message."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, str) and cause else error.message
+
+
+async def fetch_declaration(
+    channel: grpc.aio.Channel,
+    target: str,
+    expected_shortname: str = "",
+    *,
+    override: DeclarationOverride | None = None,
+    seconds: float = DECLARATION_TIMEOUT_SECONDS,
+) -> tuple[adapter_pb2.GetDeclarationResponse, Declaration]:
+    """The remote's GetDeclaration reply and the declaration it makes, checked and narrowed by `override`.
+
+    Unreachable → AdapterUnavailable; a declaration that is missing,
+    undecodable, over MAX_DECLARATION_BYTES, invalid, or names another
+    shortname → AdapterRegistrationFailed; `override` widening it → ConfigError.
+    """
+    name = expected_shortname or target
+    # Read as bytes, so a reply that is no GetDeclarationResponse, or one
+    # too large, is named here rather than lost in grpc's deserializer.
+    get_declaration = channel.unary_unary(
+        _GET_DECLARATION,
+        request_serializer=adapter_pb2.GetDeclarationRequest.SerializeToString,
+        response_deserializer=None,
+    )
+    try:
+        raw = await get_declaration(adapter_pb2.GetDeclarationRequest(), timeout=seconds)
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise errors.AdapterUnavailable(
+                name, f"cannot reach {target}: {code.name}: {exc.details()}"
+            ) from exc
+        limit = local_limit(exc)
+        cause = (
+            f"GetDeclaration's reply or status exceeds the negotiator's limits: {limit}"
+            if limit is not None
+            else f"GetDeclaration failed: {code.name}: {exc.details()}"
+        )
+        raise errors.AdapterRegistrationFailed(target, cause, expected_shortname) from exc
+    response = _declaration_response(raw, target, expected_shortname)
+    return response, checked_declaration(response, target, expected_shortname, override)
+
+
+def checked_declaration(
+    response: adapter_pb2.GetDeclarationResponse,
+    target: str,
+    expected_shortname: str = "",
+    override: DeclarationOverride | None = None,
+) -> Declaration:
+    """The declaration a GetDeclaration reply makes; raises as `fetch_declaration` does."""
+    if not response.HasField("declaration"):
+        raise errors.AdapterRegistrationFailed(
+            target, "GetDeclaration returned no declaration", expected_shortname
+        )
+    declaration, problems = declaration_from_proto(response.declaration, response.contract_revision)
+    if declaration is None:
+        raise errors.AdapterRegistrationFailed(
+            target, "invalid declaration: " + "; ".join(problems), expected_shortname
+        )
+    if expected_shortname and declaration.shortname != expected_shortname:
+        raise errors.AdapterRegistrationFailed(
+            target,
+            f'it declares shortname "{declaration.shortname}", expected "{expected_shortname}"',
+            expected_shortname,
+        )
+    if override is not None:
+        declaration = narrow(declaration, override, shortname=declaration.shortname, implementation="remote")
+    return declaration
+
+
 async def connect_remote(
     target: str,
     expected_shortname: str = "",
@@ -586,63 +870,63 @@ async def connect_remote(
     another shortname → AdapterRegistrationFailed;
     `override` widening the declaration → ConfigError.
     """
-    name = expected_shortname or target
     resolved = grpc_target(target)
     if resolved is None:
         raise errors.AdapterRegistrationFailed(
             target, "the target must be unix:PATH, unix:///PATH or HOST:PORT", expected_shortname
         )
-    # A private subchannel: in grpc's global pool, a channel still open to a dead adapter at this
-    # address would make a restarted one unreachable until its reconnect backoff expires.
-    channel = grpc.aio.insecure_channel(resolved, options=[("grpc.use_local_subchannel_pool", 1)])
+    channel = _channel(resolved)
     try:
-        # Read as bytes, so a reply that is no GetDeclarationResponse, or one
-        # too large, is named here rather than lost in grpc's deserializer.
-        get_declaration = channel.unary_unary(
-            _GET_DECLARATION,
-            request_serializer=adapter_pb2.GetDeclarationRequest.SerializeToString,
-            response_deserializer=None,
+        response, declaration = await fetch_declaration(
+            channel, target, expected_shortname, override=override, seconds=declaration_timeout
         )
-        try:
-            raw = await get_declaration(adapter_pb2.GetDeclarationRequest(), timeout=declaration_timeout)
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise errors.AdapterUnavailable(
-                    name, f"cannot reach {target}: {code.name}: {exc.details()}"
-                ) from exc
-            limit = local_limit(exc)
-            cause = (
-                f"GetDeclaration's reply or status exceeds the negotiator's limits: {limit}"
-                if limit is not None
-                else f"GetDeclaration failed: {code.name}: {exc.details()}"
-            )
-            raise errors.AdapterRegistrationFailed(target, cause, expected_shortname) from exc
-        response = _declaration_response(raw, target, expected_shortname)
-        if not response.HasField("declaration"):
-            raise errors.AdapterRegistrationFailed(
-                target, "GetDeclaration returned no declaration", expected_shortname
-            )
-        revision = response.contract_revision
-        declaration, problems = declaration_from_proto(response.declaration, revision)
-        if declaration is None:
-            raise errors.AdapterRegistrationFailed(
-                target, "invalid declaration: " + "; ".join(problems), expected_shortname
-            )
-        if expected_shortname and declaration.shortname != expected_shortname:
-            raise errors.AdapterRegistrationFailed(
-                target,
-                f'it declares shortname "{declaration.shortname}", expected "{expected_shortname}"',
-                expected_shortname,
-            )
-        if override is not None:
-            declaration = narrow(
-                declaration, override, shortname=declaration.shortname, implementation="remote"
-            )
     except BaseException:
         await channel.close(None)
         raise
-    return RemoteAdapter(target, channel, declaration, timeout_seconds, contract_revision=revision)
+    return RemoteAdapter(
+        target,
+        channel,
+        declaration,
+        timeout_seconds,
+        contract_revision=response.contract_revision,
+        response=response,
+        override=override,
+        declaration_timeout=declaration_timeout,
+    )
+
+
+async def restore_remote(
+    target: str,
+    shortname: str,
+    response: adapter_pb2.GetDeclarationResponse,
+    *,
+    declaration_timeout: float = DECLARATION_TIMEOUT_SECONDS,
+) -> RemoteAdapter:
+    """A remote registered before, from its last known GetDeclaration reply, checked once.
+
+    The adapter exists whether or not the remote answers: NOT_SERVING (with
+    the last known declaration) until a check succeeds, so a registration
+    outlives a remote that is down when the negotiator starts. A stored
+    reply that is not a valid declaration of `shortname`, or an invalid
+    target → AdapterRegistrationFailed.
+    """
+    resolved = grpc_target(target)
+    if resolved is None:
+        raise errors.AdapterRegistrationFailed(
+            target, "the target must be unix:PATH, unix:///PATH or HOST:PORT", shortname
+        )
+    declaration = checked_declaration(response, target, shortname)
+    adapter = RemoteAdapter(
+        target,
+        _channel(resolved),
+        declaration,
+        contract_revision=response.contract_revision,
+        response=response,
+        declaration_timeout=declaration_timeout,
+        serving_detail="not checked yet since the negotiator started",
+    )
+    await adapter.refresh()
+    return adapter
 
 
 async def connect_from_spec(spec: AdapterSpec) -> RemoteAdapter:

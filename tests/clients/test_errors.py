@@ -141,6 +141,10 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
         nerrors.ConversationStoreFailed("c1", "disk full"),
         errors.InternalError,
     ),
+    nerrors.RegistrationStoreFailed: (
+        nerrors.RegistrationStoreFailed("a", "disk full"),
+        errors.InternalError,
+    ),
     nerrors.DelegationDepthExceeded: (
         nerrors.DelegationDepthExceeded(3, 2, "options.max_depth.depth"),
         errors.DelegationDepthExceededError,

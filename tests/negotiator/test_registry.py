@@ -154,3 +154,46 @@ async def test_close_ends_watches_and_closes_adapters() -> None:
     assert adapter.close_count == 1
     assert registry.list() == []
     assert [c async for c in registry.watch()] == []  # a closed registry has nothing to watch
+
+
+class MonitoredFake(FakeAdapter):
+    """A FakeAdapter that reports changes as a remote adapter does: through `monitor`'s callback."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(make_declaration(name))
+        self.serving_detail = ""
+        self.refresh_seconds: float | None = None
+        self.changed: Callable[[], None] = lambda: None
+
+    @property
+    def serving(self) -> bool:
+        return not self.serving_detail
+
+    def monitor(self, refresh_seconds: float, changed: Callable[[], None]) -> None:
+        self.refresh_seconds = refresh_seconds
+        self.changed = changed
+
+
+async def test_a_monitored_adapter_s_changes_are_published_as_updated_while_it_is_registered() -> None:
+    registry = AdapterRegistry(refresh_seconds=0.5)
+    watch = registry.watch()
+    first = asyncio.ensure_future(anext(watch))  # subscribes
+    await until(lambda: registry.watcher_count == 1)
+    fake = MonitoredFake("remote")
+    monitored = RegisteredAdapter(fake, "runtime", "unix:/tmp/r.sock")
+    registry.add(monitored)
+    assert fake.refresh_seconds == 0.5
+    assert (await first)[0] == "registered"
+
+    fake.serving_detail = "gone"
+    fake.changed()
+    change, seen = await asyncio.wait_for(anext(watch), timeout=2)
+    assert (change, seen.serving_detail) == ("updated", "gone")
+
+    registry.remove("remote")
+    assert await next_change(watch) == ("deregistered", "remote")
+    fake.changed()  # a change reported after removal is nobody's news
+    registry.add(entry("other"))
+    assert await next_change(watch) == ("registered", "other")
+    assert entry("plain").serving_detail == ""  # a local adapter always serves
+    await registry.close()

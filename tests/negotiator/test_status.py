@@ -46,6 +46,7 @@ def sample(cls: type[errors.NegotiatorError]) -> errors.NegotiatorError:
         errors.ConversationAdapterMismatch: errors.ConversationAdapterMismatch("c1", "a", "b"),
         errors.ConversationStateCorrupt: errors.ConversationStateCorrupt("c1", "not JSON"),
         errors.ConversationStoreFailed: errors.ConversationStoreFailed("c1", "disk full"),
+        errors.RegistrationStoreFailed: errors.RegistrationStoreFailed("a", "disk full"),
         errors.SeedstoreNotConfigured: errors.SeedstoreNotConfigured(),
         errors.SeedstoreUnavailable: errors.SeedstoreUnavailable("unix:/s.sock", "connection refused"),
         errors.SeedstoreRefused: errors.SeedstoreRefused(
@@ -98,6 +99,7 @@ EXPECTED_CODES = {
     errors.ConversationAdapterMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ConversationStateCorrupt: grpc.StatusCode.DATA_LOSS,
     errors.ConversationStoreFailed: grpc.StatusCode.INTERNAL,
+    errors.RegistrationStoreFailed: grpc.StatusCode.INTERNAL,
     errors.AdapterFailure: grpc.StatusCode.INTERNAL,
     errors.AdapterUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.AdapterTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
