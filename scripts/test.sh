@@ -11,6 +11,10 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
 export PATH="$PWD/.venv/bin:$PATH"
+# Third-party test servers from npm (tests/peers/node); their tests skip where npm is absent.
+if command -v npm >/dev/null 2>&1; then
+  (cd tests/peers/node && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 echo "== buf lint (protos/)"
 (cd protos && buf lint)

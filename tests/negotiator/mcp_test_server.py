@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,9 @@ def main() -> None:
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--page-size", type=int)
     args = parser.parse_args()
+    # Beside the journal: which processes served, so a test can see them gone.
+    with (args.journal.parent / "pids.jsonl").open("a") as out:
+        out.write(json.dumps({"pid": os.getpid()}) + "\n")
     server = build(args.journal, args.page_size)
     if args.http:
         anyio.run(serve_http, server)
