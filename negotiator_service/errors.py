@@ -343,8 +343,8 @@ class McpServerUnavailable(AdapterFailure):
 
     reason = "MCP_SERVER_UNAVAILABLE"
 
-    def __init__(self, adapter: str, server: str, cause: str) -> None:
-        super().__init__(adapter, f'MCP server "{server}": {cause}')
+    def __init__(self, adapter: str, cause: str, *, server: str = "") -> None:
+        super().__init__(adapter, f'MCP server "{server}": {cause}' if server else cause)
         self.server = server
 
 
@@ -353,8 +353,8 @@ class McpServerTimeout(AdapterFailure):
 
     reason = "MCP_SERVER_TIMEOUT"
 
-    def __init__(self, adapter: str, server: str, cause: str) -> None:
-        super().__init__(adapter, f'MCP server "{server}": {cause}')
+    def __init__(self, adapter: str, cause: str, *, server: str = "") -> None:
+        super().__init__(adapter, f'MCP server "{server}": {cause}' if server else cause)
         self.server = server
 
 

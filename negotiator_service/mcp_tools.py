@@ -168,17 +168,19 @@ class McpTools:
         except TimeoutError as exc:
             raise McpServerTimeout(
                 self._adapter,
-                server.name,
                 f"did not finish initialize and tools/list within {START_TIMEOUT_SECONDS:g} s",
+                server=server.name,
             ) from exc
         except McpServerUnavailable:
             raise
         except McpError as exc:
             raise McpServerUnavailable(
-                self._adapter, server.name, f"answered with an error: {exc.error.message}"
+                self._adapter, f"answered with an error: {exc.error.message}", server=server.name
             ) from exc
         except Exception as exc:
-            raise McpServerUnavailable(self._adapter, server.name, f"cannot start: {_describe(exc)}") from exc
+            raise McpServerUnavailable(
+                self._adapter, f"cannot start: {_describe(exc)}", server=server.name
+            ) from exc
         self._connections[server.name] = connection
 
     async def _list(self, connection: _Connection) -> None:
@@ -191,14 +193,14 @@ class McpTools:
             listed.extend(page.tools)
             if len(listed) > MAX_TOOLS_PER_SERVER:
                 raise McpServerUnavailable(
-                    self._adapter, server.name, f"lists more than {MAX_TOOLS_PER_SERVER} tools"
+                    self._adapter, f"lists more than {MAX_TOOLS_PER_SERVER} tools", server=server.name
                 )
             cursor = page.nextCursor
             if not cursor:
                 break
         else:
             raise McpServerUnavailable(
-                self._adapter, server.name, f"tools/list did not end within {MAX_LIST_PAGES} pages"
+                self._adapter, f"tools/list did not end within {MAX_LIST_PAGES} pages", server=server.name
             )
         risks = mcp_policy.risks_of(server)
         tools: dict[str, McpTool] = {}
