@@ -15,7 +15,11 @@ parameters}}]`. While the model answers with `tool_calls`, each call is run
 through the call's ToolBox in order (which asks the caller, validates, and
 hides filtered tools: that is how tool_filter is honoured), the assistant
 message and one `{"role": "tool"}` message per call are appended, and the
-completion is requested again, for at most MAX_TOOL_ROUNDS rounds. A persona
+completion is requested again, for at most MAX_TOOL_ROUNDS rounds. The call's
+MCP servers (mcp) are connected for the length of the call by the
+negotiator's own client (mcp_tools.py), and their tools join the caller's in
+one tools.CallToolBox, so the same filter, risk and approval rules hold for
+both; a server whose tools changed is listed again before the next round. A persona
 is sent as a leading system message (it is not part of the conversation
 state: each call states its own).
 
