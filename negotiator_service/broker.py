@@ -38,6 +38,7 @@ from negotiator_service.errors import (
     UnsupportedCapability,
 )
 from negotiator_service.identity_cache import IdentityCache
+from negotiator_service.mcp_policy import McpPolicy, check_servers
 from negotiator_service.model import (
     Adapter,
     AdapterCall,
@@ -71,6 +72,7 @@ class Broker:
         max_depth: int = DEFAULT_MAX_DEPTH,
         audit: AuditLog | None = None,
         decision_sink: Callable[[str], None] | None = None,
+        mcp_policy: McpPolicy | None = None,
     ) -> None:
         """`profiles` are the config's (None: profile names are the adapters' own);
         `max_depth` is the negotiator's delegation limit (config `limits.max_depth`);
@@ -81,10 +83,15 @@ class Broker:
         serve` hands it a batched stderr writer: the logging module's
         per-record work and flushed write cost more than the rest of a
         dry run.
+
+        `mcp_policy` (config `mcp:`) admits the MCP servers a request brings;
+        the default admits none. Servers from the config's profiles are always
+        admitted. A refused server raises McpServerNotAllowed before dispatch.
         """
         self.registry = registry
         self.profiles = profiles
         self.max_depth = max_depth
+        self.mcp_policy = mcp_policy if mcp_policy is not None else McpPolicy()
         self.audit = audit if audit is not None else AuditLog()
         self._logger = logger or _LOGGER
         self._decision_sink = decision_sink
@@ -158,6 +165,8 @@ class Broker:
             if not decision.accepted:
                 record_refusals(gap.requirement.capability.value for gap in decision.gaps)
                 raise UnsupportedCapability(decision)
+            if expanded.options.mcp_servers:
+                check_servers(expanded.options.mcp_servers, self.mcp_policy)
 
             entry = self.registry.get(decision.adapter)
             adapter_call = AdapterCall(

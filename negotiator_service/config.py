@@ -19,13 +19,33 @@ negotiator expands into calls naming them; see negotiation.py) and `limits`
         adapter_profile: deep        # optional: a profile the adapter applies itself
     limits:
       max_depth: 3                   # the default; 0 forbids delegation
+
+MCP (the negotiator's own MCP client; mcp_policy.py, mcp_tools.py). Servers
+in profiles are the operator's: any transport, stdio included, and two keys
+of their own: `tool_risks` (an MCP tool's risk, which an annotation may raise
+but never lower) and `preapproved` (tools that run without asking when a call
+has no ToolSession to ask). Servers a request brings are admitted only by the
+`mcp:` section:
+
+    profiles:
+      files:
+        mcp_servers:
+          - name: fs
+            transport: stdio
+            command: /usr/local/bin/mcp-fs
+            tool_risks: {write_file: sensitive, read_file: read_only}
+            preapproved: [write_file]
+    mcp:
+      caller_stdio_commands: [/usr/local/bin/mcp-git]   # exact commands a request may start
+      caller_hosts: [127.0.0.1, mcp.internal]           # hosts a request's http/sse server may be on
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NoReturn
 
@@ -34,6 +54,7 @@ import yaml
 from negotiator_service.declarations import SHORTNAME_RE, validate_shortname
 from negotiator_service.depth import DEFAULT_MAX_DEPTH
 from negotiator_service.errors import ConfigError
+from negotiator_service.mcp_policy import McpPolicy
 from negotiator_service.model import (
     MCP_TRANSPORTS,
     AdapterKind,
@@ -44,6 +65,7 @@ from negotiator_service.model import (
     JsonValue,
     McpServer,
     Profile,
+    ToolRisk,
     TypedSet,
 )
 
@@ -107,11 +129,21 @@ _BOOL_TAG = "tag:yaml.org,2002:bool"
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 
-_TOP_KEYS = ("adapters", "profiles", "limits")
+_TOP_KEYS = ("adapters", "profiles", "limits", "mcp")
 _ADAPTER_KEYS = ("shortname", "implementation", "declaration", "options")
 _DECLARATION_KEYS = ("kind", "capabilities", *(s.value for s in TypedSet))
 _PROFILE_KEYS = ("mcp_servers", "model", "effort", "settings", "adapter_profile")
-_MCP_SERVER_KEYS = ("name", "transport", "command", "args", "env", "url", "headers")
+_MCP_SERVER_KEYS = (
+    "name",
+    "transport",
+    "command",
+    "args",
+    "env",
+    "url",
+    "headers",
+    "tool_risks",
+    "preapproved",
+)
 _LIMIT_KEYS = ("max_depth",)
 # Profile names appear in request fields such as "profile(NAME).model".
 PROFILE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -128,6 +160,7 @@ class NegotiatorConfig:
     # None: the config has no `profiles:` section, so profile names are the adapters' own.
     profiles: Mapping[str, Profile] | None = None
     max_depth: int = DEFAULT_MAX_DEPTH  # `limits.max_depth`
+    mcp: McpPolicy = field(default_factory=McpPolicy)  # `mcp:`; the default admits no caller-supplied server
 
 
 class _Reader:
@@ -266,7 +299,8 @@ def load_negotiator_config(text: str, path: str) -> NegotiatorConfig:
         specs.append(spec)
     profiles = _profiles(reader, top["profiles"]) if "profiles" in top else None
     max_depth = _max_depth(reader, top["limits"]) if "limits" in top else DEFAULT_MAX_DEPTH
-    return NegotiatorConfig(adapters=tuple(specs), profiles=profiles, max_depth=max_depth)
+    mcp = _mcp_policy(reader, top["mcp"]) if "mcp" in top else McpPolicy()
+    return NegotiatorConfig(adapters=tuple(specs), profiles=profiles, max_depth=max_depth, mcp=mcp)
 
 
 def _profiles(reader: _Reader, node: yaml.Node) -> Mapping[str, Profile]:
@@ -359,6 +393,7 @@ def _mcp_server(reader: _Reader, node: yaml.Node, what: str) -> McpServer:
     maps: dict[str, Mapping[str, str]] = {}
     for key in ("env", "headers"):
         maps[key] = MappingProxyType(reader.string_map(fields[key], f"{what}.{key}") if key in fields else {})
+    tool_risks, preapproved = _mcp_tool_settings(reader, fields, what)
     return McpServer(
         name=name,
         transport=transport,
@@ -367,7 +402,60 @@ def _mcp_server(reader: _Reader, node: yaml.Node, what: str) -> McpServer:
         env=maps["env"],
         url="" if stdio else text,
         headers=maps["headers"],
+        operator=True,
+        tool_risks=tool_risks,
+        preapproved=preapproved,
     )
+
+
+# --- MCP: per-tool settings of config servers, and the `mcp:` section ---------------------
+
+_MCP_KEYS = ("caller_stdio_commands", "caller_hosts")
+_RISKS = tuple(risk.value for risk in ToolRisk)
+
+
+def _mcp_tool_settings(
+    reader: _Reader, fields: Mapping[str, yaml.Node], what: str
+) -> tuple[Mapping[str, ToolRisk], frozenset[str]]:
+    risks: dict[str, ToolRisk] = {}
+    if "tool_risks" in fields:
+        node = fields["tool_risks"]
+        if not isinstance(node, yaml.MappingNode):
+            reader.fail(node, f"{what}.tool_risks must be a mapping from MCP tool name to risk")
+        for key_node, value_node in node.value:
+            tool = reader.string(key_node, f"a key of {what}.tool_risks")
+            if not tool or tool in risks:
+                reader.fail(key_node, f"{what}.tool_risks: empty or duplicate tool name {tool!r}")
+            risks[tool] = ToolRisk(reader.choice(value_node, f"{what}.tool_risks.{tool}", _RISKS))
+    preapproved: frozenset[str] = frozenset()
+    if "preapproved" in fields:
+        preapproved = reader.string_set(fields["preapproved"], f"{what}.preapproved", lambda _n, _m: None)
+    return MappingProxyType(risks), preapproved
+
+
+def _mcp_policy(reader: _Reader, node: yaml.Node) -> McpPolicy:
+    fields = reader.mapping(node, "mcp", _MCP_KEYS)
+    commands: frozenset[str] = frozenset()
+    hosts: frozenset[str] = frozenset()
+    if "caller_stdio_commands" in fields:
+        commands = reader.string_set(
+            fields["caller_stdio_commands"], "mcp.caller_stdio_commands", lambda _n, _m: None
+        )
+    if "caller_hosts" in fields:
+
+        def host_check(item: yaml.Node, host: str) -> None:
+            if ":" in host:  # only an IPv6 address may hold one
+                try:
+                    ipaddress.IPv6Address(host.strip("[]"))
+                except ValueError:
+                    reader.fail(item, f"mcp.caller_hosts: {host!r} is a host, not a URL or host:port")
+            elif any(c in host for c in "/@ "):
+                reader.fail(item, f"mcp.caller_hosts: {host!r} is a host, not a URL")
+
+        listed = reader.string_set(fields["caller_hosts"], "mcp.caller_hosts", host_check)
+        # As urlsplit().hostname gives them: lower case, IPv6 without brackets.
+        hosts = frozenset(host.strip("[]").lower() for host in listed)
+    return McpPolicy(caller_stdio_commands=commands, caller_hosts=hosts)
 
 
 def _max_depth(reader: _Reader, node: yaml.Node) -> int:

@@ -39,7 +39,12 @@ NegotiatorError
     ├── AdapterReplyTooLarge    the reply or status broke the negotiator's own message/metadata limits
     ├── AdapterRefused          the adapter itself refused at its edge
     ├── AdapterMisconfigured    the adapter's own setup is wrong (credentials, binary)
-    └── AdapterInternal         anything else; the cause is named
+    ├── AdapterInternal         anything else; the cause is named
+    ├── McpServerUnavailable    an MCP server of the call could not be started, reached or listed
+    └── McpServerTimeout        an MCP server did not finish initialize / tools/list in time
+
+MCP admission (mcp_policy.py), before dispatch:
+└── McpServerNotAllowed         a caller-supplied MCP server the operator's config does not admit
 """
 
 from __future__ import annotations
@@ -333,6 +338,40 @@ class AdapterMisconfigured(AdapterFailure):
 
 class AdapterInternal(AdapterFailure):
     reason = "ADAPTER_INTERNAL"
+
+
+# --- MCP servers (mcp_policy.py, mcp_tools.py) -------------------------------------
+
+
+class McpServerNotAllowed(NegotiatorError):
+    """A caller-supplied MCP server that the operator's `mcp:` config does not admit (before dispatch)."""
+
+    reason = "MCP_SERVER_NOT_ALLOWED"
+
+    def __init__(self, server: str, rule: str, detail: str) -> None:
+        super().__init__(f'MCP server "{server}" is not allowed: {detail}')
+        self.server = server
+        self.rule = rule
+
+
+class McpServerUnavailable(AdapterFailure):
+    """An MCP server of the call could not be started or reached, or failed initialize / tools/list."""
+
+    reason = "MCP_SERVER_UNAVAILABLE"
+
+    def __init__(self, adapter: str, cause: str, *, server: str = "") -> None:
+        super().__init__(adapter, f'MCP server "{server}": {cause}' if server else cause)
+        self.server = server
+
+
+class McpServerTimeout(AdapterFailure):
+    """An MCP server did not finish initialize or tools/list within the start timeout."""
+
+    reason = "MCP_SERVER_TIMEOUT"
+
+    def __init__(self, adapter: str, cause: str, *, server: str = "") -> None:
+        super().__init__(adapter, f'MCP server "{server}": {cause}' if server else cause)
+        self.server = server
 
 
 # --- capability bootstrap (bootstrap.py) -------------------------------------------

@@ -215,6 +215,14 @@ class McpServer:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     url: str = ""
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Set only by the config file (profiles): the operator wrote this server, so
+    # it may use stdio and its per-tool settings below apply. A request's servers
+    # never carry it (convert builds them with the defaults).
+    operator: bool = False
+    # Operator-set risk per MCP tool name; an annotation can raise it, never lower it.
+    tool_risks: Mapping[str, ToolRisk] = field(default_factory=lambda: MappingProxyType({}))
+    # MCP tool names that run without asking when the call has no ToolSession.
+    preapproved: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,7 +180,7 @@ async def create_server(
     directory is created on the first conversation), and runtime
     registrations in the same directory, re-established here.
 
-    The config's `profiles` and `limits.max_depth` go to the broker, and
+    The config's `profiles`, `limits.max_depth` and `mcp` go to the broker, and
     every decision to an AuditLog on `settings.audit_log` (closed on stop).
 
     Raises ConfigError for a bad config (nothing is left running),
@@ -232,6 +232,7 @@ async def create_server(
             registry,
             profiles=config.profiles,
             max_depth=config.max_depth,
+            mcp_policy=config.mcp,
             audit=audit,
             decision_sink=decision_log.write_line if decision_log is not None else None,
         )

@@ -51,6 +51,11 @@ branches on (code, reason) and never parses the message. On top of ErrorInfo:
   (GatesNotApproved, type GATE_NOT_APPROVED, subject the gate), otherwise one
   violation whose type is the reason.
 
+- MCP: McpServerNotAllowed is PERMISSION_DENIED with metadata server and
+  rule (caller-stdio-command-allowlist or caller-host-allowlist), before
+  dispatch. McpServerUnavailable is UNAVAILABLE, McpServerTimeout is
+  DEADLINE_EXCEEDED; both carry metadata adapter, server and cause.
+
 Unexpected exceptions become INTERNAL with reason INTERNAL, never UNKNOWN.
 """
 
@@ -416,6 +421,17 @@ def _seed_command_timeout(error: errors.SeedCommandTimeout) -> RichError:
     )
 
 
+def _mcp_not_allowed(error: errors.McpServerNotAllowed) -> RichError:
+    return _rich(error, grpc.StatusCode.PERMISSION_DENIED, {"server": error.server, "rule": error.rule})
+
+
+def _mcp_failure(code: grpc.StatusCode) -> Callable[[Any], RichError]:
+    def build(error: errors.McpServerUnavailable | errors.McpServerTimeout) -> RichError:
+        return _rich(error, code, {"adapter": error.adapter, "server": error.server, "cause": error.cause})
+
+    return build
+
+
 def _generic(error: errors.NegotiatorError) -> RichError:
     return _rich(error, grpc.StatusCode.INTERNAL)
 
@@ -452,6 +468,9 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.AdapterRefused: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterMisconfigured: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterInternal: _adapter_failure(grpc.StatusCode.INTERNAL),
+        errors.McpServerNotAllowed: _mcp_not_allowed,
+        errors.McpServerUnavailable: _mcp_failure(grpc.StatusCode.UNAVAILABLE),
+        errors.McpServerTimeout: _mcp_failure(grpc.StatusCode.DEADLINE_EXCEEDED),
         errors.SeedstoreNotConfigured: _seedstore_not_configured,
         errors.SeedstoreUnavailable: _seedstore_unavailable,
         errors.SeedstoreRefused: _seedstore_refused,

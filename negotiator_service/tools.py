@@ -48,11 +48,12 @@ import contextlib
 import enum
 import itertools
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
 
@@ -73,9 +74,15 @@ from negotiator_service.model import (
     strict_json,
 )
 
+if TYPE_CHECKING:
+    from negotiator_service.mcp_tools import McpTool, McpTools
+
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# What joins an MCP server's name to its tool's name (mcp_policy.SEPARATOR).
+MCP_NAME_SEPARATOR = "__"
 # Listed violations of one schema check, before "and N more".
 _MAX_LISTED_PROBLEMS = 5
+_MCP_LOGGER = logging.getLogger("negotiator_service.mcp")
 
 
 class ApprovalDecision(enum.Enum):
@@ -180,7 +187,14 @@ def prepare_call(start: StartMessage) -> tuple[CallRequest, tuple[ToolSpec, ...]
     tool_filter = start.call.options.tool_filter
     if tool_filter is not None:
         filter_path = f"{start.call_field}.options.tool_filter"
-        problems.extend(unknown_filter_names(tool_filter, [d.name for d in start.tools], filter_path))
+        # MCP tools are listed only once their servers run: with MCP servers (the
+        # request's or a profile's), a `<server>__<tool>` name may name one of them.
+        may_have_mcp = bool(start.call.options.mcp_servers) or start.call.options.profile is not None
+        problems.extend(
+            unknown_filter_names(
+                tool_filter, [d.name for d in start.tools], filter_path, mcp_names=may_have_mcp
+            )
+        )
         visible = visible_tools(specs, tool_filter)
     if problems:
         raise InvalidRequest(problems)
@@ -236,15 +250,18 @@ def _tool_schema(text: str, path: str, problems: list[tuple[str, str]]) -> Mappi
 
 
 def unknown_filter_names(
-    tool_filter: ToolFilter, tool_names: Sequence[str], path: str
+    tool_filter: ToolFilter, tool_names: Sequence[str], path: str, *, mcp_names: bool = False
 ) -> list[tuple[str, str]]:
-    """Filter entries naming no tool of the call (empty entries are validate_request's to report)."""
+    """Filter entries naming no tool of the call (empty entries are validate_request's to report).
+
+    With `mcp_names`, a name holding MCP_NAME_SEPARATOR counts as known.
+    """
     known = set(tool_names)
     return [
         (f"{path}.{list_name}[{index}]", f'names no tool of this call: "{name}"')
         for list_name, names in (("allow", tool_filter.allow), ("deny", tool_filter.deny))
         for index, name in enumerate(names)
-        if name and name not in known
+        if name and name not in known and not (mcp_names and MCP_NAME_SEPARATOR in name)
     ]
 
 
@@ -326,33 +343,11 @@ class SessionToolBox:
         if problems:
             return ToolOutcome(error=f'the arguments do not match the schema of "{name}": {problems}')
         call_id = f"call_{next(self._ids)}"
-        arguments_json = json.dumps(arguments, ensure_ascii=False)
         if spec.risk is not ToolRisk.READ_ONLY:
-            approval: _Approval = await self._ask(
-                call_id,
-                "approval",
-                ApprovalRequestMessage(
-                    call_id=call_id,
-                    tool_name=name,
-                    arguments_json=arguments_json,
-                    risk=spec.risk,
-                    adapter=self._adapter,
-                    description=spec.description,
-                    metadata=spec.metadata,
-                ),
-            )
-            if approval.decision is ApprovalDecision.DENY:
-                return ToolOutcome(
-                    denied=True, error=approval.reason or f'the caller denied the call of "{name}"'
-                )
-            if approval.decision is ApprovalDecision.EDIT:
-                problems = schema_problems(spec.arguments_schema, approval.arguments)
-                if problems:
-                    return ToolOutcome(
-                        error=f'the caller edited the arguments of "{name}" into ones that do not match '
-                        f"its schema ({problems}); the tool did not run"
-                    )
-                arguments_json = json.dumps(approval.arguments, ensure_ascii=False)
+            refusal, arguments = await self._approve(call_id, spec, arguments)
+            if refusal is not None:
+                return refusal
+        arguments_json = json.dumps(arguments, ensure_ascii=False)
         outcome: ToolOutcome = await self._ask(
             call_id, "result", ToolCallMessage(call_id, name, arguments_json, spec.risk)
         )
@@ -361,6 +356,48 @@ class SessionToolBox:
             if problems:
                 return ToolOutcome(error=f'the result of "{name}" violates its return schema: {problems}')
         return outcome
+
+    async def approve(self, spec: ToolSpec, arguments: JsonValue) -> tuple[ToolOutcome | None, JsonValue]:
+        """Ask the caller to approve a call of a tool that runs elsewhere (an MCP tool).
+
+        The refusal outcome for the model (None when allowed), and the
+        arguments to run with (the caller's, after an EDIT).
+        """
+        return await self._approve(f"call_{next(self._ids)}", spec, arguments)
+
+    async def _approve(
+        self, call_id: str, spec: ToolSpec, arguments: JsonValue
+    ) -> tuple[ToolOutcome | None, JsonValue]:
+        name = spec.name
+        approval: _Approval = await self._ask(
+            call_id,
+            "approval",
+            ApprovalRequestMessage(
+                call_id=call_id,
+                tool_name=name,
+                arguments_json=json.dumps(arguments, ensure_ascii=False),
+                risk=spec.risk,
+                adapter=self._adapter,
+                description=spec.description,
+                metadata=spec.metadata,
+            ),
+        )
+        if approval.decision is ApprovalDecision.DENY:
+            return ToolOutcome(
+                denied=True, error=approval.reason or f'the caller denied the call of "{name}"'
+            ), None
+        if approval.decision is ApprovalDecision.EDIT:
+            problems = schema_problems(spec.arguments_schema, approval.arguments)
+            if problems:
+                return (
+                    ToolOutcome(
+                        error=f'the caller edited the arguments of "{name}" into ones that do not match '
+                        f"its schema ({problems}); the tool did not run"
+                    ),
+                    None,
+                )
+            return None, approval.arguments
+        return None, arguments
 
     def answer(self, message: ToolResultMessage | ApprovalMessage) -> None:
         """Deliver a caller's answer to the tool call waiting for it."""
@@ -411,6 +448,94 @@ class SessionToolBox:
         return waiting
 
 
+# --- MCP tools beside the caller's ----------------------------------------------------
+
+
+class CallToolBox:
+    """One call's ToolBox when it has MCP servers: the caller's tools (if any) and the MCP tools.
+
+    MCP tools get the same treatment as caller tools: the call's tool filter
+    decides which the model sees and may run (hidden ones and unknown names
+    look the same), arguments are checked against the tool's inputSchema,
+    and `read_only` tools run at once. A `mutating` or `sensitive` one needs
+    approval: with a ToolSession the caller is asked (ApprovalRequest; DENY
+    and EDIT as for caller tools), and the negotiator runs the tool itself,
+    so no ToolCall is sent. Without a ToolSession there is nobody to ask: the
+    model gets a denied outcome and the tool never reaches its server, unless
+    the operator preapproved it on a config server (`preapproved`). Every MCP
+    tool call leaves one `negotiator.mcp_tool_call` record (JSON, logger
+    negotiator_service.mcp) with its outcome.
+    """
+
+    def __init__(
+        self, caller: ToolBox | None, mcp: McpTools, tool_filter: ToolFilter | None, adapter: str
+    ) -> None:
+        self._caller = caller
+        self._mcp = mcp
+        self._filter = tool_filter
+        self._adapter = adapter
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        own = self._caller.specs if self._caller is not None else ()
+        return own + self._visible_mcp()
+
+    async def refresh(self) -> None:
+        """Re-list the MCP servers whose tools changed (before the next request to the model)."""
+        await self._mcp.refresh()
+
+    async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
+        tool = self._mcp.tool(name)
+        if tool is None or tool.spec not in self._visible_mcp():
+            if self._caller is not None:
+                return await self._caller.call(name, arguments)
+            return ToolOutcome(error=f'there is no tool named "{name}" in this call')
+        spec = tool.spec
+        problems = schema_problems(spec.arguments_schema, arguments)
+        if problems:
+            self._audit(tool, "invalid_arguments")
+            return ToolOutcome(error=f'the arguments do not match the schema of "{name}": {problems}')
+        approved_by = "read_only"
+        if spec.risk is not ToolRisk.READ_ONLY:
+            if tool.preapproved:
+                approved_by = "operator"
+            elif isinstance(self._caller, SessionToolBox):
+                refusal, arguments = await self._caller.approve(spec, arguments)
+                if refusal is not None:
+                    self._audit(tool, "denied" if refusal.denied else "invalid_arguments", "caller")
+                    return refusal
+                approved_by = "caller"
+            else:
+                self._audit(tool, "denied", "none")
+                return ToolOutcome(
+                    denied=True,
+                    error=f'"{name}" is a {spec.risk.value} tool and this call has no ToolSession to '
+                    "approve it; it did not run",
+                )
+        outcome = await self._mcp.call(name, arguments)
+        self._audit(tool, "error" if outcome.error is not None else "ran", approved_by)
+        return outcome
+
+    def _visible_mcp(self) -> tuple[ToolSpec, ...]:
+        specs = self._mcp.specs
+        return specs if self._filter is None else visible_tools(specs, self._filter)
+
+    def _audit(self, tool: McpTool, outcome: str, approved_by: str = "") -> None:
+        if not _MCP_LOGGER.isEnabledFor(logging.INFO):
+            return
+        record = {
+            "event": "negotiator.mcp_tool_call",
+            "adapter": self._adapter,
+            "server": tool.server,
+            "tool": tool.tool,
+            "function": tool.spec.name,
+            "risk": tool.spec.risk.value,
+            "approved_by": approved_by,
+            "outcome": outcome,
+        }
+        _MCP_LOGGER.info(json.dumps(record))
+
+
 def _with_article(answer: str) -> str:
     return "an approval" if answer == "approval" else "a tool result"
 
@@ -458,7 +583,13 @@ async def run_session(
     start = await _first(incoming)
     request, visible = prepare_call(start)
     outgoing: asyncio.Queue[SessionMessage] = asyncio.Queue()
-    toolbox = SessionToolBox(visible, call_target(request), outgoing.put_nowait) if request.tools else None
+    # MCP servers (the request's or a profile's) need the session as their approval channel.
+    may_have_mcp = bool(request.options.mcp_servers) or request.options.profile is not None
+    toolbox = (
+        SessionToolBox(visible, call_target(request), outgoing.put_nowait)
+        if request.tools or may_have_mcp
+        else None
+    )
     work = asyncio.ensure_future(dispatch(request, toolbox))
     reader = asyncio.ensure_future(_read_answers(incoming, toolbox))
     next_message: asyncio.Future[SessionMessage] | None = None

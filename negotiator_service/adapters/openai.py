@@ -15,7 +15,11 @@ parameters}}]`. While the model answers with `tool_calls`, each call is run
 through the call's ToolBox in order (which asks the caller, validates, and
 hides filtered tools: that is how tool_filter is honoured), the assistant
 message and one `{"role": "tool"}` message per call are appended, and the
-completion is requested again, for at most MAX_TOOL_ROUNDS rounds. A persona
+completion is requested again, for at most MAX_TOOL_ROUNDS rounds. The call's
+MCP servers (mcp) are connected for the length of the call by the
+negotiator's own client (mcp_tools.py), and their tools join the caller's in
+one tools.CallToolBox, so the same filter, risk and approval rules hold for
+both; a server whose tools changed is listed again before the next round. A persona
 is sent as a leading system message (it is not part of the conversation
 state: each call states its own).
 
@@ -36,18 +40,19 @@ Options:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
 import httpx
 
-from negotiator_service import errors
+from negotiator_service import errors, mcp_tools
 from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
 from negotiator_service.adapters._options import OptionReader
 from negotiator_service.declarations import narrow
@@ -65,6 +70,7 @@ from negotiator_service.model import (
     ToolSpec,
     strict_json,
 )
+from negotiator_service.tools import CallToolBox
 from sidecar_runtime.tracing import trace_metadata
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -99,8 +105,11 @@ IMPLEMENTED = frozenset(
         # sent to the model nor run when it names them anyway.
         Capability.TOOL_FILTER,
         Capability.PERSONA,  # a leading system message
+        # MCP servers are run by the negotiator's own client (mcp_tools.py) in the tool loop.
+        Capability.MCP,
     }
 )
+MCP_TRANSPORTS_IMPLEMENTED = frozenset({"stdio", "http", "sse"})
 _QUOTE_LIMIT = 500  # characters of a provider's body quoted in an error
 
 # Rounds of tool calls one call may take before it counts as a runaway loop.
@@ -138,6 +147,7 @@ def code_declaration(shortname: str) -> Declaration:
         ),
         accepted_settings=ACCEPTED_SETTINGS,
         string_formats=STRING_FORMATS,
+        mcp_transports=MCP_TRANSPORTS_IMPLEMENTED,
     )
 
 
@@ -449,8 +459,41 @@ class OpenAIAdapter:
         prior = history(shortname, call.conversation_state) if in_conversation else []
         followups: list[dict[str, JsonValue]] = []
         started = time.monotonic()
+        async with contextlib.AsyncExitStack() as stack:
+            if call.options.mcp_servers:
+                call = await self._with_mcp_tools(call, stack)
+            reply = await self._tool_loop(call, produce, headers, prior, followups, started)
+        if not in_conversation:
+            return reply
+        # The persona is not history: each call states its own.
+        turn = [*prior, {"role": "user", "content": call.prompt}, *followups]
+        state = {"messages": [*turn, {"role": "assistant", "content": reply.text}]}
+        return AdapterReply(text=reply.text, events=reply.events, conversation_state=state)
+
+    async def _with_mcp_tools(self, call: AdapterCall, stack: contextlib.AsyncExitStack) -> AdapterCall:
+        """The call with its MCP servers' tools beside the caller's; the servers close with `stack`."""
+        caller_names = [spec.name for spec in call.tools.specs] if call.tools is not None else []
+        mcp = await stack.enter_async_context(
+            mcp_tools.open_servers(call.options.mcp_servers, self._declaration.shortname, caller_names)
+        )
+        toolbox = CallToolBox(call.tools, mcp, call.options.tool_filter, self._declaration.shortname)
+        return replace(call, tools=toolbox)
+
+    async def _tool_loop(
+        self,
+        call: AdapterCall,
+        produce: bool,
+        headers: dict[str, str],
+        prior: list[dict[str, JsonValue]],
+        followups: list[dict[str, JsonValue]],
+        started: float,
+    ) -> AdapterReply:
+        """Request completions, running the model's tool calls, until it answers; appends to `followups`."""
+        shortname = self._declaration.shortname
         rounds = 0
         while True:
+            if isinstance(call.tools, CallToolBox):
+                await call.tools.refresh()
             body = request_body(call, self._options.model, produce=produce, prior=prior, followups=followups)
             # One budget for the whole exchange, every tool round included.
             budget = None if call.time_budget is None else call.time_budget - (time.monotonic() - started)
@@ -458,8 +501,7 @@ class OpenAIAdapter:
             status, response_headers, content = await self._post(body, headers, deadline)
             answer = read_response(shortname, status, response_headers, content, produce=produce)
             if isinstance(answer, AdapterReply):
-                reply = answer
-                break
+                return answer
             rounds += 1
             if rounds > MAX_TOOL_ROUNDS:
                 raise errors.AdapterInternal(
@@ -467,12 +509,6 @@ class OpenAIAdapter:
                 )
             followups.append(answer.assistant_message)
             followups.extend(await self._run_tools(call, answer.calls))
-        if not in_conversation:
-            return reply
-        # The persona is not history: each call states its own.
-        turn = [*prior, {"role": "user", "content": call.prompt}, *followups]
-        state = {"messages": [*turn, {"role": "assistant", "content": reply.text}]}
-        return AdapterReply(text=reply.text, events=reply.events, conversation_state=state)
 
     async def _run_tools(
         self, call: AdapterCall, calls: tuple[ModelToolCall, ...]

@@ -78,6 +78,11 @@ def _failing_adapter(kind: str) -> str:
 
 
 TEST_CONFIG += "".join(_failing_adapter(kind) for kind in ERROR_KINDS)
+# The caller-supplied MCP servers the tests' requests name (fake adapters run none of them);
+# first, so tests may append adapters to the list that ends the text.
+TEST_CONFIG = (
+    "mcp:\n  caller_stdio_commands: [npx, x, srv]\n  caller_hosts: [localhost, 127.0.0.1, x]\n" + TEST_CONFIG
+)
 
 # A declaration supporting everything, with every typed-set member a test uses.
 EVERYTHING = make_declaration(

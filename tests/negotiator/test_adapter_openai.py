@@ -31,12 +31,10 @@ from negotiator_service.model import (
     Capability,
     CapabilityState,
     DeclarationOverride,
-    McpServer,
 )
 from tests.procs import start_process
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_KEY"
-MCP_SERVER = McpServer(name="files", transport="stdio", command="mcp-files")
 KEY = "sk-test-not-a-real-key-123"
 SCHEMA = {
     "type": "object",
@@ -345,8 +343,8 @@ async def test_unsupported_fields_are_refused_before_any_request(
     adapter: OpenAIAdapter, server: MockOpenAI
 ) -> None:
     with pytest.raises(errors.AdapterRefused) as raised:
-        await adapter.invoke(call(mcp_servers=(MCP_SERVER,), stream_events=True, profile="fast"))
-    for field in ("options.mcp_servers", "options.stream_events", "options.profile"):
+        await adapter.invoke(call(stream_events=True, profile="fast"))
+    for field in ("options.stream_events", "options.profile"):
         assert field in raised.value.cause
     with pytest.raises(errors.AdapterRefused, match="accepted_settings:tools"):
         await adapter.invoke(call(settings=MappingProxyType({"tools": []})))
@@ -371,7 +369,9 @@ async def test_declaration(adapter: OpenAIAdapter) -> None:
         Capability.TOOL_REGISTRATION,
         Capability.TOOL_FILTER,
         Capability.PERSONA,
+        Capability.MCP,
     }
+    assert declaration.mcp_transports == {"stdio", "http", "sse"}
     assert all(declaration.state(c) is CapabilityState.UNSUPPORTED for c in set(Capability) - supported)
     assert declaration.string_formats == {
         "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"

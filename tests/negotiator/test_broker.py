@@ -14,6 +14,7 @@ from fakes import FakeAdapter, Hang, make_declaration
 
 from negotiator_service import errors
 from negotiator_service.broker import Broker
+from negotiator_service.mcp_policy import McpPolicy
 from negotiator_service.model import (
     AdapterCall,
     AdapterKind,
@@ -60,7 +61,9 @@ def setup(declaration: Declaration = EVERYTHING, **fake: Any) -> tuple[Broker, F
     adapter = FakeAdapter(declaration, **fake)
     registry = AdapterRegistry()
     registry.add(RegisteredAdapter(adapter, "config"))
-    return Broker(registry), adapter
+    # The caller-supplied MCP servers these tests name are admitted (mcp_policy.py).
+    policy = McpPolicy(caller_stdio_commands=frozenset({"x"}), caller_hosts=frozenset({"127.0.0.1"}))
+    return Broker(registry, mcp_policy=policy), adapter
 
 
 def produce(schema: Any = SCHEMA, target: str = "all", **options: Any) -> CallRequest:

@@ -70,8 +70,10 @@ def test_profiles_are_read_with_every_field() -> None:
         {"temperature": 0.2, "seed": 1},
     )
     assert research.mcp_servers == (
-        McpServer("docs", "streamable-http", url="http://127.0.0.1:9/mcp", headers={"X-Key": "k"}),
-        McpServer("fs", "stdio", command="mcp-fs", args=("/srv",), env={"LOG": "0"}),
+        McpServer(
+            "docs", "streamable-http", url="http://127.0.0.1:9/mcp", headers={"X-Key": "k"}, operator=True
+        ),
+        McpServer("fs", "stdio", command="mcp-fs", args=("/srv",), env={"LOG": "0"}, operator=True),
     )
     assert config.profiles["deep"].adapter_profile == "deep-thinking"
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from negotiator_service import errors
 from negotiator_service.broker import Broker
+from negotiator_service.mcp_policy import McpPolicy
 from negotiator_service.model import (
     SET_CAPABILITY,
     AdapterKind,
@@ -248,7 +249,9 @@ async def run(declaration: Declaration, request: CallRequest) -> tuple[FakeAdapt
     registry = AdapterRegistry()
     registry.add(RegisteredAdapter(adapter, "config"))
     try:
-        await Broker(registry).call(request, time_budget=5)
+        # The scenarios' MCP servers are admitted: these properties are about declarations.
+        policy = McpPolicy(caller_stdio_commands=frozenset({"run"}), caller_hosts=frozenset({"127.0.0.1"}))
+        await Broker(registry, mcp_policy=policy).call(request, time_budget=5)
     except errors.NegotiatorError as exc:
         return adapter, exc
     return adapter, None

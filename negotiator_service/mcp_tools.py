@@ -1,0 +1,388 @@
+"""The MCP servers of one call, with the official `mcp` SDK: start, initialize, list, call, close.
+
+Lifetime: every server of a call is connected when the adapter's tool loop
+starts and closed when it ends, however it ends (answer, error, deadline,
+the caller's cancellation). Nothing is pooled or shared between calls, so
+one call's server state (a stdio child, an HTTP session id) never reaches
+another call.
+
+Transports:
+- stdio: the command runs under `sidecar_runtime.proctree` (its whole
+  process tree is killed when the call ends, and with the negotiator), with
+  the SDK's default inherited environment (HOME, LOGNAME, PATH, SHELL, TERM,
+  USER) plus the server's `env`; its stderr is the negotiator's. The SDK's
+  `stdio_client` spawns its own process and takes none from outside, so the
+  transport here is the SDK's line framing over the contained process.
+  A line longer than MAX_STDIO_LINE_BYTES ends the connection.
+- http (streamable HTTP) and sse: the SDK's clients, with the server's
+  `headers` on every request.
+
+Starting a server (connect, `initialize`, every page of `tools/list`) has
+START_TIMEOUT_SECONDS, within the call's own deadline. Failing that is
+McpServerTimeout (DEADLINE_EXCEEDED); a server that cannot be started or
+reached, or that answers initialize or tools/list with an error, is
+McpServerUnavailable (UNAVAILABLE); either fails the whole call. A tool
+call's own failure (an `isError` result, a JSON-RPC error, a connection that
+broke) is a tool error the model reads; the call goes on.
+
+`notifications/tools/list_changed` marks the server's listing stale; the
+tool loop re-lists it before its next request to the model (`refresh`).
+A tool keeps its function name across re-listings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import anyio
+import httpx
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped, unused-ignore]
+from mcp import ClientSession, types
+from mcp.client.sse import sse_client
+from mcp.client.stdio import get_default_environment
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import McpError
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
+
+from negotiator_service import mcp_policy
+from negotiator_service.errors import McpServerTimeout, McpServerUnavailable
+from negotiator_service.model import JsonValue, McpServer, ToolOutcome, ToolSpec
+from negotiator_service.negotiation import normalize_transport
+from sidecar_runtime import proctree
+
+START_TIMEOUT_SECONDS = 10.0
+MAX_LIST_PAGES = 64
+MAX_TOOLS_PER_SERVER = 512
+MAX_STDIO_LINE_BYTES = 8 * 1024 * 1024
+_READ_CHUNK = 64 * 1024
+# The SDK's own defaults for its HTTP transports: 30 s per operation, 300 s for a held stream.
+_HTTP_TIMEOUT = httpx.Timeout(30.0, read=300.0)
+_CLIENT_INFO = types.Implementation(name="agentsidecar-negotiator", version="0.1.0")
+_LOGGER = logging.getLogger("negotiator_service.mcp")
+
+ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
+WriteStream = MemoryObjectSendStream[SessionMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class McpTool:
+    """One tool of one server, as offered to the model."""
+
+    server: str
+    tool: str  # the name the server knows it by
+    spec: ToolSpec  # the function name the model sees, schema, description, risk
+    preapproved: bool
+
+
+@dataclass(slots=True)
+class _Connection:
+    server: McpServer
+    session: ClientSession
+    stale: bool = False
+    tools: dict[str, McpTool] = field(default_factory=dict)  # by function name
+
+
+class McpTools:
+    """The MCP tools of one call, across its servers (build with `open_servers`)."""
+
+    def __init__(self, adapter: str, reserved: Iterable[str]) -> None:
+        self._adapter = adapter
+        self._reserved = frozenset(reserved)
+        self._connections: dict[str, _Connection] = {}
+        # (server, tool) → function name, kept across re-listings.
+        self._names: dict[tuple[str, str], str] = {}
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        return tuple(t.spec for c in self._connections.values() for t in c.tools.values())
+
+    def tool(self, name: str) -> McpTool | None:
+        for connection in self._connections.values():
+            found = connection.tools.get(name)
+            if found is not None:
+                return found
+        return None
+
+    async def refresh(self) -> None:
+        """Re-list every server that said its tools changed."""
+        for connection in self._connections.values():
+            if connection.stale:
+                connection.stale = False
+                await self._list(connection)
+
+    async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
+        """Run `tools/call`; every failure is a tool error for the model."""
+        found = self.tool(name)
+        if found is None:
+            return ToolOutcome(error=f'there is no tool named "{name}" in this call')
+        if not isinstance(arguments, dict):
+            return ToolOutcome(error=f'the arguments of "{name}" must be a JSON object; the tool did not run')
+        session = self._connections[found.server].session
+        where = f'MCP server "{found.server}"'
+        try:
+            result = await session.call_tool(found.tool, arguments)
+        except McpError as exc:
+            return ToolOutcome(error=f"{where} answered tools/call with an error: {exc.error.message}")
+        except Exception as exc:  # a broken connection, a malformed answer
+            return ToolOutcome(error=f"{where} failed the call: {_describe(exc)}")
+        if result.isError:
+            return ToolOutcome(
+                error=_content_text(result.content) or f'"{found.tool}" failed without a message'
+            )
+        if result.structuredContent is not None:
+            return ToolOutcome(result=result.structuredContent)
+        return ToolOutcome(result=_content_json(result.content))
+
+    async def _connect(self, stack: contextlib.AsyncExitStack, server: McpServer) -> None:
+        connection: _Connection | None = None
+
+        async def on_message(message: Any) -> None:
+            if (
+                connection is not None
+                and isinstance(message, types.ServerNotification)
+                and isinstance(message.root, types.ToolListChangedNotification)
+            ):
+                connection.stale = True
+
+        try:
+            async with asyncio.timeout(START_TIMEOUT_SECONDS):
+                read, write = await stack.enter_async_context(_transport(server, stack))
+                session = await stack.enter_async_context(
+                    ClientSession(read, write, message_handler=on_message, client_info=_CLIENT_INFO)
+                )
+                connection = _Connection(server, session)
+                await session.initialize()
+                await self._list(connection)
+        except TimeoutError as exc:
+            raise McpServerTimeout(
+                self._adapter,
+                f"did not finish initialize and tools/list within {START_TIMEOUT_SECONDS:g} s",
+                server=server.name,
+            ) from exc
+        except McpServerUnavailable:
+            raise
+        except McpError as exc:
+            raise McpServerUnavailable(
+                self._adapter, f"answered with an error: {exc.error.message}", server=server.name
+            ) from exc
+        except Exception as exc:
+            raise McpServerUnavailable(
+                self._adapter, f"cannot start: {_describe(exc)}", server=server.name
+            ) from exc
+        self._connections[server.name] = connection
+
+    async def _list(self, connection: _Connection) -> None:
+        server = connection.server
+        listed: list[types.Tool] = []
+        cursor: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+            page = await connection.session.list_tools(params=params)
+            listed.extend(page.tools)
+            if len(listed) > MAX_TOOLS_PER_SERVER:
+                raise McpServerUnavailable(
+                    self._adapter, f"lists more than {MAX_TOOLS_PER_SERVER} tools", server=server.name
+                )
+            cursor = page.nextCursor
+            if not cursor:
+                break
+        else:
+            raise McpServerUnavailable(
+                self._adapter, f"tools/list did not end within {MAX_LIST_PAGES} pages", server=server.name
+            )
+        risks = mcp_policy.risks_of(server)
+        tools: dict[str, McpTool] = {}
+        for tool in listed:
+            schema = tool.inputSchema
+            try:
+                Draft202012Validator.check_schema(schema)
+            except SchemaError as exc:
+                _LOGGER.warning(
+                    'MCP server "%s": tool "%s" is not offered, its inputSchema is invalid: %s',
+                    server.name,
+                    tool.name,
+                    exc.message,
+                )
+                continue
+            name = self._function_name(server.name, tool.name)
+            annotations = tool.annotations
+            risk = mcp_policy.tool_risk(
+                annotations.readOnlyHint if annotations is not None else None,
+                annotations.destructiveHint if annotations is not None else None,
+                risks.get(tool.name),
+            )
+            spec = ToolSpec(
+                name=name,
+                arguments_schema=MappingProxyType(dict(schema)),
+                description=tool.description
+                or (annotations.title if annotations and annotations.title else ""),
+                metadata=MappingProxyType({"mcp_server": server.name, "mcp_tool": tool.name}),
+                risk=risk,
+            )
+            tools[name] = McpTool(
+                server.name, tool.name, spec, server.operator and tool.name in server.preapproved
+            )
+        connection.tools = tools
+
+    def _function_name(self, server: str, tool: str) -> str:
+        key = (server, tool)
+        name = self._names.get(key)
+        if name is None:
+            name = mcp_policy.function_name(server, tool, [*self._reserved, *self._names.values()])
+            self._names[key] = name
+        return name
+
+
+@contextlib.asynccontextmanager
+async def open_servers(
+    servers: Sequence[McpServer], adapter: str, reserved: Iterable[str] = ()
+) -> AsyncIterator[McpTools]:
+    """Connect every server (in order), yield their tools, close them all on the way out.
+
+    `reserved` are names the function names must avoid (the caller's tools).
+    """
+    tools = McpTools(adapter, reserved)
+    async with contextlib.AsyncExitStack() as stack:
+        for server in servers:
+            await tools._connect(stack, server)
+        yield tools
+
+
+@contextlib.asynccontextmanager
+async def _transport(
+    server: McpServer, stack: contextlib.AsyncExitStack
+) -> AsyncIterator[tuple[ReadStream, WriteStream]]:
+    transport = normalize_transport(server.transport)
+    if transport == "stdio":
+        async with _stdio(server) as streams:
+            yield streams
+        return
+    client = await stack.enter_async_context(
+        httpx.AsyncClient(headers=dict(server.headers), timeout=_HTTP_TIMEOUT, follow_redirects=False)
+    )
+    if transport == "http":
+        async with streamable_http_client(server.url, http_client=client) as (read, write, _):
+            yield read, write
+        return
+
+    def factory(
+        headers: dict[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+        auth: httpx.Auth | None = None,
+    ) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers=headers, timeout=timeout or _HTTP_TIMEOUT, auth=auth, follow_redirects=False
+        )
+
+    async with sse_client(server.url, headers=dict(server.headers), httpx_client_factory=factory) as (
+        read,
+        write,
+    ):
+        yield read, write
+
+
+@contextlib.asynccontextmanager
+async def _stdio(server: McpServer) -> AsyncIterator[tuple[ReadStream, WriteStream]]:
+    env = {**get_default_environment(), **server.env}
+    program = _program(server.command, env.get("PATH", os.defpath))
+    run = await proctree.start(
+        program,
+        [server.command, *server.args],
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=None,
+    )
+    stdin, stdout = run.process.stdin, run.process.stdout
+    assert stdin is not None
+    assert stdout is not None
+    read_sender, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_receiver = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def read_lines() -> None:
+        async with read_sender:
+            buffer = bytearray()
+            while chunk := await stdout.read(_READ_CHUNK):
+                buffer += chunk
+                while (end := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:end])
+                    del buffer[: end + 1]
+                    if not line.strip():
+                        continue
+                    try:
+                        message = types.JSONRPCMessage.model_validate_json(line)
+                    except ValidationError as exc:
+                        await read_sender.send(exc)
+                        continue
+                    await read_sender.send(SessionMessage(message))
+                if len(buffer) > MAX_STDIO_LINE_BYTES:
+                    await read_sender.send(
+                        ValueError(f"the server wrote a line longer than {MAX_STDIO_LINE_BYTES} bytes")
+                    )
+                    return
+
+    async def write_lines() -> None:
+        async with write_receiver:
+            async for message in write_receiver:
+                text = message.message.model_dump_json(by_alias=True, exclude_none=True)
+                try:
+                    stdin.write(text.encode() + b"\n")
+                    await stdin.drain()
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_lines)
+            group.start_soon(write_lines)
+            try:
+                yield read_stream, write_stream
+            finally:
+                group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            stdin.close()
+            await run.finish()
+            for stream in (read_stream, write_stream):
+                await stream.aclose()
+
+
+def _program(command: str, path: str) -> str:
+    """The absolute program a command names, looked up on the server's PATH as a shell would."""
+    program = shutil.which(command, path=path)
+    if program is None:
+        raise FileNotFoundError(errno.ENOENT, f'"{command}" is not an executable on PATH')
+    return os.path.abspath(program)
+
+
+def _content_text(content: Sequence[types.ContentBlock]) -> str:
+    return "\n".join(block.text for block in content if isinstance(block, types.TextContent))
+
+
+def _content_json(content: Sequence[types.ContentBlock]) -> JsonValue:
+    """A result's content for the model: the text when it is all text, else the blocks as JSON."""
+    if all(isinstance(block, types.TextContent) for block in content):
+        return _content_text(content)
+    return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in content]
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as one line, looking inside the task groups' exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
