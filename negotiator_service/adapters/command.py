@@ -398,9 +398,18 @@ class CommandAdapter:
         )
 
     def _prepare_files(self, call: AdapterCall, scratch: str | None) -> dict[str, str]:
-        """Write what the run hands the CLI as files; the placeholder values naming them."""
+        """Write what the run hands the CLI as files (into `scratch`); the placeholder values."""
         harness = self._options.harness
         values: dict[str, str] = {}
+        if call.options.mcp_servers and harness.mcp is not None:
+            try:
+                text = mcp_config(harness.mcp, call.options.mcp_servers, is_loader_variable)
+            except CallNotPassable as exc:
+                raise errors.AdapterRefused(self._declaration.shortname, str(exc)) from exc
+            values["mcp_config"] = text
+            if scratch is not None and harness.mcp.wants_file:
+                suffix = "toml" if harness.mcp.format == "codex" else "json"
+                values["mcp_config_file"] = _write(scratch, f"mcp.{suffix}", text)
         if scratch is None:
             return values
         if call.output_schema is not None and harness.output_schema is not None:
@@ -409,15 +418,6 @@ class CommandAdapter:
             )
         if harness.output_file is not None:
             values["output_file"] = os.path.join(scratch, "output")
-        if call.options.mcp_servers and harness.mcp is not None:
-            try:
-                text = mcp_config(harness.mcp, call.options.mcp_servers, is_loader_variable)
-            except CallNotPassable as exc:
-                raise errors.AdapterRefused(self._declaration.shortname, str(exc)) from exc
-            values["mcp_config"] = text
-            if harness.mcp.wants_file:
-                suffix = "toml" if harness.mcp.format == "codex" else "json"
-                values["mcp_config_file"] = _write(scratch, f"mcp.{suffix}", text)
         return values
 
     def _reply(self, call: AdapterCall, stdout: str, output_file: str | None) -> AdapterReply:
