@@ -8,14 +8,17 @@ program really got. The Hypothesis properties run on the pure mapping (command_m
 from __future__ import annotations
 
 import json
+import re
 import string
 import sys
 import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +26,7 @@ from negotiator_service import errors
 from negotiator_service.adapters import build_adapter
 from negotiator_service.adapters.command import CommandAdapter, build_argv
 from negotiator_service.adapters.command_map import CallArguments, CallNotPassable, toml_string
-from negotiator_service.adapters.command_presets import CLAUDE_CODE, CODEX_CLI, PRESETS
+from negotiator_service.adapters.command_presets import CLAUDE_CODE, CODEX_CLI, PRESETS, merged
 from negotiator_service.broker import check_output
 from negotiator_service.model import (
     AdapterCall,
@@ -520,3 +523,12 @@ def test_caller_text_lands_only_inside_its_placeholder_and_unmapped_is_never_sup
 @given(st.text(st.characters(blacklist_categories=["Cs"])))
 def test_toml_quoting_reads_back_as_the_same_text(text: str) -> None:
     assert tomllib.loads(f"key = {toml_string(text)}")["key"] == text
+
+
+def test_the_documented_preset_blocks_are_the_shipped_presets() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "harnesses.md").read_text()
+    blocks = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)]
+    documented = {block.pop("preset"): block for block in blocks if "preset" in block and "argv" in block}
+    assert set(documented) == set(PRESETS)
+    for name, preset in PRESETS.items():
+        assert documented[name] == merged({}, preset), name
