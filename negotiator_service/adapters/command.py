@@ -1,21 +1,34 @@
 """The command adapter: a local agent CLI, run as a harness without a shell.
 
-It declares only what it can enforce: per-call `timeout`, and `env` and `cwd`
-when the operator allowed them. A CLI's own flags for models, tools or output
-formats are outside what this adapter can check, so everything else is
-declared unsupported.
+It declares what it can enforce or pass on: per-call `timeout`, `env` and
+`cwd` when the operator allowed them, and every capability the operator
+mapped onto the CLI's own flags and files (`map`, see `command_map`): a model
+is SUPPORTED only with a `{model}` fragment, structured output only with an
+`{output_schema_file}` fragment, and so on. Everything else is declared
+unsupported. Structured output read back from the CLI is validated against
+the caller's schema by the broker, as every adapter's is.
 
 No caller chooses the program, how it is loaded, or where it runs: argv[0] is
 resolved once, when the adapter is built, on the negotiator's own PATH, and
 every call executes that absolute path; a call may set only the environment
 variables the operator listed in `call_env` (never a loader or search-path
 variable, see `is_loader_variable`), and a `cwd` only inside `cwd_roots`.
+Caller text (prompt, model, persona, ...) only ever lands inside the argv
+element holding its placeholder. An MCP stdio server a call names runs only
+when it is one of the operator's `map.mcp.stdio_commands`.
 
 Options:
     argv:             [program, arg, ...] (required); an element containing
-                      "{prompt}" has it replaced by the prompt, otherwise the
-                      prompt is written to stdin. The program must be an
-                      executable file: a path, or a name on the negotiator's PATH
+                      "{prompt}" has it replaced by the prompt, otherwise (and
+                      when `tail` holds none) the prompt is written to stdin.
+                      The program must be an executable file: a path, or a
+                      name on the negotiator's PATH
+    tail:             [arg, ...] after the mapped fragments (may hold "{prompt}")
+    map:              capability -> argv fragment (see `command_map`)
+    delegation:       "provider-managed": the CLI delegates on its own
+                      (declares subagents and depth_limit)
+    preset:           a shipped preset (`command_presets`) whose options these
+                      options are laid over, key by key
     timeout_seconds:  default 60; a per-call `timeout` setting may only lower it
     cwd:              working directory (default: the negotiator's)
     env:              variables added to a minimal environment (PATH, HOME, LANG)
@@ -24,7 +37,11 @@ Options:
     cwd_roots:        [DIR, ...] directories a call's `cwd` setting must resolve
                       inside, symlinks and `..` followed (default none: `cwd` is
                       not an accepted setting)
-    output_cap_bytes: most stdout bytes accepted (default 1 MiB)
+    output_cap_bytes: most stdout bytes accepted, and most bytes read from an
+                      output file (default 1 MiB)
+
+Files a run hands the CLI (`{output_schema_file}`, `{output_file}`,
+`{mcp_config_file}`) live in a scratch directory of that run, removed when it ends.
 
 Each run is contained by `sidecar_runtime.proctree`: whatever it starts, even
 in a session of its own, is killed when the command exits, on timeout or
@@ -36,15 +53,26 @@ bootstrap runs seed commands with it).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from negotiator_service import errors
-from negotiator_service.adapters._calls import Deadline, call_deadline, check_call
+from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
 from negotiator_service.adapters._options import OptionReader, is_number, type_name
+from negotiator_service.adapters.command_map import (
+    CallArguments,
+    CallNotPassable,
+    HarnessMap,
+    mcp_config,
+    parse_events,
+    read_map,
+)
+from negotiator_service.adapters.command_presets import with_preset
 from negotiator_service.declarations import narrow
 from negotiator_service.model import (
     AdapterCall,
@@ -56,6 +84,7 @@ from negotiator_service.model import (
     CapabilityState,
     Declaration,
     JsonValue,
+    StreamEvent,
 )
 from sidecar_runtime import proctree
 
@@ -144,21 +173,27 @@ def locate_program(name: str) -> str | None:
 
 
 def code_declaration(
-    shortname: str, accepted_settings: frozenset[str] = ALWAYS_ACCEPTED_SETTINGS
+    shortname: str,
+    accepted_settings: frozenset[str] = ALWAYS_ACCEPTED_SETTINGS,
+    harness: HarnessMap | None = None,
 ) -> Declaration:
-    """What the code enforces: settings (those the options allow), and nothing else."""
+    """What the code enforces: settings (those the options allow), what `harness` maps, nothing else."""
+    harness = harness if harness is not None else HarnessMap()
+    implemented = IMPLEMENTED | harness.capabilities
     return Declaration(
         shortname=shortname,
         kind=AdapterKind.HARNESS,
         capabilities=MappingProxyType(
             {
                 capability: (
-                    CapabilityState.SUPPORTED if capability in IMPLEMENTED else CapabilityState.UNSUPPORTED
+                    CapabilityState.SUPPORTED if capability in implemented else CapabilityState.UNSUPPORTED
                 )
                 for capability in Capability
             }
         ),
+        mcp_transports=harness.mcp_transports,
         accepted_settings=accepted_settings,
+        string_formats=harness.string_formats if harness.output_schema is not None else frozenset(),
     )
 
 
@@ -172,12 +207,15 @@ class CommandOptions:
     call_env: frozenset[str]
     cwd_roots: tuple[str, ...]  # real paths
     output_cap_bytes: int
+    harness: HarnessMap = field(default_factory=HarnessMap)
 
     @property
     def accepted_settings(self) -> frozenset[str]:
-        return ALWAYS_ACCEPTED_SETTINGS | {
-            name for name, allowed in (("env", self.call_env), ("cwd", self.cwd_roots)) if allowed
-        }
+        return (
+            ALWAYS_ACCEPTED_SETTINGS
+            | {name for name, allowed in (("env", self.call_env), ("cwd", self.cwd_roots)) if allowed}
+            | frozenset(self.harness.settings)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +229,8 @@ class RunSettings:
 
 
 def read_options(spec: AdapterSpec) -> CommandOptions:
-    reader = OptionReader(spec, spec.options)
+    reader = OptionReader(spec, with_preset(spec))
+    reader.raw("preset")  # applied by with_preset
     argv = reader.raw("argv")
     if not isinstance(argv, list) or not argv:
         reader.fail("argv", f"must be a non-empty list of strings, not {type_name(argv)}")
@@ -214,6 +253,7 @@ def read_options(spec: AdapterSpec) -> CommandOptions:
     call_env = _read_call_env(reader)
     cwd_roots = _read_cwd_roots(reader)
     cap = reader.positive_int("output_cap_bytes", DEFAULT_OUTPUT_CAP_BYTES)
+    harness = read_map(reader, resolve_program)
     reader.finish()
     return CommandOptions(
         argv=tuple(argv),
@@ -224,6 +264,7 @@ def read_options(spec: AdapterSpec) -> CommandOptions:
         call_env=call_env,
         cwd_roots=cwd_roots,
         output_cap_bytes=cap,
+        harness=harness,
     )
 
 
@@ -287,8 +328,9 @@ class CommandAdapter:
 
     def __init__(self, spec: AdapterSpec) -> None:
         self._options = read_options(spec)
+        self._implemented = IMPLEMENTED | self._options.harness.capabilities
         self._declaration = narrow(
-            code_declaration(spec.shortname, self._options.accepted_settings),
+            code_declaration(spec.shortname, self._options.accepted_settings, self._options.harness),
             spec.declaration,
             shortname=spec.shortname,
             implementation="command",
@@ -299,24 +341,114 @@ class CommandAdapter:
         return self._declaration
 
     async def produce(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.PRODUCE, implemented=IMPLEMENTED)
-        # check_call refuses output_schema already; this is the backstop.
-        raise errors.AdapterRefused(self._declaration.shortname, "a command cannot enforce structured output")
+        check_call(self._declaration, call, CallKind.PRODUCE, implemented=self._implemented)
+        if self._options.harness.output_schema is None:
+            # check_call refuses output_schema already; this is the backstop.
+            raise errors.AdapterRefused(
+                self._declaration.shortname, "a command cannot enforce structured output"
+            )
+        return await self._call(call)
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
+        check_call(self._declaration, call, CallKind.INVOKE, implemented=self._implemented)
+        return await self._call(call)
+
+    async def _call(self, call: AdapterCall) -> AdapterReply:
+        shortname = self._declaration.shortname
+        harness = self._options.harness
         settings = self._run_settings(call.options.settings)
         deadline = call_deadline(
-            self._declaration.shortname, call.time_budget, settings.timeout_seconds, settings.timeout_source
+            shortname, call.time_budget, settings.timeout_seconds, settings.timeout_source
         )
-        argv, in_argv = build_argv(self._options.argv, call.prompt)
-        if any("\0" in element for element in argv):
-            raise errors.AdapterRefused(
-                self._declaration.shortname, "the prompt contains a NUL byte, which no argument can carry"
+        head, in_head = build_argv(self._options.argv, call.prompt)
+        in_tail = any(PROMPT_PLACEHOLDER in element for element in harness.tail)
+        scratch = tempfile.mkdtemp(prefix="negotiator-cmd-") if self._needs_scratch(call) else None
+        try:
+            values = self._prepare_files(call, scratch)
+            try:
+                mapped = harness.arguments(
+                    CallArguments(
+                        prompt=call.prompt,
+                        options=call.options,
+                        settings=call.options.settings,
+                        delegation_depth=call.delegation_depth,
+                        values=MappingProxyType(values),
+                    )
+                )
+            except CallNotPassable as exc:
+                raise errors.AdapterRefused(shortname, str(exc)) from exc
+            argv = (*head, *mapped)
+            if any("\0" in element for element in argv):
+                raise errors.AdapterRefused(
+                    shortname, "the call holds a NUL byte (prompt or option), which no argument can carry"
+                )
+            stdin = None if in_head or in_tail else call.prompt.encode()
+            stdout = (await self._run(argv, stdin, settings, deadline)).decode("utf-8", errors="replace")
+            return self._reply(call, stdout, values.get("output_file"))
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def _needs_scratch(self, call: AdapterCall) -> bool:
+        harness = self._options.harness
+        return (
+            (call.output_schema is not None and harness.output_schema is not None)
+            or harness.output_file is not None
+            or (bool(call.options.mcp_servers) and harness.mcp is not None and harness.mcp.wants_file)
+        )
+
+    def _prepare_files(self, call: AdapterCall, scratch: str | None) -> dict[str, str]:
+        """Write what the run hands the CLI as files (into `scratch`); the placeholder values."""
+        harness = self._options.harness
+        values: dict[str, str] = {}
+        if call.options.mcp_servers and harness.mcp is not None:
+            try:
+                text = mcp_config(harness.mcp, call.options.mcp_servers, is_loader_variable)
+            except CallNotPassable as exc:
+                raise errors.AdapterRefused(self._declaration.shortname, str(exc)) from exc
+            values["mcp_config"] = text
+            if scratch is not None and harness.mcp.wants_file:
+                suffix = "toml" if harness.mcp.format == "codex" else "json"
+                values["mcp_config_file"] = _write(scratch, f"mcp.{suffix}", text)
+        if scratch is None:
+            return values
+        if call.output_schema is not None and harness.output_schema is not None:
+            values["output_schema_file"] = _write(
+                scratch, "output-schema.json", json.dumps(plain_json(call.output_schema))
             )
-        stdin = None if in_argv else call.prompt.encode()
-        stdout = await self._run(argv, stdin, settings, deadline)
-        return AdapterReply(text=stdout.decode("utf-8", errors="replace"))
+        if harness.output_file is not None:
+            values["output_file"] = os.path.join(scratch, "output")
+        return values
+
+    def _reply(self, call: AdapterCall, stdout: str, output_file: str | None) -> AdapterReply:
+        """The reply: the output file when mapped, else stdout (the final answer in an event mode)."""
+        shortname = self._declaration.shortname
+        harness = self._options.harness
+        events: tuple[StreamEvent, ...] = ()
+        text = stdout
+        if harness.events is not None and call.options.stream_events:
+            parsed = parse_events(harness.events.format, stdout)
+            if parsed.failure is not None:
+                raise errors.AdapterInternal(shortname, f"the harness reported a failure: {parsed.failure}")
+            events = parsed.events
+            text = parsed.final_text if parsed.final_text is not None else ""
+        if output_file is not None:
+            text = self._read_output(output_file)
+        return AdapterReply(text=text, events=events)
+
+    def _read_output(self, path: str) -> str:
+        shortname = self._declaration.shortname
+        cap = self._options.output_cap_bytes
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(cap + 1)
+        except FileNotFoundError:
+            raise errors.AdapterInternal(shortname, "the command wrote no output file") from None
+        except OSError as exc:
+            raise errors.AdapterInternal(shortname, f"cannot read the output file: {exc.strerror}") from exc
+        if len(data) > cap:
+            raise errors.AdapterInternal(shortname, f"the output file exceeded output_cap_bytes={cap}")
+        return data.decode("utf-8", errors="replace")
 
     async def close(self) -> None:
         return None
@@ -326,9 +458,12 @@ class CommandAdapter:
 
     def _run_settings(self, settings: Mapping[str, JsonValue]) -> RunSettings:
         accepted = self._options.accepted_settings
-        for name in settings:
+        harness = self._options.harness
+        for name, value in settings.items():
             if name not in accepted:
                 raise self._refuse(name, f"not one of {', '.join(sorted(accepted))}")
+            if name in harness.settings and (problem := harness.check_setting(name, value)):
+                raise self._refuse(name, problem)
         cwd = self._options.cwd
         if "cwd" in settings:
             cwd = self._call_cwd(settings["cwd"])
@@ -519,6 +654,13 @@ class _Capture:
                     self._data.clear()
                     if self._on_overflow is not None:
                         self._on_overflow()
+
+
+def _write(directory: str, name: str, text: str) -> str:
+    path = os.path.join(directory, name)
+    with open(path, "x", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
 
 
 async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
