@@ -7,4 +7,6 @@ if ! command -v npm >/dev/null 2>&1; then
   echo "codex-cli peer: npm not found; the codex-cli tests will skip"
   exit 0
 fi
+# Once per lockfile: npm ci would otherwise reinstall every run.
+if [ node_modules/.package-lock.json -nt package-lock.json ]; then exit 0; fi
 npm ci --no-audit --no-fund --loglevel=error
