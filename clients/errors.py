@@ -38,14 +38,15 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     ├── UnavailableError                  UNAVAILABLE: retry with backoff
     │                                     (SHUTTING_DOWN, SEEDSTORE_UNAVAILABLE, transport)
     │   ├── StoreUnavailableError         STORE_UNAVAILABLE
-    │   └── AdapterUnavailableError  *    ADAPTER_UNAVAILABLE
+    │   └── AdapterUnavailableError  *    ADAPTER_UNAVAILABLE, MCP_SERVER_UNAVAILABLE
     ├── DeadlineExceededError             DEADLINE_EXCEEDED (DEFAULT_TIMEOUT_EXCEEDED, SEED_COMMAND_TIMEOUT)
-    │   └── AdapterTimeoutError  *        ADAPTER_TIMEOUT
+    │   └── AdapterTimeoutError  *        ADAPTER_TIMEOUT, MCP_SERVER_TIMEOUT
     ├── ResourceExhaustedError            RESOURCE_EXHAUSTED (TOO_MANY_CALLS, REPLY_TOO_LARGE); .retry_after
     │   ├── AdapterRateLimitedError  *    ADAPTER_RATE_LIMITED
     │   └── AuditWatcherDroppedError      AUDIT_WATCHER_DROPPED: watch again
     ├── UnauthenticatedError              UNAUTHENTICATED (TOKEN_MISSING): send a bearer token
-    ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID, ADAPTER_TARGET_NOT_ALLOWED)
+    ├── PermissionDeniedError             PERMISSION_DENIED (TOKEN_INVALID, ADAPTER_TARGET_NOT_ALLOWED,
+    │                                     MCP_SERVER_NOT_ALLOWED)
     ├── UnimplementedError                UNIMPLEMENTED (no such RPC here): feature-detect on it
     ├── DataLossError                     DATA_LOSS (CONVERSATION_STATE_CORRUPT): start afresh
     └── InternalError                     INTERNAL (INTERNAL, CONVERSATION_STORE_FAILED, ...): report it
@@ -358,7 +359,11 @@ class UnauthenticatedError(SidecarError):
 
 class PermissionDeniedError(SidecarError):
     grpc_code = grpc.StatusCode.PERMISSION_DENIED
-    reasons: ClassVar[tuple[str, ...]] = ("TOKEN_INVALID", "ADAPTER_TARGET_NOT_ALLOWED")
+    reasons: ClassVar[tuple[str, ...]] = (
+        "TOKEN_INVALID",
+        "ADAPTER_TARGET_NOT_ALLOWED",
+        "MCP_SERVER_NOT_ALLOWED",
+    )
 
 
 class UnimplementedError(SidecarError):
@@ -543,11 +548,11 @@ class AdapterMisconfiguredError(FailedPreconditionError, AdapterFailureError):
 
 
 class AdapterUnavailableError(UnavailableError, AdapterFailureError):
-    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_UNAVAILABLE",)
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_UNAVAILABLE", "MCP_SERVER_UNAVAILABLE")
 
 
 class AdapterTimeoutError(DeadlineExceededError, AdapterFailureError):
-    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_TIMEOUT",)
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_TIMEOUT", "MCP_SERVER_TIMEOUT")
 
 
 class AdapterRateLimitedError(ResourceExhaustedError, AdapterFailureError):

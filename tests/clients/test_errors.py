@@ -107,6 +107,18 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
         errors.PermissionDeniedError,
     ),
     nerrors.ReplyTooLarge: (nerrors.ReplyTooLarge("x", 5000, 4096), errors.ResourceExhaustedError),
+    nerrors.McpServerNotAllowed: (
+        nerrors.McpServerNotAllowed("fs", "caller-stdio-command-allowlist", "not listed"),
+        errors.PermissionDeniedError,
+    ),
+    nerrors.McpServerUnavailable: (
+        nerrors.McpServerUnavailable("x", "exited", server="fs"),
+        errors.AdapterUnavailableError,
+    ),
+    nerrors.McpServerTimeout: (
+        nerrors.McpServerTimeout("x", "slow", server="fs"),
+        errors.AdapterTimeoutError,
+    ),
     nerrors.AdapterReplyTooLarge: (
         nerrors.AdapterReplyTooLarge("x", "trailers too long"),
         errors.AdapterInternalError,
