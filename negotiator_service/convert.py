@@ -360,6 +360,7 @@ def _shared_decision_proto(decision: Decision) -> negotiator_pb2.Decision:
         accepted=decision.accepted,
         verdicts=[verdict_to_proto(v) for v in decision.verdicts],
         gaps=[verdict_to_proto(v) for v in decision.gaps],
+        model=decision.model,
     )
     _DECISION_PROTOS.put((decision,), None, message)
     return message
