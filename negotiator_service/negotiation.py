@@ -743,26 +743,25 @@ def _judge(
 
 
 def _state(declaration: Declaration, requirement: Requirement) -> CapabilityState:
-    """A requirement's state; a set member's is never more than its capability's.
+    """A requirement's state; a set member's says whether the set holds it.
 
-    A member the set lists has the state of the set's capability (SUPPORTED
-    when the capability is left undeclared: the set states it). A member the
-    set does not list is UNSUPPORTED once the capability is declared, in any
-    state: the set then names everything the code carries. Beside an
-    undeclared capability an unlisted member is UNKNOWN: the set says nothing
-    there. Effort levels are the exception to the last two: a declaration
-    listing none leaves every level to the effort capability's state.
+    A member the set lists is SUPPORTED (its capability's own requirement
+    carries the capability's state). A member the set does not list is
+    UNSUPPORTED once the capability is declared, in any state: the set then
+    names everything the code carries. Beside an undeclared capability an
+    unlisted member is UNKNOWN: the set says nothing there. Effort levels
+    differ in one way: a declaration that lists none takes any level.
     """
     if requirement.typed_set is None:
         return declaration.state(requirement.capability)
-    capability = SET_CAPABILITY[requirement.typed_set]
-    declared = capability in declaration.capabilities
     members = declaration.members(requirement.typed_set)
     if requirement.member in members:
-        return declaration.state(capability) if declared else CapabilityState.SUPPORTED
+        return CapabilityState.SUPPORTED
     if requirement.typed_set is TypedSet.EFFORT_LEVELS and not members:
-        return declaration.state(capability)
-    return CapabilityState.UNSUPPORTED if declared else CapabilityState.UNKNOWN
+        return CapabilityState.SUPPORTED
+    if SET_CAPABILITY[requirement.typed_set] in declaration.capabilities:
+        return CapabilityState.UNSUPPORTED
+    return CapabilityState.UNKNOWN
 
 
 def select(request: CallRequest, lookup: Callable[[str], Declaration]) -> Declaration:

