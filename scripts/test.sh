@@ -10,6 +10,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
+# The third-party servers the peer tests start (tests/peers/), each in a venv of its own.
+bash scripts/install-peers.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== buf lint (protos/)"
