@@ -91,7 +91,9 @@ def test_widening_a_capability_is_refused_naming_adapter_field_and_implementatio
     ("code_state", "config_state"),
     [(UNSUPPORTED, UNKNOWN), (UNSUPPORTED, SUPPORTED)],
 )
-def test_every_upward_move_from_unsupported_is_refused(code_state: CapabilityState, config_state: CapabilityState) -> None:
+def test_every_upward_move_from_unsupported_is_refused(
+    code_state: CapabilityState, config_state: CapabilityState
+) -> None:
     code = Declaration("code", AdapterKind.FRAMEWORK, {Capability.EFFORT: code_state})
     override = DeclarationOverride(capabilities={Capability.EFFORT: config_state})
     with pytest.raises(ConfigError, match=r"capabilities\.effort="):

@@ -76,18 +76,20 @@ async def negotiator(
 
 
 @pytest.fixture
-async def stub(negotiator: RunningNegotiator) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceStub]:
+async def stub(
+    negotiator: RunningNegotiator,
+) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceAsyncStub]:
     async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:
         yield negotiator_pb2_grpc.NegotiatorServiceStub(channel)
 
 
-async def negotiate(stub: negotiator_pb2_grpc.NegotiatorServiceStub, **options: Any) -> pb.Decision:
+async def negotiate(stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, **options: Any) -> pb.Decision:
     call = pb.InvokeRequest(adapter="llm", prompt="p", options=pb.CallOptions(**options))
     response = await stub.Negotiate(pb.NegotiateRequest(invoke=call), timeout=5)
     return response.decision
 
 
-def gaps(decision: pb.Decision) -> list[tuple[str, int]]:
+def gaps(decision: pb.Decision) -> list[tuple[str, common_pb2.CapabilityState.ValueType]]:
     named = []
     for verdict in decision.gaps:
         requirement = verdict.requirement
@@ -100,7 +102,7 @@ def gaps(decision: pb.Decision) -> list[tuple[str, int]]:
 
 
 async def test_the_calls_model_selects_the_declaration_that_judges_it(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, mock: MockOpenAI
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, mock: MockOpenAI
 ) -> None:
     # No model named: the default model's entry judges; it does not state effort.
     by_default = await negotiate(stub, effort="high")
@@ -138,7 +140,7 @@ async def test_the_calls_model_selects_the_declaration_that_judges_it(
 
 
 async def test_get_adapter_shows_each_models_declaration(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub,
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
 ) -> None:
     declaration = (
         await stub.GetAdapter(pb.GetAdapterRequest(shortname="llm"), timeout=5)
@@ -269,7 +271,7 @@ def test_strict_form(schema: dict[str, Any], strict: dict[str, Any] | None) -> N
 
 
 async def test_produce_sends_the_strict_form_and_validates_against_the_callers_schema(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, mock: MockOpenAI
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, mock: MockOpenAI
 ) -> None:
     mock.structured = {"answer": "42", "tags": []}
     ready = pb.ProduceRequest(adapter="llm", prompt="p", output_schema=json.dumps(STRICT_READY))

@@ -16,7 +16,9 @@ KEY_ENV = "NEGOTIATOR_PEER_KEY"
 
 
 @asynccontextmanager
-async def negotiator_stub(config: str, directory: Path) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceStub]:
+async def negotiator_stub(
+    config: str, directory: Path
+) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceAsyncStub]:
     path = directory / "negotiator.yaml"
     path.write_text(config)
     settings = Settings(listen=(f"unix:{directory / 'n.sock'}",), config_path=path, grace_seconds=1.0)

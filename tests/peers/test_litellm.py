@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -41,8 +40,8 @@ model_list:
       api_key: sk-not-used
       mock_response: "never seen"
 general_settings:
-  master_key: %s
-""" % MASTER_KEY
+  master_key: MASTER_KEY
+""".replace("MASTER_KEY", MASTER_KEY)
 # Nothing may reach the network: the cost map is the packaged one, telemetry is off.
 OFFLINE_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -97,7 +96,7 @@ adapters:
 @pytest.fixture
 async def stub(
     proxy: RecordingProxy, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceStub]:
+) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceAsyncStub]:
     monkeypatch.setenv(KEY_ENV, MASTER_KEY)
     proxy.clear()
     async with negotiator_stub(config(proxy.base_url), tmp_path_factory.mktemp("n")) as negotiator:
@@ -109,7 +108,7 @@ def invoke(adapter: str, **options: object) -> pb.InvokeRequest:
 
 
 async def test_effort_for_the_drop_params_model_is_unknown_and_refused_before_dispatch(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, proxy: RecordingProxy
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
 ) -> None:
     declaration = (await stub.GetAdapter(pb.GetAdapterRequest(shortname="litellm"))).adapter.declaration
     states = {c.capability: c.state for c in declaration.capabilities}
@@ -129,9 +128,11 @@ async def test_effort_for_the_drop_params_model_is_unknown_and_refused_before_di
 
 
 async def test_config_stating_effort_for_the_model_lets_it_through(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, proxy: RecordingProxy
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
 ) -> None:
-    declaration = (await stub.GetAdapter(pb.GetAdapterRequest(shortname="litellm-vouched"))).adapter.declaration
+    declaration = (
+        await stub.GetAdapter(pb.GetAdapterRequest(shortname="litellm-vouched"))
+    ).adapter.declaration
     [entry] = declaration.models
     assert entry.model == "mock-drop"
     assert {c.capability: c.state for c in entry.capabilities}[common_pb2.CAPABILITY_EFFORT] == (
@@ -154,7 +155,7 @@ async def test_config_stating_effort_for_the_model_lets_it_through(
 
 
 async def test_an_allowed_unknown_goes_to_the_upstream_which_may_refuse_it(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, proxy: RecordingProxy
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
 ) -> None:
     call = invoke("litellm", model="mock-nodrop", effort="high", allow_unknown=[common_pb2.CAPABILITY_EFFORT])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -166,7 +167,7 @@ async def test_an_allowed_unknown_goes_to_the_upstream_which_may_refuse_it(
 
 
 async def test_structured_output_goes_in_its_strict_form(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, proxy: RecordingProxy
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
 ) -> None:
     request = pb.ProduceRequest(adapter="litellm", prompt="Answer.", output_schema=json.dumps(STRICT_READY))
     response = await stub.Produce(request, timeout=30)

@@ -46,7 +46,7 @@ def proxy(llmock: Peer) -> Iterator[RecordingProxy]:
 @pytest.fixture
 async def stub(
     proxy: RecordingProxy, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceStub]:
+) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceAsyncStub]:
     monkeypatch.setenv(KEY_ENV, "sk-llmock")
     proxy.clear()
     config = f"""\
@@ -60,7 +60,7 @@ adapters:
 
 
 async def test_structured_output_through_llmock_uses_the_strict_form(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, proxy: RecordingProxy
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
 ) -> None:
     request = pb.ProduceRequest(adapter="llmock", prompt="Answer.", output_schema=json.dumps(SCHEMA))
     response = await stub.Produce(request, timeout=30)
@@ -78,7 +78,7 @@ async def test_structured_output_through_llmock_uses_the_strict_form(
 
 
 async def test_effort_and_persona_are_refused_before_dispatch_for_a_generic_server(
-    stub: negotiator_pb2_grpc.NegotiatorServiceStub, proxy: RecordingProxy
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
 ) -> None:
     for options in (pb.CallOptions(effort="low"), pb.CallOptions(persona="terse")):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
