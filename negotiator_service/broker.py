@@ -264,7 +264,9 @@ class Broker:
         expanded, origins = negotiation.expand_profile(request, self.profiles)
         declaration = negotiation.select(expanded, self.registry.declaration)
         requirements = negotiation.relabel(negotiation.derive_requirements(expanded, schema), origins)
-        decision = negotiation.judge(declaration, requirements, request.options.allow_unknown)
+        decision = negotiation.judge(
+            declaration, requirements, request.options.allow_unknown, expanded.options.model
+        )
         return decision, schema, expanded
 
     async def _run(

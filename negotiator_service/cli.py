@@ -41,11 +41,12 @@ Output: JSON on stdout.
     adapters --watch     one {"change": "existing"|"registered"|"deregistered"|"updated",
                           "adapter": ADAPTER} per line
     register/deregister  {"adapter": ADAPTER}
-    negotiate            {"adapter", "declaration_version", "accepted",
+    negotiate            {"adapter", "declaration_version", "model", "accepted",
                           "verdicts": [VERDICT], "gaps": [VERDICT]}
-    produce              {"adapter", "declaration_version", "output": <the output, parsed>,
+    produce              {"adapter", "declaration_version", "model", "output": <the output, parsed>,
                           "verdicts": [VERDICT], "events": [{"type", "text"}]}
-    invoke               {"adapter", "declaration_version", "text", "verdicts": [VERDICT], "events": [...]}
+    invoke               {"adapter", "declaration_version", "model", "text", "verdicts": [VERDICT],
+                          "events": [...]}
     bootstrap            the BootstrapResponse in proto JSON with the proto's field names:
                          {"candidates": [...], "selected", "ask_policy", "run": {"seed", "argv",
                           "exit_code", "output", "evidence"}} ("ask_policy" and "run" only when set)
@@ -54,7 +55,10 @@ where
                "source": "config"|"runtime", "target", "serving": "serving"|"not_serving",
                "serving_detail", "declaration_version", "scripted",
                "capabilities": {NAME: "supported"|"unsupported"|"unknown"},
-               "mcp_transports", "accepted_settings", "string_formats", "hook_events"}
+               "mcp_transports", "accepted_settings", "string_formats", "hook_events", "effort_levels",
+               "default_model", "models": {MODEL: {"capabilities", "mcp_transports", "accepted_settings",
+                                                   "string_formats", "hook_events", "effort_levels"}}}
+    "model" of a decision: the entry of "models" that judged the call ("" for the adapter's own)
     VERDICT = {"capability", "set", "member", "request_field", "state", "allowed_unknown"}
     (set and member are null unless the requirement is a typed-set member)
 
@@ -375,6 +379,15 @@ def adapter_json(adapter: pb.Adapter) -> dict[str, Any]:
         "serving_detail": adapter.serving_detail,
         "declaration_version": declaration.version,
         "scripted": declaration.scripted,
+        **_declared_json(declaration),
+        "default_model": declaration.default_model,
+        "models": {entry.model: _declared_json(entry) for entry in declaration.models},
+    }
+
+
+def _declared_json(declaration: common_pb2.Declaration | common_pb2.ModelDeclaration) -> dict[str, Any]:
+    """What a declaration, or one model's entry of it, states."""
+    return {
         "capabilities": {
             _enum_name(common_pb2.Capability.Name(entry.capability), "CAPABILITY_"): _enum_name(
                 common_pb2.CapabilityState.Name(entry.state), "CAPABILITY_STATE_"
@@ -385,6 +398,7 @@ def adapter_json(adapter: pb.Adapter) -> dict[str, Any]:
         "accepted_settings": list(declaration.accepted_settings),
         "string_formats": list(declaration.string_formats),
         "hook_events": list(declaration.hook_events),
+        "effort_levels": list(declaration.effort_levels),
     }
 
 
@@ -405,6 +419,7 @@ def decision_json(decision: pb.Decision) -> dict[str, Any]:
     return {
         "adapter": decision.adapter,
         "declaration_version": decision.declaration_version,
+        "model": decision.model,
         "accepted": decision.accepted,
         "verdicts": [verdict_json(v) for v in decision.verdicts],
         "gaps": [verdict_json(v) for v in decision.gaps],
@@ -419,6 +434,7 @@ def produce_json(response: pb.ProduceResponse) -> dict[str, Any]:
     return {
         "adapter": response.decision.adapter,
         "declaration_version": response.decision.declaration_version,
+        "model": response.decision.model,
         "output": json.loads(response.output_json),
         "verdicts": [verdict_json(v) for v in response.decision.verdicts],
         "events": _events_json(response.events),
@@ -429,6 +445,7 @@ def invoke_json(response: pb.InvokeResponse) -> dict[str, Any]:
     return {
         "adapter": response.decision.adapter,
         "declaration_version": response.decision.declaration_version,
+        "model": response.decision.model,
         "text": response.text,
         "verdicts": [verdict_json(v) for v in response.decision.verdicts],
         "events": _events_json(response.events),

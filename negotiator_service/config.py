@@ -5,6 +5,18 @@ unknown key, a bad enum value or a duplicate shortname is a ConfigError
 naming the file and the line, because a typo that silently drops a
 narrowing would leave an adapter advertising more than the operator meant.
 
+An adapter's `declaration` may state capabilities and typed sets for the
+adapter and, under `models`, per model (see declarations.py for what config
+may state):
+
+    declaration:
+      capabilities: {effort: unsupported}
+      models:
+        gpt-reasoning:
+          capabilities: {effort: supported, settings: supported}
+          effort_levels: [low, medium, high]
+          accepted_settings: [temperature, max_tokens]
+
 Besides `adapters`, a config may define `profiles` (named call options the
 negotiator expands into calls naming them; see negotiation.py) and `limits`
 (the delegation depth every call is held to; see depth.py):
@@ -131,7 +143,9 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 
 _TOP_KEYS = ("adapters", "profiles", "limits", "mcp")
 _ADAPTER_KEYS = ("shortname", "implementation", "declaration", "options")
-_DECLARATION_KEYS = ("kind", "capabilities", *(s.value for s in TypedSet))
+_DECLARATION_KEYS = ("kind", "capabilities", *(s.value for s in TypedSet), "models")
+# A model's entry states capabilities and typed sets; kind and models are the adapter's.
+_MODEL_DECLARATION_KEYS = ("capabilities", *(s.value for s in TypedSet))
 _PROFILE_KEYS = ("mcp_servers", "model", "effort", "settings", "adapter_profile")
 _MCP_SERVER_KEYS = (
     "name",
@@ -511,8 +525,10 @@ def _adapter_spec(reader: _Reader, node: yaml.Node, what: str) -> AdapterSpec:
     )
 
 
-def _declaration(reader: _Reader, node: yaml.Node, what: str) -> DeclarationOverride:
-    fields = reader.mapping(node, what, _DECLARATION_KEYS)
+def _declaration(
+    reader: _Reader, node: yaml.Node, what: str, keys: tuple[str, ...] = _DECLARATION_KEYS
+) -> DeclarationOverride:
+    fields = reader.mapping(node, what, keys)
     kind = None
     if "kind" in fields:
         kind = AdapterKind(reader.choice(fields["kind"], f"{what}.kind", tuple(k.value for k in AdapterKind)))
@@ -541,6 +557,18 @@ def _declaration(reader: _Reader, node: yaml.Node, what: str) -> DeclarationOver
         if typed_set.value in fields:
             check = transport_check if typed_set is TypedSet.MCP_TRANSPORTS else any_member
             sets[typed_set] = reader.string_set(fields[typed_set.value], f"{what}.{typed_set.value}", check)
+    models: dict[str, DeclarationOverride] = {}
+    if "models" in fields:
+        models_node = fields["models"]
+        if not isinstance(models_node, yaml.MappingNode):
+            reader.fail(models_node, f"{what}.models must be a mapping from model name to declaration")
+        for name_node, model_node in models_node.value:
+            name = reader.string(name_node, f"a model name in {what}.models")
+            if not name.strip():
+                reader.fail(name_node, f"{what}.models contains an empty model name")
+            if name in models:
+                reader.fail(name_node, f"duplicate model {name!r} in {what}.models")
+            models[name] = _declaration(reader, model_node, f"{what}.models.{name}", _MODEL_DECLARATION_KEYS)
     return DeclarationOverride(
         kind=kind,
         capabilities=MappingProxyType(capabilities),
@@ -548,4 +576,6 @@ def _declaration(reader: _Reader, node: yaml.Node, what: str) -> DeclarationOver
         accepted_settings=sets[TypedSet.ACCEPTED_SETTINGS],
         string_formats=sets[TypedSet.STRING_FORMATS],
         hook_events=sets[TypedSet.HOOK_EVENTS],
+        effort_levels=sets[TypedSet.EFFORT_LEVELS],
+        models=MappingProxyType(models),
     )

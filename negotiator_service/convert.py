@@ -277,20 +277,38 @@ def _plain(value: struct_pb2.Value) -> JsonValue:
 # --- declarations ---------------------------------------------------------------
 
 
+def _capabilities_to_proto(declaration: Declaration) -> list[common_pb2.CapabilityDeclaration]:
+    return [
+        common_pb2.CapabilityDeclaration(capability=CAPABILITY_TO_PROTO[c], state=STATE_TO_PROTO[s])
+        for c, s in sorted(declaration.capabilities.items(), key=lambda kv: CAPABILITY_TO_PROTO[kv[0]])
+    ]
+
+
 def declaration_to_proto(declaration: Declaration) -> common_pb2.Declaration:
     return common_pb2.Declaration(
         shortname=declaration.shortname,
         kind=KIND_TO_PROTO[declaration.kind],
-        capabilities=[
-            common_pb2.CapabilityDeclaration(capability=CAPABILITY_TO_PROTO[c], state=STATE_TO_PROTO[s])
-            for c, s in sorted(declaration.capabilities.items(), key=lambda kv: CAPABILITY_TO_PROTO[kv[0]])
-        ],
+        capabilities=_capabilities_to_proto(declaration),
         mcp_transports=sorted(declaration.mcp_transports),
         accepted_settings=sorted(declaration.accepted_settings),
         string_formats=sorted(declaration.string_formats),
         hook_events=sorted(declaration.hook_events),
         version=declaration.version,
         scripted=declaration.scripted,
+        effort_levels=sorted(declaration.effort_levels),
+        default_model=declaration.default_model,
+        models=[
+            common_pb2.ModelDeclaration(
+                model=name,
+                capabilities=_capabilities_to_proto(entry),
+                mcp_transports=sorted(entry.mcp_transports),
+                accepted_settings=sorted(entry.accepted_settings),
+                string_formats=sorted(entry.string_formats),
+                hook_events=sorted(entry.hook_events),
+                effort_levels=sorted(entry.effort_levels),
+            )
+            for name, entry in sorted(declaration.models.items())
+        ],
     )
 
 
@@ -369,6 +387,7 @@ def _shared_decision_proto(decision: Decision) -> negotiator_pb2.Decision:
         accepted=decision.accepted,
         verdicts=[verdict_to_proto(v) for v in decision.verdicts],
         gaps=[verdict_to_proto(v) for v in decision.gaps],
+        model=decision.model,
     )
     _DECISION_PROTOS.put((decision,), None, message)
     return message

@@ -146,6 +146,9 @@ class TypedSet(enum.Enum):
     ACCEPTED_SETTINGS = "accepted_settings"
     STRING_FORMATS = "string_formats"
     HOOK_EVENTS = "hook_events"
+    # Levels of `options.effort`. A declaration listing none leaves the level
+    # to the effort capability's state (negotiation._state).
+    EFFORT_LEVELS = "effort_levels"
 
 
 # The capability a typed set belongs to: a set member needs both.
@@ -155,6 +158,7 @@ SET_CAPABILITY: Mapping[TypedSet, Capability] = MappingProxyType(
         TypedSet.ACCEPTED_SETTINGS: Capability.SETTINGS,
         TypedSet.STRING_FORMATS: Capability.STRUCTURED_OUTPUT,
         TypedSet.HOOK_EVENTS: Capability.HOOKS,
+        TypedSet.EFFORT_LEVELS: Capability.EFFORT,
     }
 )
 
@@ -163,7 +167,19 @@ MCP_TRANSPORTS = frozenset({"stdio", "sse", "http"})
 
 @dataclass(frozen=True, slots=True)
 class Declaration:
-    """What an adapter declares it can honour."""
+    """What an adapter declares it can honour.
+
+    The declaration rule (protos/README.md, "Declarations"): UNSUPPORTED is
+    what the adapter's code cannot carry; UNKNOWN is what the code carries
+    but only the upstream can honour or ignore; SUPPORTED is what the code
+    carries and the operator's config (or a probe) states for that upstream
+    or model, or what the negotiator enforces itself.
+
+    `models` holds complete declarations for particular models (each with an
+    empty `models` of its own): a call whose model, `options.model` or else
+    `default_model`, is listed there is judged by that entry, any other call
+    by this declaration (`for_model`).
+    """
 
     shortname: str
     kind: AdapterKind
@@ -173,6 +189,9 @@ class Declaration:
     string_formats: frozenset[str] = frozenset()
     hook_events: frozenset[str] = frozenset()
     scripted: bool = False  # canned replies: demos and tests only
+    effort_levels: frozenset[str] = frozenset()  # empty: any level the effort state allows
+    default_model: str = ""  # the model of a call that names none; "" when the adapter has no default
+    models: Mapping[str, Declaration] = field(default_factory=lambda: MappingProxyType({}))
 
     def state(self, capability: Capability) -> CapabilityState:
         return self.capabilities.get(capability, CapabilityState.UNKNOWN)
@@ -183,11 +202,33 @@ class Declaration:
             TypedSet.ACCEPTED_SETTINGS: self.accepted_settings,
             TypedSet.STRING_FORMATS: self.string_formats,
             TypedSet.HOOK_EVENTS: self.hook_events,
+            TypedSet.EFFORT_LEVELS: self.effort_levels,
         }[typed_set]
 
+    def selected_model(self, model: str | None) -> str:
+        """The model a call with `options.model` = `model` goes to ("" when neither names one)."""
+        return model if model is not None else self.default_model
+
+    def for_model(self, model: str | None) -> tuple[str, Declaration]:
+        """The declaration that judges a call with `options.model` = `model`, and the model it is for.
+
+        The model is "" when no entry of `models` matches: the adapter-level
+        declaration (this one) judges.
+        """
+        selected = self.selected_model(model)
+        entry = self.models.get(selected) if self.models else None
+        if entry is None:
+            return "", self
+        return selected, entry
+
     def canonical(self) -> dict[str, JsonValue]:
-        """A stable JSON form: the input of `version`."""
-        return {
+        """A stable JSON form: the input of `version`.
+
+        Effort levels, the default model and the per-model declarations
+        appear only when set, so a declaration without them keeps the
+        version it always had.
+        """
+        form: dict[str, JsonValue] = {
             "shortname": self.shortname,
             "kind": self.kind.value,
             "capabilities": {
@@ -199,6 +240,13 @@ class Declaration:
             "hook_events": sorted(self.hook_events),
             "scripted": self.scripted,
         }
+        if self.effort_levels:
+            form["effort_levels"] = sorted(self.effort_levels)
+        if self.default_model:
+            form["default_model"] = self.default_model
+        if self.models:
+            form["models"] = {name: self.models[name].canonical() for name in sorted(self.models)}
+        return form
 
     @property
     def version(self) -> str:
@@ -311,8 +359,9 @@ class Verdict:
 @dataclass(frozen=True, slots=True)
 class Decision:
     adapter: str
-    declaration_version: str
+    declaration_version: str  # the version of the adapter's whole declaration, its models included
     verdicts: tuple[Verdict, ...]
+    model: str = ""  # the entry of Declaration.models that judged; "" for the adapter-level declaration
     # Derived once: a decision is judged once and then read on every call that shares it.
     gaps: tuple[Verdict, ...] = field(init=False, repr=False, compare=False)
     accepted: bool = field(init=False, repr=False, compare=False)
@@ -421,9 +470,13 @@ class Adapter(Protocol):
 class DeclarationOverride:
     """What a config file says about an adapter's declaration.
 
-    For code-declared adapters (openai, command, remote) this may only narrow
-    the code's declaration; `declarations.narrow` refuses anything wider. For
-    the scripted adapter it is the whole declaration.
+    For code-declared adapters (openai, command, remote) this may narrow
+    anything the code declares and state SUPPORTED for what the code
+    declares UNKNOWN (it carries it; the operator vouches for the
+    upstream), never anything the code declares UNSUPPORTED and never a
+    typed-set member the code does not carry; `declarations.narrow` refuses
+    the rest. For the scripted adapter it is the whole declaration.
+    `models` are per-model overrides, applied on top of this one.
     """
 
     kind: AdapterKind | None = None
@@ -432,6 +485,8 @@ class DeclarationOverride:
     accepted_settings: frozenset[str] | None = None
     string_formats: frozenset[str] | None = None
     hook_events: frozenset[str] | None = None
+    effort_levels: frozenset[str] | None = None
+    models: Mapping[str, DeclarationOverride] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -467,7 +467,7 @@ def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) 
     max_depth = options.max_depth
     shape = (
         options.model is not None,
-        options.effort is not None,
+        options.effort,
         tuple(options.settings),
         options.profile is not None,
         tuple(server.transport for server in options.mcp_servers),
@@ -504,6 +504,9 @@ def _derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None)
         requirements.append(Requirement(Capability.MODEL_OVERRIDE, "options.model"))
     if options.effort is not None:
         requirements.append(Requirement(Capability.EFFORT, "options.effort"))
+        requirements.append(
+            Requirement(Capability.EFFORT, "options.effort", TypedSet.EFFORT_LEVELS, options.effort)
+        )
     if options.settings:
         requirements.append(Requirement(Capability.SETTINGS, "options.settings"))
         # Sorted: settings arrive as a protobuf Struct, whose key order is not kept.
@@ -707,7 +710,7 @@ def json_pointer(path: Iterable[object]) -> str:
 MAX_CACHED_DECLARATIONS = 64
 MAX_CACHED_DECISIONS = 1024
 
-_JudgementKey = tuple[tuple[Requirement, ...], frozenset[Capability]]
+_JudgementKey = tuple[tuple[Requirement, ...], frozenset[Capability], str | None]
 
 
 @dataclass(slots=True)
@@ -717,9 +720,9 @@ class _DeclarationFacts:
     decisions: dict[_JudgementKey, Decision] = field(default_factory=dict)
     # The same, keyed by the identity of the requirements tuple (derive_requirements
     # hands out shared tuples), which spares hashing every requirement on each call.
-    by_identity: dict[tuple[int, frozenset[Capability]], tuple[tuple[Requirement, ...], Decision]] = field(
-        default_factory=dict
-    )
+    by_identity: dict[
+        tuple[int, frozenset[Capability], str | None], tuple[tuple[Requirement, ...], Decision]
+    ] = field(default_factory=dict)
 
 
 _FACTS: dict[int, _DeclarationFacts] = {}
@@ -736,19 +739,26 @@ def _facts(declaration: Declaration) -> _DeclarationFacts:
 
 
 def judge(
-    declaration: Declaration, requirements: Sequence[Requirement], allow_unknown: frozenset[Capability]
+    declaration: Declaration,
+    requirements: Sequence[Requirement],
+    allow_unknown: frozenset[Capability],
+    model: str | None = None,
 ) -> Decision:
     """The verdict on each requirement. UNKNOWN passes only where the caller allows it.
 
-    The same judgement of the same declaration object is answered from a cache.
+    `model` is the call's `options.model`: it, or else the declaration's
+    default model, selects the per-model entry that judges (`Declaration.for_model`);
+    the decision names that entry's model, and carries the version of the
+    whole declaration. The same judgement of the same declaration object
+    is answered from a cache.
     """
     facts = _facts(declaration)
     allowed = frozenset(allow_unknown)
-    identity_key = (id(requirements), allowed)
+    identity_key = (id(requirements), allowed, model)
     known = facts.by_identity.get(identity_key)
     if known is not None and known[0] is requirements:  # the entry holds the tuple: its id() is unique
         return known[1]
-    key: _JudgementKey = (tuple(requirements), allowed)
+    key: _JudgementKey = (tuple(requirements), allowed, model)
     decision = facts.decisions.get(key)
     if decision is None:
         decision = _judge(declaration, facts.version, *key)
@@ -766,25 +776,42 @@ def _judge(
     version: str,
     requirements: tuple[Requirement, ...],
     allow_unknown: frozenset[Capability],
+    model: str | None,
 ) -> Decision:
+    judged_model, judging = declaration.for_model(model)
     verdicts = []
     for requirement in requirements:
-        state = _state(declaration, requirement)
+        state = _state(judging, requirement)
         allowed = state is CapabilityState.UNKNOWN and requirement.capability in allow_unknown
         verdicts.append(Verdict(requirement, state, allowed_unknown=allowed))
-    return Decision(adapter=declaration.shortname, declaration_version=version, verdicts=tuple(verdicts))
+    return Decision(
+        adapter=declaration.shortname,
+        declaration_version=version,
+        verdicts=tuple(verdicts),
+        model=judged_model,
+    )
 
 
 def _state(declaration: Declaration, requirement: Requirement) -> CapabilityState:
+    """A requirement's state; a set member's says whether the set holds it.
+
+    A member the set lists is SUPPORTED (its capability's own requirement
+    carries the capability's state). A member the set does not list is
+    UNSUPPORTED once the capability is declared, in any state: the set then
+    names everything the code carries. Beside an undeclared capability an
+    unlisted member is UNKNOWN: the set says nothing there. Effort levels
+    differ in one way: a declaration that lists none takes any level.
+    """
     if requirement.typed_set is None:
         return declaration.state(requirement.capability)
-    if requirement.member in declaration.members(requirement.typed_set):
+    members = declaration.members(requirement.typed_set)
+    if requirement.member in members:
         return CapabilityState.SUPPORTED
-    # A set is only authoritative when its capability is declared; a set left
-    # empty beside an undeclared capability says nothing.
-    if declaration.state(SET_CAPABILITY[requirement.typed_set]) is CapabilityState.UNKNOWN:
-        return CapabilityState.UNKNOWN
-    return CapabilityState.UNSUPPORTED
+    if requirement.typed_set is TypedSet.EFFORT_LEVELS and not members:
+        return CapabilityState.SUPPORTED
+    if SET_CAPABILITY[requirement.typed_set] in declaration.capabilities:
+        return CapabilityState.UNSUPPORTED
+    return CapabilityState.UNKNOWN
 
 
 def select(request: CallRequest, lookup: Callable[[str], Declaration]) -> Declaration:

@@ -70,7 +70,7 @@ def _refusal(
     tools = call.tools.specs if call.tools is not None else ()
     request = CallRequest(kind=kind, prompt=call.prompt, options=call.options, tools=tools)
     requirements = derive_requirements(request, call.output_schema if kind is CallKind.PRODUCE else None)
-    decision = judge(declaration, requirements, call.options.allow_unknown)
+    decision = judge(declaration, requirements, call.options.allow_unknown, call.options.model)
     refused = [
         f"{verdict.requirement.request_field} needs {verdict.requirement.describe()}"
         for verdict in decision.verdicts

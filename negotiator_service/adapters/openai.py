@@ -1,7 +1,24 @@
 """The OpenAI-compatible adapter: any server that speaks chat completions.
 
-Structured output goes through `response_format` with a strict JSON schema,
-so the provider constrains decoding; the broker still validates the text.
+Structured output goes through `response_format` with a JSON schema. With
+`strict_schema` (the default) the schema is first rewritten into the strict
+subset (`_strict.strict_form`) and sent with `strict: true`, so the provider
+constrains decoding; a schema with no sound strict form, or a model
+configured `strict_schema: false`, is sent as the caller wrote it with
+`strict: false`. No schema a strict provider would refuse is sent with
+`strict: true`, and the broker validates the text against the caller's
+schema either way.
+
+The declaration follows the rule in protos/README.md: what this code
+carries but only the server can honour or ignore, and the reply cannot
+show, is UNKNOWN until the operator's config states it SUPPORTED for the
+server or a model: `effort` (reasoning_effort, which a server may reject or
+silently drop), `settings` (sampling parameters) and `persona` (a system
+message). What the negotiator enforces itself is SUPPORTED: structured
+output (every output is validated), tool_filter (the ToolBox hides
+tools), stateful_history (the negotiator holds and resends the history).
+The declaration's default model is `model`, so a call naming no model is
+judged by that model's entry of `declaration.models` when it has one.
 
 Conversations (stateful_history): the provider is stateless, so the history
 is the conversation state, `{"messages": [...]}`. The committed messages are
@@ -30,6 +47,10 @@ Options:
     model:           the default model (required)
     timeout_seconds: default 60
     organization:    sent as OpenAI-Organization (optional)
+    strict_schema:   send structured output with `strict: true` (after the strict
+                     rewrite) where the schema has a strict form; false: always
+                     `strict: false` (default true)
+    models:          per-model options, {MODEL: {strict_schema: BOOL}}
     max_response_bytes: the largest response body read from the provider
                      (default 8 MiB, after content decoding). The body is read
                      as a stream and reading stops at the cap: the call fails
@@ -46,7 +67,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -55,6 +76,7 @@ import httpx
 from negotiator_service import errors, mcp_tools
 from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
 from negotiator_service.adapters._options import OptionReader
+from negotiator_service.adapters._strict import STRICT_FORMATS, strict_form
 from negotiator_service.declarations import narrow
 from negotiator_service.model import (
     AdapterCall,
@@ -75,9 +97,10 @@ from sidecar_runtime.tracing import trace_metadata
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
-STRING_FORMATS = frozenset(
-    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
-)
+STRING_FORMATS = STRICT_FORMATS
+# The values chat completions documents for `reasoning_effort`; a model takes some of them
+# (config lists which per model with `effort_levels`).
+EFFORT_LEVELS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
 ACCEPTED_SETTINGS = frozenset(
     {
         "temperature",
@@ -110,6 +133,9 @@ IMPLEMENTED = frozenset(
     }
 )
 MCP_TRANSPORTS_IMPLEMENTED = frozenset({"stdio", "http", "sse"})
+# Carried by this code, honoured (or rejected, or silently dropped) by the server alone,
+# with no sign of it in the reply: UNKNOWN until config states them for a server or model.
+UPSTREAM_DEPENDENT = frozenset({Capability.EFFORT, Capability.SETTINGS, Capability.PERSONA})
 _QUOTE_LIMIT = 500  # characters of a provider's body quoted in an error
 
 # Rounds of tool calls one call may take before it counts as a runaway loop.
@@ -133,21 +159,24 @@ class ToolRound:
     calls: tuple[ModelToolCall, ...]
 
 
-def code_declaration(shortname: str) -> Declaration:
+def _code_state(capability: Capability) -> CapabilityState:
+    if capability not in IMPLEMENTED:
+        return CapabilityState.UNSUPPORTED
+    if capability in UPSTREAM_DEPENDENT:
+        return CapabilityState.UNKNOWN
+    return CapabilityState.SUPPORTED
+
+
+def code_declaration(shortname: str, default_model: str = "") -> Declaration:
     return Declaration(
         shortname=shortname,
         kind=AdapterKind.FRAMEWORK,
-        capabilities=MappingProxyType(
-            {
-                capability: (
-                    CapabilityState.SUPPORTED if capability in IMPLEMENTED else CapabilityState.UNSUPPORTED
-                )
-                for capability in Capability
-            }
-        ),
+        capabilities=MappingProxyType({capability: _code_state(capability) for capability in Capability}),
         accepted_settings=ACCEPTED_SETTINGS,
         string_formats=STRING_FORMATS,
         mcp_transports=MCP_TRANSPORTS_IMPLEMENTED,
+        effort_levels=EFFORT_LEVELS,
+        default_model=default_model,
     )
 
 
@@ -159,6 +188,12 @@ class OpenAIOptions:
     timeout_seconds: float
     organization: str | None
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    strict_schema: bool = True
+    # Models whose strict_schema differs from the adapter's.
+    strict_schema_models: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
+
+    def strict_for(self, model: str) -> bool:
+        return self.strict_schema_models.get(model, self.strict_schema)
 
 
 def read_options(spec: AdapterSpec) -> OpenAIOptions:
@@ -176,6 +211,20 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
     assert timeout is not None  # it has a default
     organization = reader.string("organization")
     max_response_bytes = reader.positive_int("max_response_bytes", DEFAULT_MAX_RESPONSE_BYTES)
+    strict_schema = reader.boolean("strict_schema", True)
+    strict_schema_models: dict[str, bool] = {}
+    if reader.has("models"):
+        raw_models = reader.raw("models")
+        if not isinstance(raw_models, Mapping):
+            reader.fail("models", "must be a mapping from model name to its options")
+        models = reader.nested("models")
+        for name in sorted(str(key) for key in raw_models):
+            if not name.strip():
+                reader.fail("models", "contains an empty model name")
+            model_reader = models.nested(name)
+            strict_schema_models[name] = model_reader.boolean("strict_schema", strict_schema)
+            model_reader.finish()
+        models.finish()
     reader.finish()
     return OpenAIOptions(
         base_url=base_url,
@@ -184,6 +233,8 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
         timeout_seconds=timeout,
         organization=organization,
         max_response_bytes=max_response_bytes,
+        strict_schema=strict_schema,
+        strict_schema_models=MappingProxyType(strict_schema_models),
     )
 
 
@@ -206,11 +257,13 @@ def request_body(
     produce: bool,
     prior: list[dict[str, JsonValue]] | None = None,
     followups: list[dict[str, JsonValue]] | None = None,
+    strict: bool = True,
 ) -> dict[str, JsonValue]:
     """The chat-completions request for a call that passed `check_call`.
 
     `prior` is the conversation's history; `followups` are this call's tool
     rounds so far (assistant tool_calls and tool results), after the prompt.
+    `strict`: whether the model takes `strict: true` schemas (see `response_format`).
     """
     persona: list[dict[str, JsonValue]] = (
         [{"role": "system", "content": call.options.persona}] if call.options.persona is not None else []
@@ -228,11 +281,25 @@ def request_body(
         body["reasoning_effort"] = call.options.effort
     if produce:
         assert call.output_schema is not None  # check_call refuses Produce without one
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": plain_json(call.output_schema), "strict": True},
-        }
+        body["response_format"] = response_format(call.output_schema, strict=strict)
     return body
+
+
+def response_format(schema: Mapping[str, JsonValue], *, strict: bool) -> dict[str, JsonValue]:
+    """`response_format` for a caller's schema: its strict form with `strict: true` where it has one.
+
+    Without a strict form (or with `strict` off for the model) the caller's
+    schema goes as it is, with `strict: false`: a strict provider would
+    refuse it, and rewriting it further would change what it admits.
+    """
+    plain = plain_json(schema)
+    converted = strict_form(plain) if strict else None
+    json_schema: dict[str, JsonValue] = (
+        {"name": "output", "schema": converted, "strict": True}
+        if converted is not None
+        else {"name": "output", "schema": plain, "strict": False}
+    )
+    return {"type": "json_schema", "json_schema": json_schema}
 
 
 def tool_definitions(specs: tuple[ToolSpec, ...]) -> list[JsonValue]:
@@ -396,7 +463,7 @@ class OpenAIAdapter:
     def __init__(self, spec: AdapterSpec) -> None:
         self._options = read_options(spec)
         self._declaration = narrow(
-            code_declaration(spec.shortname),
+            code_declaration(spec.shortname, self._options.model),
             spec.declaration,
             shortname=spec.shortname,
             implementation="openai",
@@ -494,7 +561,14 @@ class OpenAIAdapter:
         while True:
             if isinstance(call.tools, CallToolBox):
                 await call.tools.refresh()
-            body = request_body(call, self._options.model, produce=produce, prior=prior, followups=followups)
+            body = request_body(
+                call,
+                self._options.model,
+                produce=produce,
+                prior=prior,
+                followups=followups,
+                strict=self._options.strict_for(call.options.model or self._options.model),
+            )
             # One budget for the whole exchange, every tool round included.
             budget = None if call.time_budget is None else call.time_budget - (time.monotonic() - started)
             deadline = call_deadline(shortname, budget, self._options.timeout_seconds)

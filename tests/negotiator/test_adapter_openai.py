@@ -129,9 +129,16 @@ async def test_produce_passes_invalid_json_through_for_the_broker_to_judge(
     assert json.loads((await adapter.produce(produce_call())).text) == {"answer": 42}
 
 
-async def test_settings_model_and_effort_reach_the_request(
-    adapter: OpenAIAdapter, server: MockOpenAI
-) -> None:
+# What an operator states for a server that honours effort and settings (the code declares them UNKNOWN).
+VOUCHED = DeclarationOverride(
+    capabilities=MappingProxyType(
+        {Capability.EFFORT: CapabilityState.SUPPORTED, Capability.SETTINGS: CapabilityState.SUPPORTED}
+    )
+)
+
+
+async def test_settings_model_and_effort_reach_the_request(server: MockOpenAI, api_key: str) -> None:
+    adapter = await built(openai_spec(server.base_url, declaration=VOUCHED))
     settings = MappingProxyType(
         {
             "max_tokens": 256.0,  # protobuf Struct numbers arrive as doubles
@@ -141,7 +148,10 @@ async def test_settings_model_and_effort_reach_the_request(
             "logit_bias": MappingProxyType({"50256": -100.0}),
         }
     )
-    await adapter.invoke(call(model="mock-model-2", effort="high", settings=settings))
+    try:
+        await adapter.invoke(call(model="mock-model-2", effort="high", settings=settings))
+    finally:
+        await adapter.close()
     body = server.requests[0].body
     assert body["model"] == "mock-model-2"
     assert body["reasoning_effort"] == "high"
@@ -363,16 +373,20 @@ async def test_declaration(adapter: OpenAIAdapter) -> None:
     assert supported == {
         Capability.STRUCTURED_OUTPUT,
         Capability.MODEL_OVERRIDE,
-        Capability.EFFORT,
-        Capability.SETTINGS,
         Capability.STATEFUL_HISTORY,
         Capability.TOOL_REGISTRATION,
         Capability.TOOL_FILTER,
-        Capability.PERSONA,
         Capability.MCP,
     }
     assert declaration.mcp_transports == {"stdio", "http", "sse"}
-    assert all(declaration.state(c) is CapabilityState.UNSUPPORTED for c in set(Capability) - supported)
+    # Carried by the code, honoured or ignored by the server alone: unknown until config says.
+    unknown = {Capability.EFFORT, Capability.SETTINGS, Capability.PERSONA}
+    assert {c for c in Capability if declaration.state(c) is CapabilityState.UNKNOWN} == unknown
+    assert all(
+        declaration.state(c) is CapabilityState.UNSUPPORTED for c in set(Capability) - supported - unknown
+    )
+    assert declaration.default_model == "mock-model-1"
+    assert declaration.effort_levels == {"none", "minimal", "low", "medium", "high", "xhigh"}
     assert declaration.string_formats == {
         "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"
     }  # fmt: skip
@@ -382,7 +396,9 @@ async def test_declaration(adapter: OpenAIAdapter) -> None:
 
 async def test_config_narrowing_is_enforced(server: MockOpenAI, api_key: str) -> None:
     narrowed = DeclarationOverride(
-        capabilities=MappingProxyType({Capability.EFFORT: CapabilityState.UNSUPPORTED}),
+        capabilities=MappingProxyType(
+            {Capability.EFFORT: CapabilityState.UNSUPPORTED, Capability.SETTINGS: CapabilityState.SUPPORTED}
+        ),
         accepted_settings=frozenset({"temperature"}),
     )
     adapter = await built(openai_spec(server.base_url, declaration=narrowed))

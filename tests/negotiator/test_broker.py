@@ -238,8 +238,13 @@ async def test_unknown_allowed_by_the_caller_is_accepted_recorded_and_logged(
     assert record["verdicts"] == [
         {"requirement": "model_override", "state": "supported", "allowed_unknown": False},
         {"requirement": "effort", "state": "unknown", "allowed_unknown": True},
+        {"requirement": "effort_levels:low", "state": "supported", "allowed_unknown": False},
     ]
-    assert [r["request_field"] for r in record["requirements"]] == ["options.model", "options.effort"]
+    assert [r["request_field"] for r in record["requirements"]] == [
+        "options.model",
+        "options.effort",
+        "options.effort",
+    ]
 
 
 async def test_refusals_are_logged_too(caplog: pytest.LogCaptureFixture) -> None:

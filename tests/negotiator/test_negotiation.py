@@ -264,6 +264,7 @@ def test_every_option_derives_its_requirement_in_request_order() -> None:
         ),
         Requirement(Capability.MODEL_OVERRIDE, "options.model"),
         Requirement(Capability.EFFORT, "options.effort"),
+        Requirement(Capability.EFFORT, "options.effort", TypedSet.EFFORT_LEVELS, "high"),
         Requirement(Capability.SETTINGS, "options.settings"),
         Requirement(Capability.SETTINGS, "options.settings.seed", TypedSet.ACCEPTED_SETTINGS, "seed"),
         Requirement(
@@ -402,19 +403,21 @@ def test_capability_requirements_take_the_declared_state() -> None:
     ("capability_state", "members", "expected"),
     [
         (SUPPORTED, ["seed"], SUPPORTED),
-        (UNKNOWN, ["seed"], SUPPORTED),  # the member is declared even if the capability is not
+        (None, ["seed"], SUPPORTED),  # the member is declared even if the capability is not
+        (UNKNOWN, ["seed"], SUPPORTED),  # the set holds it; the capability's own verdict says UNKNOWN
         (SUPPORTED, ["temperature"], UNSUPPORTED),  # a declared capability makes its set authoritative
+        (UNKNOWN, ["temperature"], UNSUPPORTED),  # declared UNKNOWN too: the set is all the code carries
         (UNSUPPORTED, [], UNSUPPORTED),
-        (UNKNOWN, ["temperature"], UNKNOWN),  # undeclared capability: the set says nothing
+        (None, ["temperature"], UNKNOWN),  # undeclared capability: the set says nothing
     ],
 )
 def test_set_member_requirements(
-    capability_state: CapabilityState, members: list[str], expected: CapabilityState
+    capability_state: CapabilityState | None, members: list[str], expected: CapabilityState
 ) -> None:
     declaration = Declaration(
         "a",
         AdapterKind.FRAMEWORK,
-        {Capability.SETTINGS: capability_state},
+        {} if capability_state is None else {Capability.SETTINGS: capability_state},
         accepted_settings=frozenset(members),
     )
     assert one(SEED, declaration).state is expected

@@ -172,6 +172,7 @@ def test_request_fields_win_settings_merge_and_servers_append() -> None:
     assert [r.request_field for r in requirements] == [
         "options.model",
         "profile(research).effort",
+        "profile(research).effort",  # its level
         "options.settings",
         "profile(research).settings.seed",
         "options.settings.temperature",
@@ -186,8 +187,9 @@ def test_request_fields_win_settings_merge_and_servers_append() -> None:
 def test_a_profile_alone_names_its_own_fields() -> None:
     expanded, fields = negotiation.expand_profile(request(profile="research"), {"research": RESEARCH})
     requirements = negotiation.relabel(negotiation.derive_requirements(expanded, None), fields)
-    assert [r.request_field for r in requirements][:3] == [
+    assert [r.request_field for r in requirements][:4] == [
         "profile(research).model",
+        "profile(research).effort",
         "profile(research).effort",
         "profile(research).settings",
     ]

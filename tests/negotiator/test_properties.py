@@ -1,17 +1,21 @@
 """Properties of declare-and-refuse over random declarations and random calls.
 
 1. A refused call never reaches adapter code.
-2. An accepted call needs nothing the declaration does not support, except
-   UNKNOWN capabilities the caller allowed.
+2. An accepted call needs nothing the declaration of the model it selects
+   (options.model, else the default model; a model without an entry of its
+   own gets the adapter-level declaration) does not support, except UNKNOWN
+   capabilities the caller allowed; and every verdict of the decision says
+   so, naming that model.
 3. Conversely, a call whose every need is met is accepted.
 
-Needs are re-stated here from the request itself, independently of
-`derive_requirements` and `judge`.
+Needs, the selected model and the set-member rule are re-stated here from
+the request itself, independently of `derive_requirements` and `judge`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,6 +35,7 @@ from negotiator_service.model import (
     CallRequest,
     Capability,
     CapabilityState,
+    Decision,
     Declaration,
     MaxDepth,
     McpServer,
@@ -52,6 +57,8 @@ FORMATS = ("email", "date", "uuid", "uri")
 SETTING_KEYS = ("temperature", "seed", "top_k")
 TRANSPORTS = ("stdio", "sse", "http", "streamable-http")
 HOOK_EVENTS = ("user_prompt_submit", "pre_tool_use")
+EFFORT_LEVELS = ("low", "high")
+MODEL_NAMES = ("model-x", "model-y")
 
 
 def subset(members: tuple[str, ...]) -> st.SearchStrategy[frozenset[str]]:
@@ -68,20 +75,32 @@ _DECLARED_TRANSPORTS = subset(("stdio", "sse", "http"))
 _DECLARED_SETTINGS = subset(SETTING_KEYS)
 _DECLARED_FORMATS = subset(FORMATS)
 _DECLARED_HOOKS = subset(HOOK_EVENTS)
+_DECLARED_LEVELS = subset(EFFORT_LEVELS)
+_DEFAULT_MODELS = st.sampled_from(["", "", *MODEL_NAMES])
+_MODEL_ENTRIES = st.frozensets(st.sampled_from(MODEL_NAMES))
 
 
-@st.composite
-def declarations(draw: st.DrawFn) -> Declaration:
+def flat_declaration(draw: st.DrawFn, kind: AdapterKind) -> Declaration:
     states = {capability: draw(_STATE_OR_OMITTED) for capability in Capability}
     return Declaration(
         shortname="target",
-        kind=draw(_KINDS),
+        kind=kind,
         capabilities={c: state for c, state in states.items() if state is not None},
         mcp_transports=draw(_DECLARED_TRANSPORTS),
         accepted_settings=draw(_DECLARED_SETTINGS),
         string_formats=draw(_DECLARED_FORMATS),
         hook_events=draw(_DECLARED_HOOKS),
+        effort_levels=draw(_DECLARED_LEVELS),
     )
+
+
+@st.composite
+def declarations(draw: st.DrawFn) -> Declaration:
+    """An adapter-level declaration, maybe a default model, and entries for some models."""
+    kind = draw(_KINDS)
+    adapter_level = flat_declaration(draw, kind)
+    models = {name: flat_declaration(draw, kind) for name in sorted(draw(_MODEL_ENTRIES))}
+    return dataclasses.replace(adapter_level, default_model=draw(_DEFAULT_MODELS), models=models)
 
 
 _FORMAT_LISTS = st.lists(st.sampled_from(FORMATS), max_size=3)
@@ -122,7 +141,9 @@ _MAX_DEPTHS = (
 _SETTINGS = st.dictionaries(st.sampled_from(SETTING_KEYS), st.integers(0, 3))
 # Random subsets rarely name the one capability that matters, so "allow everything" is drawn often too.
 _ALLOW_UNKNOWN = st.frozensets(st.sampled_from(list(Capability))) | st.just(frozenset(Capability))
-_MODELS, _EFFORTS, _PROFILES, _PERSONAS = maybe("model-x"), maybe("high"), maybe("profile-x"), maybe("critic")
+_MODELS = st.sampled_from([None, None, None, *MODEL_NAMES, "model-z"])
+_EFFORTS = st.sampled_from([None, None, "high", "medium"])
+_PROFILES, _PERSONAS = maybe("profile-x"), maybe("critic")
 _TOOL_FILTERS = maybe(ToolFilter(allow=("read",)))
 _SCHEMAS = schemas()
 
@@ -177,9 +198,11 @@ def needs_of(request: CallRequest) -> list[Need]:
         needs.extend(
             Need(Capability.STRUCTURED_OUTPUT, TypedSet.STRING_FORMATS, f) for f in keyword_formats(request)
         )
+    if options.effort is not None:
+        needs.append(Need(Capability.EFFORT))
+        needs.append(Need(Capability.EFFORT, TypedSet.EFFORT_LEVELS, options.effort))
     for value, capability in (
         (options.model, Capability.MODEL_OVERRIDE),
-        (options.effort, Capability.EFFORT),
         (options.profile, Capability.PROFILE_OVERRIDE),
         (options.max_depth, Capability.DEPTH_LIMIT),
         (options.tool_filter, Capability.TOOL_FILTER),
@@ -226,17 +249,30 @@ def keyword_formats(request: CallRequest) -> set[str]:
     return found
 
 
-def met(need: Need, declaration: Declaration, allow: frozenset[Capability]) -> bool:
+def selected(request: CallRequest, declaration: Declaration) -> tuple[str, Declaration]:
+    """The model a call goes to, if it has an entry of its own, and the declaration that applies."""
+    model = request.options.model if request.options.model is not None else declaration.default_model
+    if model in declaration.models:
+        return model, declaration.models[model]
+    return "", declaration
+
+
+def state_of(need: Need, declaration: Declaration) -> CapabilityState:
     declared = dict(declaration.capabilities)
     if need.typed_set is None:
-        state = declared.get(need.capability, CapabilityState.UNKNOWN)
-        return state is CapabilityState.SUPPORTED or (
-            state is CapabilityState.UNKNOWN and need.capability in allow
-        )
-    if need.member in declaration.members(need.typed_set):
-        return True
-    owner_declared = declared.get(SET_CAPABILITY[need.typed_set], CapabilityState.UNKNOWN)
-    return owner_declared is CapabilityState.UNKNOWN and need.capability in allow
+        return declared.get(need.capability, CapabilityState.UNKNOWN)
+    members = declaration.members(need.typed_set)
+    if need.member in members or (need.typed_set is TypedSet.EFFORT_LEVELS and not members):
+        return CapabilityState.SUPPORTED
+    owner_declared = SET_CAPABILITY[need.typed_set] in declared
+    return CapabilityState.UNSUPPORTED if owner_declared else CapabilityState.UNKNOWN
+
+
+def met(need: Need, declaration: Declaration, allow: frozenset[Capability]) -> bool:
+    state = state_of(need, declaration)
+    return state is CapabilityState.SUPPORTED or (
+        state is CapabilityState.UNKNOWN and need.capability in allow
+    )
 
 
 def kind_fits(request: CallRequest, declaration: Declaration) -> bool:
@@ -245,16 +281,23 @@ def kind_fits(request: CallRequest, declaration: Declaration) -> bool:
 
 
 async def run(declaration: Declaration, request: CallRequest) -> tuple[FakeAdapter, Exception | None]:
+    adapter, outcome = await run_for_decision(declaration, request)
+    return adapter, outcome if isinstance(outcome, Exception) else None
+
+
+async def run_for_decision(
+    declaration: Declaration, request: CallRequest
+) -> tuple[FakeAdapter, Exception | Decision]:
     adapter = FakeAdapter(declaration, default="{}")
     registry = AdapterRegistry()
     registry.add(RegisteredAdapter(adapter, "config"))
     try:
         # The scenarios' MCP servers are admitted: these properties are about declarations.
         policy = McpPolicy(caller_stdio_commands=frozenset({"run"}), caller_hosts=frozenset({"127.0.0.1"}))
-        await Broker(registry, mcp_policy=policy).call(request, time_budget=5)
+        _reply, decision = await Broker(registry, mcp_policy=policy).call(request, time_budget=5)
     except errors.NegotiatorError as exc:
         return adapter, exc
-    return adapter, None
+    return adapter, decision
 
 
 @PROPERTIES
@@ -274,8 +317,9 @@ def test_refused_calls_never_reach_the_adapter(scenario: tuple[Declaration, Call
 def test_accepted_calls_need_only_what_is_supported_or_allowed(
     scenario: tuple[Declaration, CallRequest],
 ) -> None:
-    declaration, request = scenario
-    _adapter, failure = asyncio.run(run(declaration, request))
+    adapter_level, request = scenario
+    _model, declaration = selected(request, adapter_level)
+    _adapter, failure = asyncio.run(run(adapter_level, request))
     needs = needs_of(request)
     all_met = all(met(need, declaration, request.options.allow_unknown) for need in needs)
     if failure is None:
@@ -379,3 +423,27 @@ def test_accepted_calls_meet_every_required_entry_too(scenario: tuple[Declaratio
     else:
         assert isinstance(failure, errors.AdapterKindMismatch)
         assert not kind_fits(request, declaration)
+
+
+@PROPERTIES
+@given(scenario=scenarios())
+def test_an_accepted_call_carries_only_requirements_supported_for_its_model(
+    scenario: tuple[Declaration, CallRequest],
+) -> None:
+    adapter_level, request = scenario
+    model, declaration = selected(request, adapter_level)
+    adapter, outcome = asyncio.run(run_for_decision(adapter_level, request))
+    if not isinstance(outcome, Decision):
+        assert adapter.calls == []
+        return
+    assert outcome.model == model
+    assert outcome.declaration_version == adapter_level.version
+    allow = request.options.allow_unknown
+    for verdict in outcome.verdicts:
+        need = Need(verdict.requirement.capability, verdict.requirement.typed_set, verdict.requirement.member)
+        state = state_of(need, declaration)
+        assert verdict.state is state
+        assert state is CapabilityState.SUPPORTED or (
+            state is CapabilityState.UNKNOWN and verdict.allowed_unknown and need.capability in allow
+        )
+    assert len(adapter.calls) == 1

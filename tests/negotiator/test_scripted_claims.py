@@ -80,12 +80,20 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
-def spec(capabilities: dict[Capability, CapabilityState], **sets: frozenset[str]) -> AdapterSpec:
+def spec(
+    capabilities: dict[Capability, CapabilityState],
+    *,
+    mcp_transports: frozenset[str] | None = None,
+    hook_events: frozenset[str] | None = None,
+) -> AdapterSpec:
     return AdapterSpec(
         shortname="double",
         implementation="scripted",
         declaration=DeclarationOverride(
-            kind=AdapterKind.FRAMEWORK, capabilities=MappingProxyType(capabilities), **sets
+            kind=AdapterKind.FRAMEWORK,
+            capabilities=MappingProxyType(capabilities),
+            mcp_transports=mcp_transports,
+            hook_events=hook_events,
         ),
     )
 

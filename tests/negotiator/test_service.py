@@ -237,6 +237,8 @@ async def test_negotiate_reports_verdicts_and_gaps_without_running(
     assert [(v.requirement.request_field, v.state) for v in decision.verdicts] == [
         ("options.model", common_pb2.CAPABILITY_STATE_SUPPORTED),
         ("options.effort", common_pb2.CAPABILITY_STATE_UNKNOWN),
+        # effort_levels:e: the declaration lists no levels, so any level
+        ("options.effort", common_pb2.CAPABILITY_STATE_SUPPORTED),
         ("options.persona", common_pb2.CAPABILITY_STATE_UNSUPPORTED),
     ]
     assert [v.requirement.capability for v in decision.gaps] == [

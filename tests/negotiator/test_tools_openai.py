@@ -50,6 +50,10 @@ async def llm(mock: MockOpenAI, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     spec = AdapterSpec(
         shortname="llm",
         implementation="openai",
+        # The mock honours a persona (a system message); the code alone declares it UNKNOWN.
+        declaration=DeclarationOverride(
+            capabilities=MappingProxyType({Capability.PERSONA: CapabilityState.SUPPORTED})
+        ),
         options=MappingProxyType(
             {"base_url": mock.base_url, "api_key_env": KEY_ENV, "model": "mock-model-1"}
         ),
@@ -282,7 +286,8 @@ async def test_produce_with_tools_sends_both_the_schema_and_the_tools(
         AdapterCall(prompt="p", options=CallOptions(), output_schema=schema, tools=toolbox)
     )
     assert json.loads(reply.text) == {"answer": "1"}
-    assert all(r.body["response_format"]["json_schema"]["schema"] == schema for r in mock.requests)
+    strict = {**schema, "additionalProperties": False}  # the strict form of the caller's schema
+    assert all(r.body["response_format"]["json_schema"]["schema"] == strict for r in mock.requests)
     assert all(len(r.body["tools"]) == 1 for r in mock.requests)
 
 
