@@ -157,7 +157,7 @@ async def test_get_adapter_shows_each_models_declaration(
     assert list(reasoning.effort_levels) == ["high", "low"]
     adapter_level = {c.capability: c.state for c in declaration.capabilities}
     assert adapter_level[common_pb2.CAPABILITY_EFFORT] == UNKNOWN
-    assert adapter_level[common_pb2.CAPABILITY_MCP] == UNSUPPORTED
+    assert adapter_level[common_pb2.CAPABILITY_CODEMODE] == UNSUPPORTED
     # The version covers the per-model entries.
     without_models = narrow(code_declaration("llm", "mock-chat"), None, shortname="llm")
     assert declaration.version != without_models.version
@@ -185,14 +185,15 @@ def test_config_states_supported_only_for_what_the_code_carries() -> None:
         build_adapter(
             spec_from(
                 openai_config(
-                    "      models:\n        m2:\n          capabilities: {mcp: supported}\n"
+                    "      models:\n        m2:\n          capabilities: {codemode: supported}\n"
                     "          effort_levels: [turbo]\n          accepted_settings: [top_k]\n"
                 )
             )
         )
     message = caught.value.message
     assert (
-        "models.m2.capabilities.mcp=supported but the openai implementation declares unsupported" in message
+        "models.m2.capabilities.codemode=supported but the openai implementation declares unsupported"
+        in message
     )
     assert 'models.m2.effort_levels contains "turbo"' in message
     assert 'models.m2.accepted_settings contains "top_k"' in message
@@ -203,13 +204,13 @@ def test_probe_evidence_resolves_only_what_is_unknown_for_one_model() -> None:
     evidence = {
         Capability.EFFORT: CapabilityState.SUPPORTED,
         Capability.PERSONA: CapabilityState.UNSUPPORTED,
-        Capability.MCP: CapabilityState.SUPPORTED,  # the code cannot carry it: stays unsupported
+        Capability.CODEMODE: CapabilityState.SUPPORTED,  # the code cannot carry it: stays unsupported
     }
     resolved = resolve_unknown(code, "m", evidence)
     _, entry = resolved.for_model("m")
     assert entry.state(Capability.EFFORT) is CapabilityState.SUPPORTED
     assert entry.state(Capability.PERSONA) is CapabilityState.UNSUPPORTED
-    assert entry.state(Capability.MCP) is CapabilityState.UNSUPPORTED
+    assert entry.state(Capability.CODEMODE) is CapabilityState.UNSUPPORTED
     assert resolved.state(Capability.EFFORT) is CapabilityState.UNKNOWN  # other models: unchanged
     assert resolved.version != code.version
 

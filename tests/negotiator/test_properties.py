@@ -396,9 +396,10 @@ def test_every_required_entry_appears_as_its_own_verdict(scenario: tuple[Declara
         (index, Need(v.requirement.capability, v.requirement.typed_set, v.requirement.member))
         for index, v in stated
     ] == required_needs(request)
+    _, judged_by = selected(request, declaration)
     for _, verdict in stated:
         need = Need(verdict.requirement.capability, verdict.requirement.typed_set, verdict.requirement.member)
-        assert verdict.accepted == met(need, declaration, request.options.allow_unknown)
+        assert verdict.accepted == met(need, judged_by, request.options.allow_unknown)
 
 
 @PROPERTIES
@@ -408,7 +409,8 @@ def test_accepted_calls_meet_every_required_entry_too(scenario: tuple[Declaratio
     adapter, failure = asyncio.run(run(declaration, request))
     allow = request.options.allow_unknown
     needs = needs_of(request) + [need for _, need in required_needs(request)]
-    unmet = {need for need in needs if not met(need, declaration, allow)}
+    _, judged_by = selected(request, declaration)
+    unmet = {need for need in needs if not met(need, judged_by, allow)}
     if failure is None:
         assert kind_fits(request, declaration)
         assert not unmet, unmet
