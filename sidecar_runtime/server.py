@@ -185,6 +185,7 @@ def build_interceptors(
             layers,
             on_unknown=observer.unknown if observer is not None else None,
             sync_refusal=token_check,
+            message_counts=observer.message_counts if observer is not None else None,
         )
     )
     return chain

@@ -112,3 +112,13 @@ async def test_sessions_with_and_without_approvals_are_logged_and_counted_ok(neg
             break
         await asyncio.sleep(0.05)
     assert statuses == ["OK"] * expected
+
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"http://{negotiator.metrics}/metrics", timeout=5)
+    handled = {
+        sample.labels["grpc_code"]: sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == "grpc_server_handled_total" and sample.labels["grpc_method"] == "ToolSession"
+    }
+    assert handled == {"OK": expected}

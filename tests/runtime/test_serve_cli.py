@@ -134,10 +134,11 @@ async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
         scrape = (await client.get(metrics_url.group(1), timeout=5)).text
     assert metric(scrape, "negotiator_refusals_total", capability="persona") == 1
     service = "agentsidecar.negotiator.v1.NegotiatorService"
-    invoke = {"grpc_service": service, "grpc_method": "Invoke"}
+    invoke = {"grpc_type": "unary", "grpc_service": service, "grpc_method": "Invoke"}
+    assert metric(scrape, "grpc_server_started_total", **invoke) == 3
     assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="OK") == 1
-    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="FAILED_PRECONDITION") == 1
-    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="UNAUTHENTICATED") == 1
+    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="FailedPrecondition") == 1
+    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="Unauthenticated") == 1
     assert metric(scrape, "grpc_server_handling_seconds_count", **invoke) == 3
 
     code, stderr = await sidecar.stop()
