@@ -109,6 +109,10 @@ class CallLog:
         self._thread = threading.Thread(target=self._run, name="sidecar-call-log", daemon=True)
         self._thread.start()
 
+    def writes_to(self, stream: TextIO) -> bool:
+        """Whether this log writes to `stream` and is still open."""
+        return self._stream is stream and not self._closing.is_set()
+
     def write(self, record: dict[str, Any]) -> None:
         """A record serialized by the writer with json.dumps (`ts` as an epoch float)."""
         self._enqueue(record)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +42,6 @@ adapters:
 WRITE = tool_spec("write", arguments_schema={"type": "object"}, risk="mutating")
 READ = tool_spec("write", arguments_schema={"type": "object"}, risk="read_only")
 CALL = pb.InvokeRequest(adapter="tooled", prompt="write it")
-METRICS_LINE = re.compile(r"metrics on http://(\S+)/metrics")
 
 
 class Negotiator:
@@ -72,8 +70,8 @@ def negotiator(socket_dir: Path, tmp_path: Path) -> Iterator[Negotiator]:
         while address is None:
             line = process.stderr.readline()
             assert line, "the negotiator exited before announcing its metrics"
-            found = METRICS_LINE.search(line)
-            address = found[1] if found else None
+            if '"event":"sidecar.metrics"' in line:
+                address = json.loads(line)["url"].removeprefix("http://").removesuffix("/metrics")
         yield Negotiator(target, log_file, address)
     finally:
         stop_process(process)

@@ -10,6 +10,7 @@ shows VerifySeeds and its `seedstore_verification_duration_seconds`.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -30,7 +31,6 @@ from tests.procs import start_process, stop_process
 
 SHAPES = "runtime.test.v1.Shapes"
 SEEDSTORE = "agentsidecar.seedstore.v1.SeedStoreService"
-METRICS_LINE = re.compile(r"metrics on http://(\S+)/metrics")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -191,8 +191,8 @@ def seedstore(socket_dir: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
         while address is None:
             line = process.stderr.readline()
             assert line, "the seedstore exited before announcing its metrics"
-            found = METRICS_LINE.search(line)
-            address = found[1] if found else None
+            if '"event":"sidecar.metrics"' in line:
+                address = json.loads(line)["url"].removeprefix("http://").removesuffix("/metrics")
         yield target, address
     finally:
         stop_process(process)
