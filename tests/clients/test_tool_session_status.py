@@ -1,8 +1,8 @@
 """A finished ToolSession ends OK on the server too: the clients wait for its status, never cancel it.
 
 The session's result is its last message, and the status follows it on the
-wire. A client that cancelled as soon as it had the result raced that
-status, and the negotiator logged and counted the session as CANCELLED.
+wire. A client that cancels as soon as it has the result races that status,
+and the negotiator then logs and counts the session as CANCELLED.
 Here a real `negotiator serve` process writes its call log to a file and
 serves metrics, and both clients run sessions with an approval round and
 read-only ones.
@@ -26,7 +26,7 @@ from clients.aio import AsyncNegotiatorClient
 from clients.negotiator import NegotiatorClient, tool_spec
 from tests.procs import start_process, stop_process
 
-SESSIONS = 8  # per client and kind: each one raced its status before the clients waited for it
+SESSIONS = 8  # per client and kind: a client cancelling on the result loses the race in most of them
 CONFIG = """\
 adapters:
   - shortname: tooled
