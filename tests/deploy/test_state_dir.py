@@ -4,8 +4,8 @@ The image's root filesystem is read-only, so the default state directory
 (under $HOME) cannot be created; here HOME lies beneath a regular file, which
 makes every directory under it impossible to create, as on that root. The
 compose command's volume paths are remapped into a temp dir. Its
-conversations must work; the same command without --state-dir shows what
-they did before the deployment passed one.
+conversations must work; the same command without --state-dir shows why
+the deployments pass one.
 """
 
 from __future__ import annotations
