@@ -19,12 +19,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 # A fixed numeric uid/gid: Kubernetes runAsNonRoot can check it, and named
-# volumes first mounted on /sockets and /data/skillspec inherit this ownership.
+# volumes first mounted on /sockets, /data/skillspec and /data/negotiator (the
+# negotiator's --state-dir) inherit this ownership.
 RUN groupadd --system --gid 10001 sidecar \
  && useradd --system --uid 10001 --gid sidecar --home-dir /home/sidecar --create-home \
       --shell /usr/sbin/nologin sidecar \
- && mkdir -p /sockets /data/skillspec \
- && chown sidecar:sidecar /sockets /data/skillspec
+ && mkdir -p /sockets /data/skillspec /data/negotiator \
+ && chown sidecar:sidecar /sockets /data/skillspec /data/negotiator
 
 WORKDIR /build
 COPY pyproject.toml README.md hatch_build.py agentsidecar_pair.py ./

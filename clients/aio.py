@@ -258,6 +258,9 @@ class AsyncNegotiatorClient(AsyncClient):
             while isinstance(response := await session.read(), npb.ToolSessionResponse):
                 result = session_result(response)
                 if result is not None:
+                    # The status follows the result: the call ends OK once it arrives, whereas
+                    # a cancel sent before it would end a successful session CANCELLED.
+                    await session.code()
                     return result
                 if response.HasField("tool_call"):
                     try:

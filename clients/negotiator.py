@@ -531,6 +531,9 @@ class NegotiatorClient(SyncClient):
             for response in responses:
                 result = session_result(response)
                 if result is not None:
+                    # The status follows the result: the call ends OK once it arrives, whereas
+                    # a cancel sent before it would end a successful session CANCELLED.
+                    responses.code()
                     return result
                 if response.HasField("tool_call"):
                     try:

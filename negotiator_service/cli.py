@@ -99,6 +99,7 @@ from google.protobuf import json_format, struct_pb2
 from clients.errors import SidecarError
 from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, gate, refusal_gaps
 from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.lifecycle import log_json
 from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
 
 EXIT_OK = 0
@@ -571,7 +572,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     # Decision records go to stderr through a batched writer (decisions_to_stderr);
     # the few other records (adapter registrations, unexpected errors) through logging.
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+    log_json("negotiator")
     # httpx logs each request it sends at INFO ("HTTP Request: POST ..."): the
     # call log already has a line per call, and each of httpx's lines was a
     # formatted, unbatched write on the openai adapter's path.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,6 +50,7 @@ from negotiator_service.servicer import (
     normal_host,
 )
 from sidecar_runtime.addresses import parse_address
+from sidecar_runtime.lifecycle import announce
 from sidecar_runtime.observability import CallLog, open_call_log
 from sidecar_runtime.server import (
     RunningServer,
@@ -306,17 +306,16 @@ async def serve(settings: Settings) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    names = ", ".join(entry.shortname for entry in negotiator.registry.list()) or "none"
+    names = [entry.shortname for entry in negotiator.registry.list()]
+    # Lifecycle lines share the stderr writer of the decision records and the call log.
+    writers = (negotiator.decision_log, negotiator.running.call_log)
     settle_heap()
     print(f"READY negotiator {' '.join(negotiator.bound)}", flush=True)
-    print(
-        f"negotiator: serving on {', '.join(negotiator.bound)}; adapters: {names}",
-        file=sys.stderr,
-        flush=True,
-    )
-    announce_metrics(negotiator.running, "negotiator")
+    announce("serving", "negotiator", writers, addresses=list(negotiator.bound), adapters=names)
+    announce_metrics(negotiator.running, "negotiator", writers)
     try:
         await stop.wait()
-        print(f"negotiator: stopping (grace {negotiator.grace_seconds:g}s)", file=sys.stderr, flush=True)
+        announce("draining", "negotiator", writers, grace_seconds=negotiator.grace_seconds)
     finally:
         await negotiator.stop()
+    announce("stopped", "negotiator")

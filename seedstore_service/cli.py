@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +64,7 @@ from seedstore_service.ranking import SearchQuery
 from seedstore_service.runner import DEFAULT_PATH, CheckFinished, CheckStarted
 from seedstore_service.server import Settings, add_serve_arguments, serve
 from seedstore_service.store import SeedStore, resolve_store_root
+from sidecar_runtime.lifecycle import log_json
 
 SERVER_ENV = "SEEDSTORE_SERVER"
 
@@ -555,7 +555,7 @@ def _error_text(error: SidecarError, target: str) -> str:
 
 
 def _serve(args: argparse.Namespace, env: Mapping[str, str], stderr: TextIO) -> int:
-    logging.basicConfig(level=logging.INFO, stream=stderr, format="seedstore: %(levelname)s %(message)s")
+    log_json("seedstore", stderr)
     try:
         settings = Settings.from_args(args, env)
         asyncio.run(serve(settings))

@@ -60,6 +60,7 @@ from seedstore_service.store import (
     os_error_text,
 )
 from seedstore_service.verification import build_verification
+from sidecar_runtime.metrics import record_verification
 
 EQUIVALENTS_FILE_NAME = "equivalents.yml"
 DEFAULT_CHECK_TIMEOUT_SECONDS = 10.0
@@ -480,6 +481,7 @@ class SeedOperations:
         recording: dict[str, asyncio.Task[SeedVerified]] = {}
 
         def start_recording(checked: SeedChecked) -> None:
+            record_verification(checked.duration_s, checked.status.value)
             recording[checked.path] = asyncio.create_task(
                 self._record_verdict(checked, by_path.get(checked.path))
             )

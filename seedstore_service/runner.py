@@ -103,6 +103,7 @@ class SeedChecked:
     path: str
     outcomes: tuple[Outcome, ...]
     status: VerificationStatus
+    duration_s: float = 0.0  # from the first check's start to the last one's end
 
 
 VerifyEvent = CheckStarted | CheckFinished | SeedChecked
@@ -269,6 +270,7 @@ async def check_seed(
     """
     lookup_cwd = Path.cwd()
     outcomes: list[Outcome] = []
+    started = time.monotonic()
     for index, check in enumerate(plan_checks(seed)):
         if index > 0 or not first_started_sent:
             yield CheckStarted(seed_id=seed.id, domain=seed.domain, check=check.name, index=index)
@@ -276,7 +278,12 @@ async def check_seed(
         outcomes.append(Outcome(check=finished.check, ok=finished.ok, message=finished.message))
         yield finished
     yield SeedChecked(
-        seed_id=seed.id, domain=seed.domain, path=path, outcomes=tuple(outcomes), status=verdict(outcomes)
+        seed_id=seed.id,
+        domain=seed.domain,
+        path=path,
+        outcomes=tuple(outcomes),
+        status=verdict(outcomes),
+        duration_s=time.monotonic() - started,
     )
 
 

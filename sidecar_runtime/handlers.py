@@ -138,15 +138,20 @@ def as_coroutine(behavior: Callable[..., Any]) -> Behavior | None:
 
 
 def rebuild(
-    handler: Handler, behavior: Behavior, deserialize: Callable[[bytes], Any] | None = None
+    handler: Handler,
+    behavior: Behavior,
+    deserialize: Callable[[bytes], Any] | None = None,
+    serialize: Callable[[Any], bytes] | None = None,
 ) -> Handler:
     """A handler of the same shape and serializers as `handler`, running `behavior`.
 
-    `deserialize` replaces the request deserializer when given.
+    `deserialize` and `serialize` replace the request deserializer and the
+    response serializer when given.
     """
     if deserialize is None:
         deserialize = handler.request_deserializer
-    serialize = handler.response_serializer
+    if serialize is None:
+        serialize = handler.response_serializer
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(behavior, deserialize, serialize)
     if handler.request_streaming:
@@ -237,6 +242,58 @@ def checking_requests(
     return check
 
 
+# --- stream messages ---------------------------------------------------------
+
+
+class MessageCounts(Protocol):
+    """Where a method's stream messages are counted (`metrics.MethodCalls`)."""
+
+    received: int
+    sent: int
+
+
+def counting_received(
+    deserialize: Callable[[bytes], Any] | None, counts: MessageCounts
+) -> Callable[[bytes], Any]:
+    """`deserialize` (None: the bytes as they are), counting each message in `counts.received`.
+
+    grpc calls a method's request deserializer once per message it receives.
+    """
+    if deserialize is None:
+
+        def count_raw(raw: bytes) -> Any:
+            counts.received += 1
+            return raw
+
+        return count_raw
+
+    def count(raw: bytes) -> Any:
+        counts.received += 1
+        return deserialize(raw)
+
+    return count
+
+
+def counting_sent(serialize: Callable[[Any], bytes] | None, counts: MessageCounts) -> Callable[[Any], bytes]:
+    """`serialize` (None: the message is bytes already), counting each message in `counts.sent`.
+
+    grpc calls a method's response serializer once per message it sends.
+    """
+    if serialize is None:
+
+        def count_raw(message: Any) -> bytes:
+            counts.sent += 1
+            return message  # type: ignore[no-any-return]
+
+        return count_raw
+
+    def count(message: Any) -> bytes:
+        counts.sent += 1
+        return serialize(message)
+
+    return count
+
+
 # --- the interceptor -----------------------------------------------------------
 
 
@@ -251,9 +308,12 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Every method wrapped in `layers` (outermost first) and the undecodable-request check.
 
     `on_unknown(full_method, metadata)` hears of calls to methods no handler
-    serves (grpc answers them UNIMPLEMENTED). Synchronous behaviours (none
-    in the sidecars) run as registered, apart from `sync_refusal`, which is
-    checked per call as it can end a call before it runs.
+    serves (grpc answers them UNIMPLEMENTED). `message_counts(method)`, when
+    given, names where a method's stream messages are counted (None: not
+    counted): each message of a request stream and of a response stream,
+    counted as grpc deserializes or serializes it. Synchronous behaviours
+    (none in the sidecars) run as registered, apart from `sync_refusal`,
+    which is checked per call as it can end a call before it runs.
     """
 
     def __init__(
@@ -262,10 +322,12 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         *,
         on_unknown: Callable[[str, Metadata], None] | None = None,
         sync_refusal: SyncRefusal | None = None,
+        message_counts: Callable[[MethodInfo], MessageCounts | None] | None = None,
     ) -> None:
         self._layers = tuple(layers)
         self._on_unknown = on_unknown
         self._sync_refusal = sync_refusal
+        self._message_counts = message_counts
         self._entries: dict[str, _Entry] = {}
 
     async def intercept_service(
@@ -310,6 +372,13 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         info = MethodInfo.of(full_method, handler)
         for layer in reversed(self._layers):
             behavior = layer.wrap(info, behavior)
-        if behavior is innermost:
+        serialize = None
+        counts = self._message_counts(info) if self._message_counts is not None else None
+        if counts is not None:
+            if handler.request_streaming:
+                guarded_deserialize = counting_received(guarded_deserialize, counts)
+            if handler.response_streaming:
+                serialize = counting_sent(handler.response_serializer, counts)
+        if behavior is innermost and counts is None:
             return _Entry(handler, handler, synchronous=False)  # nothing to add: serve it as registered
-        return _Entry(handler, rebuild(handler, behavior, guarded_deserialize), synchronous=False)
+        return _Entry(handler, rebuild(handler, behavior, guarded_deserialize, serialize), synchronous=False)

@@ -45,7 +45,9 @@ from google.rpc import error_details_pb2, status_pb2
 from sidecar_runtime.handlers import Behavior, MethodInfo, call_metadata, service_and_method
 from sidecar_runtime.metrics import (
     METRICS,
+    MethodCalls,
     SidecarMetrics,
+    grpc_type,
     record_refusal,
     record_refusals,
     record_verification,
@@ -106,6 +108,10 @@ class CallLog:
         self._queued = threading.Event()  # set when the queue turns non-empty (or on close)
         self._thread = threading.Thread(target=self._run, name="sidecar-call-log", daemon=True)
         self._thread.start()
+
+    def writes_to(self, stream: TextIO) -> bool:
+        """Whether this log writes to `stream` and is still open."""
+        return self._stream is stream and not self._closing.is_set()
 
     def write(self, record: dict[str, Any]) -> None:
         """A record serialized by the writer with json.dumps (`ts` as an epoch float)."""
@@ -354,15 +360,14 @@ class CallObserver:
 
     def wrap(self, method: MethodInfo, inner: Behavior) -> Behavior:
         log = self._log
-        calls = self._metrics.calls if self._metrics is not None else None
-        method_calls = calls.for_method(method.service, method.name) if calls is not None else None
+        method_calls = self.message_counts(method)
         fields = method_fields(method.service, method.name)
         ok = grpc.StatusCode.OK
 
         async def observed(request: Any, context: Any) -> Any:
             started = time.perf_counter()
-            if calls is not None:
-                calls.in_flight += 1
+            if method_calls is not None:
+                method_calls.started += 1
             error: BaseException | None = None
             try:
                 return await inner(request, context)
@@ -372,8 +377,7 @@ class CallObserver:
             finally:
                 duration = time.perf_counter() - started
                 code = final_status(context, error)
-                if calls is not None and method_calls is not None:
-                    calls.in_flight -= 1
+                if method_calls is not None:
                     method_calls.record(code.name, duration)
                 if log is not None:
                     reason = None if code is ok else error_reason(context)
@@ -381,11 +385,19 @@ class CallObserver:
 
         return observed
 
+    def message_counts(self, method: MethodInfo) -> MethodCalls | None:
+        """The method's call metrics (its stream messages are counted there); None without metrics."""
+        if self._metrics is None:
+            return None
+        kind = grpc_type(method.request_streaming, method.response_streaming)
+        return self._metrics.for_method(method.service, method.name, kind)
+
     def unknown(self, full_method: str, metadata: Any) -> None:
         """A call to a method no handler serves: grpc answers UNIMPLEMENTED."""
         code = grpc.StatusCode.UNIMPLEMENTED
         if self._metrics is not None:
-            self._metrics.record_call(UNKNOWN_METHOD_LABEL, UNKNOWN_METHOD_LABEL, code.name, 0.0)
+            label = UNKNOWN_METHOD_LABEL
+            self._metrics.record_call(label, label, code.name, 0.0, grpc_type=label)
         if self._log is not None:
             service, method = service_and_method(full_method[:MAX_REQUEST_ID_CHARS])
             self._log.write(

@@ -22,7 +22,6 @@ import gc
 import os
 import signal
 import socket
-import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from sidecar_runtime.auth import (
     listener_credentials,
 )
 from sidecar_runtime.handlers import Layer, RuntimeInterceptor
+from sidecar_runtime.lifecycle import announce
 from sidecar_runtime.limits import CallLimit, DefaultTimeout
 from sidecar_runtime.metrics import METRICS, MetricsEndpoint, start_metrics_endpoint
 from sidecar_runtime.observability import CallLog, CallObserver, open_call_log
@@ -185,6 +185,7 @@ def build_interceptors(
             layers,
             on_unknown=observer.unknown if observer is not None else None,
             sync_refusal=token_check,
+            message_counts=observer.message_counts if observer is not None else None,
         )
     )
     return chain
@@ -437,10 +438,11 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def announce_metrics(running: RunningServer, name: str) -> None:
+def announce_metrics(running: RunningServer, name: str, writers: Sequence[CallLog | None] = ()) -> None:
     """Tell the operator (and tests, for port 0) where the metrics are served."""
     if running.metrics_bound is not None:
-        print(f"{name}: metrics on http://{running.metrics_bound}/metrics", file=sys.stderr, flush=True)
+        url = f"http://{running.metrics_bound}/metrics"
+        announce("metrics", name, (*writers, running.call_log), url=url)
 
 
 async def serve_until_signalled(running: RunningServer, name: str) -> None:
@@ -452,8 +454,9 @@ async def serve_until_signalled(running: RunningServer, name: str) -> None:
     settle_heap()
     # One machine-readable line so launchers and tests learn the real ports.
     print(f"READY {name} {' '.join(running.bound)}", flush=True)
-    print(f"{name}: serving on {', '.join(running.bound)}", file=sys.stderr, flush=True)
+    announce("serving", name, (running.call_log,), addresses=list(running.bound))
     announce_metrics(running, name)
     await stop.wait()
-    print(f"{name}: stopping (grace {running.grace_seconds:g}s)", file=sys.stderr, flush=True)
+    announce("draining", name, (running.call_log,), grace_seconds=running.grace_seconds)
     await running.stop()
+    announce("stopped", name)

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from negotiator_service import cli as negotiator_cli
+from negotiator_service.conversations import default_state_dir
 from negotiator_service.servicer import SERVICE_NAME as NEGOTIATOR_SERVICE
 from seedstore_service import cli as seedstore_cli
 from seedstore_service.server import SERVICE_NAME as SEEDSTORE_SERVICE
@@ -111,6 +112,27 @@ def drain_seconds(name: str, command: list[str], env: Mapping[str, str]) -> floa
 def listen_addresses(name: str, command: list[str]) -> list[str]:
     addresses: list[str] = sidecar_args(name, command).listen
     return addresses
+
+
+def health_listen_addresses(name: str, command: list[str]) -> list[str]:
+    addresses: list[str] = sidecar_args(name, command).health_listen or []
+    return addresses
+
+
+def written_paths(name: str, command: list[str], env: Mapping[str, str]) -> list[Path]:
+    """Where a sidecar run with `command` writes: its socket directories, its state, /tmp."""
+    args = sidecar_args(name, command)
+    paths = [Path("/tmp")]
+    for address in [*args.listen, *(args.health_listen or [])]:
+        unix_path = parse_address(address).unix_path
+        if unix_path is not None:
+            paths.append(unix_path.parent)
+    if name == "seedstore":
+        paths.append(SeedStoreSettings.from_args(args, env).store_root)
+    else:
+        state_dir = args.state_dir
+        paths.append(state_dir if state_dir is not None else default_state_dir(env, Path("/home/sidecar")))
+    return paths
 
 
 def compose_duration_seconds(text: str) -> float:
@@ -237,16 +259,77 @@ def test_pod_socket_volume_is_an_empty_dir_mounted_everywhere(pod: dict[str, Any
 @pytest.mark.parametrize("name", SIDECARS)
 def test_pod_grpc_probes_use_integer_ports_the_kubelet_can_reach(pod: dict[str, Any], name: str) -> None:
     container = sidecar_containers(pod)[name]
-    listening = listen_addresses(name, container["args"])
-    assert f"unix:///sockets/{name}.sock" in listening
+    assert f"unix:///sockets/{name}.sock" in listen_addresses(name, container["args"])
+    health_listening = health_listen_addresses(name, container["args"])
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         grpc_probe = container[kind]["grpc"]
         port = grpc_probe["port"]
         assert type(port) is int, f"{name} {kind}: a gRPC probe port must be an integer, got {port!r}"
         assert grpc_probe["service"] == HEALTH_SERVICE[name]
         # The kubelet dials the Pod IP: a 127.0.0.1 listener would fail every probe.
-        assert f"0.0.0.0:{port}" in listening, f"{name} must listen on 0.0.0.0:{port} for its {kind}"
+        assert f"0.0.0.0:{port}" in health_listening, (
+            f"{name} must --health-listen on 0.0.0.0:{port} for its {kind}"
+        )
         assert port in [p["containerPort"] for p in container["ports"]]
+
+
+@pytest.mark.parametrize("name", SIDECARS)
+def test_pod_serves_the_api_on_the_unix_socket_only(pod: dict[str, Any], name: str) -> None:
+    """No TCP listener serves the API: TCP ports answer grpc.health.v1 only (--health-listen)."""
+    container = sidecar_containers(pod)[name]
+    for address in listen_addresses(name, container["args"]):
+        assert parse_address(address).unix_path is not None, f"{name} serves its API on TCP {address}"
+    health_ports = {
+        int(address.rpartition(":")[2])
+        for address in health_listen_addresses(name, container["args"])
+        if parse_address(address).unix_path is None
+    }
+    assert {port["containerPort"] for port in container["ports"]} == health_ports
+
+
+def mounts_of(container: dict[str, Any]) -> dict[str, str]:
+    return {mount["mountPath"]: mount["name"] for mount in container.get("volumeMounts", [])}
+
+
+def on_a_mount(path: str | Path, mount_paths: list[str]) -> bool:
+    return any(Path(path).is_relative_to(mount) for mount in mount_paths)
+
+
+@pytest.mark.parametrize("name", SIDECARS)
+def test_pod_sidecars_write_only_to_volumes_under_a_read_only_root(pod: dict[str, Any], name: str) -> None:
+    container = sidecar_containers(pod)[name]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = mounts_of(container)
+    volumes = {volume["name"]: volume for volume in pod["spec"]["volumes"]}
+    assert all(
+        "emptyDir" in volumes[volume] or "persistentVolumeClaim" in volumes[volume]
+        for volume in mounts.values()
+    )
+    env = {item["name"]: item["value"] for item in container.get("env", [])}
+    for path in written_paths(name, container["args"], env):
+        assert on_a_mount(path, list(mounts)), f"{name} writes {path}, on the read-only root"
+
+
+def test_compose_sidecars_write_only_to_volumes_under_a_read_only_root(compose: dict[str, Any]) -> None:
+    for name in SIDECARS:
+        service = compose["services"][name]
+        assert service["read_only"] is True, name
+        named = [
+            mount.split(":")[1] for mount in service["volumes"] if mount.split(":")[0] in compose["volumes"]
+        ]
+        writable = [*named, *service.get("tmpfs", [])]
+        for path in written_paths(name, service["command"], service.get("environment", {})):
+            assert on_a_mount(path, writable), f"{name} writes {path}, on the read-only root"
+
+
+def test_the_negotiator_keeps_conversations_in_the_state_dir_it_is_given(
+    compose: dict[str, Any], pod: dict[str, Any]
+) -> None:
+    """Without --state-dir conversations go under $HOME, on the read-only root: every turn would fail
+    with CONVERSATION_STORE_FAILED. Both deployments pass one."""
+    commands = [compose["services"]["negotiator"]["command"], sidecar_containers(pod)["negotiator"]["args"]]
+    for command in commands:
+        assert sidecar_args("negotiator", command).state_dir is not None, command
 
 
 @pytest.mark.parametrize("name", SIDECARS)
@@ -286,7 +369,7 @@ def test_kubernetes_validate_rejects_a_named_grpc_probe_port(tmp_path: Path) -> 
     text = POD_FILE.read_text()
     assert "port: 50061" in text
     broken = tmp_path / "pod.yaml"
-    broken.write_text(text.replace("port: 50061", "port: seedstore-grpc", 1))
+    broken.write_text(text.replace("port: 50061", "port: seedstore-health", 1))
     result = run(validator, "-k", KUBERNETES_VERSION, broken)
     assert result.returncode != 0, result.stdout + result.stderr
 

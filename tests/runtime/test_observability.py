@@ -139,15 +139,15 @@ async def test_metrics_endpoint_counts_calls_and_latency(start_probe: StartProbe
         await fails(unary(channel, "Echo", b"fail", timeout=5))
     observability.record_refusal("persona")
     observability.record_refusals(["mcp", "mcp", "hooks"])  # one refused call lacking two capabilities
-    observability.record_verification(0.3, "verified")
     after = await get_metrics(server.metrics_bound)
 
     def delta(name: str, label_set: frozenset[tuple[str, str]]) -> float:
         return after.get((name, label_set), 0.0) - before.get((name, label_set), 0.0)
 
-    echo = {"grpc_service": PROBE_SERVICE, "grpc_method": "Echo"}
+    echo = {"grpc_type": "unary", "grpc_service": PROBE_SERVICE, "grpc_method": "Echo"}
+    assert delta("grpc_server_started_total", labels(**echo)) == 4
     assert delta("grpc_server_handled_total", labels(**echo, grpc_code="OK")) == 3
-    assert delta("grpc_server_handled_total", labels(**echo, grpc_code="NOT_FOUND")) == 1
+    assert delta("grpc_server_handled_total", labels(**echo, grpc_code="NotFound")) == 1
     assert delta("grpc_server_handling_seconds_count", labels(**echo)) == 4
     assert delta("grpc_server_handling_seconds_bucket", labels(**echo, le="+Inf")) == 4
     assert delta("grpc_server_handling_seconds_bucket", labels(**echo, le="0.0005")) >= 0
@@ -156,9 +156,6 @@ async def test_metrics_endpoint_counts_calls_and_latency(start_probe: StartProbe
     assert delta("negotiator_refusals_total", labels(capability="persona")) == 1
     assert delta("negotiator_refusals_total", labels(capability="mcp")) == 1
     assert delta("negotiator_refusals_total", labels(capability="hooks")) == 1
-    assert delta("seedstore_verification_duration_seconds_count", labels(status="verified")) == 1
-    assert delta("seedstore_verification_duration_seconds_bucket", labels(status="verified", le="0.5")) == 1
-    assert delta("seedstore_verification_duration_seconds_bucket", labels(status="verified", le="0.25")) == 0
     assert ("process_resident_memory_bytes", labels()) in after
 
     await server.stop()

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import stat
 import sys
@@ -103,10 +102,9 @@ async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
         "--token-env", "NEG_TOKEN", "--log-file", str(log_file), "--metrics-listen", "127.0.0.1:0",
         "--socket-mode", "0600", "--max-concurrent-calls", "8", "--default-timeout", "30",
     ]  # fmt: skip
-    sidecar = await launch(argv, env, wait_for="metrics on http://")
+    sidecar = await launch(argv, env, wait_for='"event":"sidecar.metrics"')
     cleanup.append(sidecar)
-    metrics_url = re.search(r"metrics on (http://\S+)", "".join(sidecar.stderr_lines))
-    assert metrics_url is not None
+    (metrics_url,) = [json.loads(line)["url"] for line in sidecar.stderr_lines if "sidecar.metrics" in line]
     assert stat.S_IMODE(socket.stat().st_mode) == 0o600
 
     async with grpc.aio.insecure_channel(sidecar.bound[0]) as channel:
@@ -131,13 +129,14 @@ async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
         assert accepted.text
 
     async with httpx.AsyncClient() as client:
-        scrape = (await client.get(metrics_url.group(1), timeout=5)).text
+        scrape = (await client.get(metrics_url, timeout=5)).text
     assert metric(scrape, "negotiator_refusals_total", capability="persona") == 1
     service = "agentsidecar.negotiator.v1.NegotiatorService"
-    invoke = {"grpc_service": service, "grpc_method": "Invoke"}
+    invoke = {"grpc_type": "unary", "grpc_service": service, "grpc_method": "Invoke"}
+    assert metric(scrape, "grpc_server_started_total", **invoke) == 3
     assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="OK") == 1
-    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="FAILED_PRECONDITION") == 1
-    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="UNAUTHENTICATED") == 1
+    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="FailedPrecondition") == 1
+    assert metric(scrape, "grpc_server_handled_total", **invoke, grpc_code="Unauthenticated") == 1
     assert metric(scrape, "grpc_server_handling_seconds_count", **invoke) == 3
 
     code, stderr = await sidecar.stop()
@@ -177,7 +176,8 @@ async def test_seedstore_serve_with_token_file_logs_calls_on_stderr(
 
     code, stderr = await sidecar.stop()
     assert code == 0
-    calls = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    calls = [line for line in lines if "method" in line]
     assert [(c["method"], c["status"]) for c in calls] == [("AddSeed", "UNAUTHENTICATED"), ("AddSeed", "OK")]
     assert calls[0]["request_id"] == "add-1"
     assert calls[0]["service"] == "agentsidecar.seedstore.v1.SeedStoreService"
@@ -396,7 +396,8 @@ async def test_negotiator_serve_writes_each_decision_on_stderr(
         assert calls == []
     else:
         # One writer for both: each call's decision line comes before its call line.
-        assert [r.get("event") or r["status"] for r in records] == [
+        not_lifecycle = [r for r in records if not r.get("event", "").startswith("sidecar.")]
+        assert [r.get("event") or r["status"] for r in not_lifecycle] == [
             "negotiator.decision",
             "FAILED_PRECONDITION",
             "negotiator.decision",

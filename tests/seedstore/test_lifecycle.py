@@ -187,7 +187,7 @@ def test_sigterm_drains_a_running_verify_then_exits_cleanly(
             process.wait()
     assert not socket_path.exists()
     assert process.stderr is not None
-    assert "stopping" in process.stderr.read()
+    assert '"event":"sidecar.draining"' in process.stderr.read()
 
 
 def test_new_calls_after_shutdown_are_refused(start_server: Callable[..., ServerThread]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,8 +64,13 @@ async def test_the_pair_serves_both_and_the_negotiator_asks_its_seedstore(
     launcher.send_signal(signal.SIGTERM)
     _, stderr = launcher.communicate(timeout=30)
     assert launcher.returncode == 0, stderr
-    assert "negotiator: stopping" in stderr
-    assert "seedstore: stopping" in stderr
+    events = {
+        (record["event"], record["sidecar"])
+        for record in (json.loads(line) for line in stderr.splitlines() if line.startswith("{"))
+        if "sidecar" in record
+    }
+    for name in ("negotiator", "seedstore"):
+        assert {("sidecar.draining", name), ("sidecar.stopped", name)} <= events, stderr
     assert not (run_dir / "seedstore.sock").exists()
     assert not (run_dir / "negotiator.sock").exists()
 
