@@ -392,7 +392,7 @@ def test_local_and_server_paths_print_identical_output(
     assert errors[10] == PARITY_ERRORS["add-provides"]
     assert all(result.stdout == "" for index, result in enumerate(local) if index >= 16 and index != 17)
     assert "256 is not in 0..=255" in local[27].stderr
-    assert "not allowed with argument" in local[28].stderr
+    assert "error: the argument '--mark-failed' cannot be used with '--mark-unverified'" in local[28].stderr
 
 
 def test_malformed_file_is_reported_and_left_alone(cli: Cli, home: Path) -> None:
