@@ -102,3 +102,5 @@ class LiveDisplay:
                 f"({passed} of {len(event.outcomes)} checks passed)",
                 markup=False,
             )
+        # Every event is drawn, however short the check: events are few and far between.
+        self._progress.refresh()
