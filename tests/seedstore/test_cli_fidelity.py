@@ -1,0 +1,218 @@
+# ruff: noqa: E501 - the table below quotes clap's error lines whole
+"""The `seedstore` CLI accepts and refuses command lines as SkillSpec's clap parser does.
+
+Expected `error:` lines are clap_builder 4.6's texts (`error/format.rs`; the
+parser rules in `parser/parser.rs`), SkillSpec's flags from its
+`cli/args/capability.rs`. Most cases run `main()` in-process (fast); a few run
+real subprocesses to show the same holds for the installed entry point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from seedstore_service.cli import COMMANDS, main
+
+from .conftest import PYTHON
+
+ADD = ["add", "x", "--domain", "misc", "--kind", "cli", "--provides", "cap"]
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKILLSPEC_HOME", str(tmp_path))
+    monkeypatch.delenv("SEEDSTORE_SERVER", raising=False)
+    return tmp_path / "capabilities"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def files(root: Path) -> list[str]:
+    return (
+        sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+        if root.exists()
+        else []
+    )
+
+
+REFUSED = [
+    # (argv, clap's first line)
+    (["add", "x", "--dom", "misc", "--kind", "cli", "--provides", "cap"], "error: unexpected argument '--dom' found"),
+    (["add", "x", "--dom=misc", "--kind", "cli", "--provides", "cap"], "error: unexpected argument '--dom' found"),
+    ([*ADD, "--domain", "b"], "error: the argument '--domain <DOMAIN>' cannot be used multiple times"),
+    ([*ADD, "--kind=flow"], "error: the argument '--kind <KIND>' cannot be used multiple times"),
+    ([*ADD, "--external-service", "--external-service"], "error: the argument '--external-service' cannot be used multiple times"),
+    (["add", "x", "--domain", "misc", "--kind", "-1", "--provides", "cap"], "error: unexpected argument '-1' found"),
+    ([*ADD, "--alias", "- x"], "error: unexpected argument '- ' found"),
+    ([*ADD, "--priority", "5_0"], "error: invalid value '5_0' for '--priority <PRIORITY>': invalid digit found in string"),
+    ([*ADD, "--priority", " 5"], "error: invalid value ' 5' for '--priority <PRIORITY>': invalid digit found in string"),
+    ([*ADD, "--priority", "٥"], "error: invalid value '٥' for '--priority <PRIORITY>': invalid digit found in string"),
+    ([*ADD, "--priority=-1"], "error: invalid value '-1' for '--priority <PRIORITY>': -1 is not in 0..=255"),
+    ([*ADD, "--priority", "256"], "error: invalid value '256' for '--priority <PRIORITY>': 256 is not in 0..=255"),
+    ([*ADD, "--priority="], "error: invalid value '' for '--priority <PRIORITY>': cannot parse integer from empty string"),
+    ([*ADD, "--priority", "99999999999999999999"], "error: invalid value '99999999999999999999' for '--priority <PRIORITY>': number too large to fit in target type"),
+    ([*ADD, "--kind"], "error: the argument '--kind <KIND>' cannot be used multiple times"),
+    (["add", "x", "--domain", "misc", "--provides", "cap", "--kind"], "error: a value is required for '--kind <KIND>' but none was supplied"),
+    (["add", "x", "--domain", "misc", "--kind", "--provides", "cap"], "error: a value is required for '--kind <KIND>' but none was supplied"),
+    (["add", "x", "--domain", "misc", "--kind", "cli", "--provides", "cap", "y"], "error: unexpected argument 'y' found"),
+    ([*ADD, "--json"], "error: unexpected argument '--json' found"),
+    ([*ADD, "--external-service=true"], "error: unexpected value 'true' for '--external-service' found; no more were expected"),
+    (["add", "x", "--kind", "cli"], "error: the following required arguments were not provided:"),
+    (["update", "x", "--mark-failed", "--mark-unverified"], "error: the argument '--mark-failed' cannot be used with '--mark-unverified'"),
+    (["update", "x", "--external-service", "yes"], "error: invalid value 'yes' for '--external-service <EXTERNAL_SERVICE>'"),
+    (["update", "x", "--external-service="], "error: a value is required for '--external-service <EXTERNAL_SERVICE>' but none was supplied"),
+    (["update", "x", "--add-alias", "--"], "error: a value is required for '--add-alias <ADD_ALIAS>' but none was supplied"),
+    (["prefer", "x", "--for", "a", "--for", "b"], "error: the argument '--for <FOR_CAPABILITY>' cannot be used multiple times"),
+    (["search", "cap", "--loc"], "error: unexpected argument '--loc' found"),
+    (["inspect", "x", "--domain", "a", "--domain", "a"], "error: the argument '--domain <DOMAIN>' cannot be used multiple times"),
+    (["list", "--domain", "-x"], "error: unexpected argument '-x' found"),
+    (["nope"], "error: unrecognized subcommand 'nope'"),
+    (["--serv", "x", "list"], "error: unexpected argument '--serv' found"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "first_line"), REFUSED, ids=[" ".join(argv) for argv, _ in REFUSED])
+def test_clap_refusals_exit_2_and_write_nothing(store: Path, argv: list[str], first_line: str) -> None:
+    code, out, err = run(*argv)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[0] == first_line
+    assert err.endswith("For more information, try '--help'.\n")
+    assert files(store) == []
+
+
+def test_an_abbreviation_suggests_the_full_flag(store: Path) -> None:
+    err = run("add", "x", "--dom", "misc")[2]
+    assert "\n\n  tip: a similar argument exists: '--domain'\n\n" in err
+    assert "Usage: seedstore add [OPTIONS] --domain <DOMAIN> --kind <KIND> <ID>" in err
+
+
+def test_a_hyphen_value_is_accepted_attached_or_after_double_dash(store: Path) -> None:
+    code, _, err = run("add", "--domain=misc", "--kind=-1", "--alias=- x", "--provides", "cap", "--", "-x")
+    assert (code, err) == (0, "")  # `--` ends the flags: `-x` is the ID
+    assert (store / "misc" / "-x.yml").is_file()
+    code, _, err = run("add", "x", "--domain=misc", "--kind=-1", "--alias=- x", "--provides", "cap")
+    assert (code, err) == (0, "")
+    text = (store / "misc" / "x.yml").read_text()
+    assert "kind: '-1'\n" in text
+    assert "- '- x'\n" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--command=--"], "command: --\n"),
+        (["--command=-"], "command: '-'\n"),
+        (["--evidence-command="], "evidence:\n- source: cli_help\n  command: ''\n"),
+        (["--adapter="], "adapter: ''\n"),
+    ],
+)
+def test_literal_values_that_once_crashed_are_stored(store: Path, flags: list[str], expected: str) -> None:
+    code, _, err = run(*ADD, *flags)
+    assert (code, err) == (0, ""), err
+    assert expected in (store / "misc" / "x.yml").read_text()
+    code, _out, err = run("add", "y", "--domain", "misc", "--kind=--", "--provides", "cap")
+    assert (code, err) == (0, ""), err
+    assert "kind: --\n" in (store / "misc" / "y.yml").read_text()
+
+
+def test_help_is_printed_with_exit_0(store: Path) -> None:
+    code, out, _ = run("add", "--help")
+    assert code == 0
+    assert out.startswith("Create or overwrite a capability seed")
+    assert "      --priority <PRIORITY>" in out
+    code, out, _ = run("--help")
+    assert code == 0
+    assert "Exit codes:" in out
+    assert "verify" in out
+
+
+# --- hostile argv: never a traceback ----------------------------------------------------------
+
+_FLAGS = sorted({f"--{option.long}" for command in COMMANDS.values() for option in command.options})
+_TOKENS = st.one_of(
+    st.sampled_from([*_FLAGS, "--", "-", "-1", "- x", "--=", "-h", "--help=x", "=", "x", "a=b", "", "\x00"]),
+    st.builds(lambda flag, value: f"{flag}={value}", st.sampled_from(_FLAGS), st.text(max_size=6)),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(subcommand=st.sampled_from(sorted(COMMANDS)), rest=st.lists(_TOKENS, max_size=8))
+def test_hostile_argv_never_crashes(store: Path, subcommand: str, rest: list[str]) -> None:
+    if subcommand == "verify":
+        rest = [token for token in rest if token not in ("--all",)]  # never run whole domains' checks
+    code, _out, err = run(subcommand, *rest)
+    assert code in (0, 1, 2), (code, err)
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "add",
+            "x",
+            "--domain",
+            "misc",
+            "--kind=--",
+            "--command=--",
+            "--evidence-command=",
+            "--provides",
+            "c",
+        ],
+        ["add", "x", "--dom", "misc"],
+        ["update", "x", "--add-alias", "\udcff"],
+        ["verify", "--progress", "bogus"],
+        ["search", "--", "--"],
+    ],
+)
+def test_hostile_argv_in_a_real_process(tmp_path: Path, argv: list[str]) -> None:
+    env = {**os.environ, "SKILLSPEC_HOME": str(tmp_path)}
+    env.pop("SEEDSTORE_SERVER", None)
+    result = subprocess.run(
+        [PYTHON, "-m", "seedstore_service.cli", *argv], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode in (0, 1, 2)
+    assert "Traceback" not in result.stderr
+
+
+# --- verify --strict --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_seeds(store: Path, tmp_path: Path) -> None:
+    tool = tmp_path / "bin" / "good-tool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    assert (
+        run("add", "good", "--domain", "misc", "--kind", "cli", "--provides", "c", "--command", str(tool))[0]
+        == 0
+    )
+    assert run("add", "bad", "--domain", "misc", "--kind", "cli", "--provides", "c")[0] == 0
+
+
+def test_verify_strict_exits_1_unless_every_seed_verified(two_seeds: None) -> None:
+    code, out, err = run("verify", "bad")
+    assert (code, err) == (0, "")  # SkillSpec's default: a failed seed is not an error
+    code, out, err = run("verify", "bad", "--strict")
+    assert code == 1
+    assert '"status": "failed"' in out
+    assert err == "error: not verified: misc/bad\n"
+    code, _, err = run("verify", "good", "--strict")
+    assert (code, err) == (0, "")
+    code, _, err = run("verify", "--all", "--domain", "misc", "--strict")
+    assert (code, err) == (1, "error: not verified: misc/bad\n")
