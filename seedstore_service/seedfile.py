@@ -41,7 +41,9 @@ __all__ = [
     "canonical",
     "dump_seed",
     "dump_seed_via_emitter",
+    "inert_alias_message",
     "parse_seed",
+    "parse_seed_with_notes",
     "revision_of",
     "seed_to_json",
     "text_matches",
@@ -208,6 +210,8 @@ class _SeedReader:
 
     def __init__(self, file_path: str) -> None:
         self.file_path = file_path
+        # (1-based line, reason) for what was read but cannot take part in matching.
+        self.notes: list[tuple[int, str]] = []
 
     def fail(self, detail: str, at: _Position) -> NoReturn:
         line, column = at
@@ -322,7 +326,9 @@ class _SeedReader:
         aliases = self.string_items(entries.get("aliases"), "aliases")
         for item_path, item, value in aliases:
             if not canonical(value):
-                self.fail(f"{empty_alias_message(value)} at {item_path}", _at(item))
+                line, column = _at(item)
+                reason = f"{inert_alias_message(value)} at {item_path} (line {line}, column {column})"
+                self.notes.append((line, reason))
         return Seed(
             id=seed_id,
             domain=domain,
@@ -428,6 +434,11 @@ class _SeedReader:
         return Verification(status=status, verified_at_unix=verified_at, outcomes=tuple(outcomes))
 
 
+def inert_alias_message(alias: str) -> str:
+    """Why a stored alias with no letters or digits never matches (SkillSpec lets it match every search)."""
+    return f'alias "{excerpt(alias)}" has no letters or digits, so it never matches'
+
+
 def empty_alias_message(alias: str) -> str:
     """Why an alias with no letters or digits is refused (SkillSpec lets it match every search)."""
     return f'alias "{excerpt(alias)}" has no letters or digits, so it would match every capability'
@@ -497,11 +508,17 @@ def yaml_error_line_and_detail(error: yaml.YAMLError) -> tuple[int, str]:
 
 
 def parse_seed(text: str, path: str) -> Seed:
+    """`parse_seed_with_notes` without the notes."""
+    return parse_seed_with_notes(text, path)[0]
+
+
+def parse_seed_with_notes(text: str, path: str) -> tuple[Seed, tuple[tuple[int, str], ...]]:
     """Parse one seed file strictly, as SkillSpec's serde_yaml would, plus load validation.
 
     Load validation (SkillSpec `validate_seed`): id, domain and each provides follow the
-    identifier rule; default_priority is at most 100. Added here: an alias whose canonical
-    form is empty is refused, because SkillSpec would let it match every search.
+    identifier rule; default_priority is at most 100. The notes, (1-based line, reason),
+    name each alias whose canonical form is empty: the seed is read with it (SkillSpec
+    writes such aliases), and ranking never matches it (SkillSpec would match every search).
 
     Raises:
         SeedMalformed: with the file path, the 1-based line, and a detail naming field and line.
@@ -518,7 +535,8 @@ def parse_seed(text: str, path: str) -> Seed:
         # An empty file is an empty mapping to serde, so the first complaint is the missing id.
         reader.fail('missing field "id" at id', (1, 1))
     _refuse_alias_expansion(root, reader)
-    return reader.seed(root)
+    seed = reader.seed(root)
+    return seed, tuple(reader.notes)
 
 
 def _refuse_alias_expansion(root: yaml.Node, reader: _SeedReader) -> None:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from seedstore_service.cli import COMMANDS, main
 
-from .conftest import PYTHON
+from .conftest import PYTHON, Cli
 
 ADD = ["add", "x", "--domain", "misc", "--kind", "cli", "--provides", "cap"]
 
@@ -216,3 +216,46 @@ def test_verify_strict_exits_1_unless_every_seed_verified(two_seeds: None) -> No
     assert (code, err) == (0, "")
     code, _, err = run("verify", "--all", "--domain", "misc", "--strict")
     assert (code, err) == (1, "error: not verified: misc/bad\n")
+
+
+# --- seeds SkillSpec writes are read ----------------------------------------------------------
+
+# serde_yaml's output for a seed added with `--alias '!!' --alias -- --alias 日本語 --alias 'say it'`
+# (`!` opens a tag, so libyaml single-quotes it; `--` and the CJK letters are plain).
+INERT_ALIASES_YAML = """\
+id: jp
+domain: voice
+kind: cli
+provides:
+- text_to_speech
+aliases:
+- '!!'
+- --
+- 日本語
+- say it
+"""
+
+
+def test_a_seed_with_aliases_that_normalise_to_nothing_is_read(cli: Cli, home: Path) -> None:
+    path = home / "capabilities" / "voice" / "jp.yml"
+    path.parent.mkdir(parents=True)
+    path.write_text(INERT_ALIASES_YAML)
+    cli.sync()
+    listing = cli.run("list")
+    assert listing.code == 0
+    assert [row["id"] for row in listing.json["seeds"]] == ["jp"]
+    reasons = [problem["reason"] for problem in listing.json["problems"]]
+    assert reasons == [
+        'alias "!!" has no letters or digits, so it never matches at aliases[0] (line 7, column 3)',
+        'alias "--" has no letters or digits, so it never matches at aliases[1] (line 8, column 3)',
+        'alias "日本語" has no letters or digits, so it never matches at aliases[2] (line 9, column 3)',
+    ]
+    assert [problem["line"] for problem in listing.json["problems"]] == [7, 8, 9]
+    assert f"warning: {path}:8: alias" in listing.stderr
+    # Inert: a search it has nothing to do with finds nothing; its real alias still matches.
+    assert cli.run("search", "music").json["candidates"] == []
+    assert [c["id"] for c in cli.run("search", "say_it").json["candidates"]] == ["jp"]
+    assert cli.run("inspect", "jp").json["seed"]["aliases"] == ["!!", "--", "日本語", "say it"]
+    # An edit keeps the file's other bytes as SkillSpec wrote them.
+    assert cli.run("update", "jp", "--kind", "flow").code == 0
+    assert path.read_text() == INERT_ALIASES_YAML.replace("kind: cli", "kind: flow")
