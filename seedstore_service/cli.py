@@ -487,6 +487,12 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     Raises:
         UsageError, HelpRequested: see `cliparse`.
     """
+    for token in argv:
+        try:
+            token.encode("utf-8")
+        except UnicodeEncodeError:
+            # Bytes that are not UTF-8 reach Python as lone surrogates; clap's String refuses them.
+            raise UsageError("invalid UTF-8 was detected in one or more arguments") from None
     server: str | None = None
     index = 0
     while index < len(argv):

@@ -649,14 +649,15 @@ def _reads_as_non_string(value: str) -> bool:
 _LITERAL = "|"
 _SINGLE_QUOTED = "'"
 _DOUBLE_QUOTED = '"'
-_UNICODE_BREAKS = ("\x85", "\u2028", "\u2029")
+_NEXT_LINE = "\x85"
 
 
 def _serde_style(value: str) -> str | None:
     """serde_yaml 0.9's requested style; libyaml (here PyYAML's port of it) falls back when not allowed."""
-    if any(char in value for char in _UNICODE_BREAKS):
-        # YAML 1.1 readers (libyaml, PyYAML) fold these inside plain, single-quoted and block
-        # scalars, so only the escaped double-quoted form reads back as written.
+    if _NEXT_LINE in value:
+        # libyaml's IS_PRINTABLE leaves out U+0085, so its analysis marks the value special and
+        # writes it double-quoted; PyYAML's port counts U+0085 printable and would not.
+        # (U+2028 and U+2029 are printable line breaks to both: single-quoted, as serde writes them.)
         return _DOUBLE_QUOTED
     if "\n" in value:
         return _LITERAL
@@ -798,8 +799,57 @@ def dump_seed_via_emitter(seed: Seed) -> str:
         yaml.StreamEndEvent(),
     ]
     # serde_yaml sets libyaml's width to -1 (never fold) and unicode on.
-    text = yaml.emit(events, Dumper=yaml.SafeDumper, indent=2, width=sys.maxsize, allow_unicode=True)
-    return str(text)
+    text = str(yaml.emit(events, Dumper=_SerdeDumper, indent=2, width=sys.maxsize, allow_unicode=True))
+    # serde_yaml's to_string never emits the stream end, where libyaml would write the `...`
+    # that PyYAML writes after a last value kept with `|+`. No content line is `...` at column 0:
+    # every value is indented under its key, and a scalar `...` is quoted.
+    return text.removesuffix("\n...\n") + "\n" if text.endswith("\n...\n") else text
+
+
+_ASTRAL_ESCAPE = re.compile(r"\\U([0-9A-F]{8})")
+
+
+class _RawAstralStream:
+    """Passes writes on, except an escape of a character above U+FFFF, which becomes the character.
+
+    Only used inside a double-quoted scalar, where PyYAML writes each escape as a write of its own
+    and every other chunk is text free of backslashes (a backslash itself is written as an escape).
+    """
+
+    def __init__(self, emitter: _SerdeDumper, stream: Any) -> None:
+        self._emitter = emitter
+        self._stream = stream
+
+    def write(self, data: str) -> None:
+        if self._emitter.in_double_quoted:
+            match = _ASTRAL_ESCAPE.fullmatch(data)
+            if match is not None:
+                data = chr(int(match.group(1), 16))
+        self._stream.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _SerdeDumper(yaml.SafeDumper):
+    """PyYAML's emitter, writing characters above U+FFFF raw inside double quotes as libyaml does.
+
+    PyYAML's double-quoted writer escapes everything past U+FFFF; libyaml's IS_PRINTABLE
+    counts U+10000..U+10FFFF printable, so serde_yaml writes them as they are.
+    """
+
+    in_double_quoted = False
+
+    def __init__(self, stream: Any, **kwargs: Any) -> None:
+        super().__init__(stream, **kwargs)
+        self.stream = _RawAstralStream(self, self.stream)
+
+    def write_double_quoted(self, text: str, split: bool = True) -> None:
+        self.in_double_quoted = True
+        try:
+            super().write_double_quoted(text, split)
+        finally:
+            self.in_double_quoted = False
 
 
 # The direct writer. Seeds have one fixed block shape, so when every string fits

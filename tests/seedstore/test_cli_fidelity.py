@@ -189,6 +189,23 @@ def test_hostile_argv_in_a_real_process(tmp_path: Path, argv: list[str]) -> None
     assert "Traceback" not in result.stderr
 
 
+def test_arguments_that_are_not_utf8_are_refused_as_clap_does(tmp_path: Path) -> None:
+    env = {**os.environ, "SKILLSPEC_HOME": str(tmp_path)}
+    env.pop("SEEDSTORE_SERVER", None)
+    argv = [
+        PYTHON.encode(),
+        b"-m",
+        b"seedstore_service.cli",
+        *(arg.encode() for arg in ADD),
+        b"--command",
+        b"\xff",
+    ]
+    result = subprocess.run(argv, env=env, capture_output=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith(b"error: invalid UTF-8 was detected in one or more arguments\n")
+    assert not (tmp_path / "capabilities").exists()
+
+
 # --- verify --strict --------------------------------------------------------------------------
 
 
@@ -259,3 +276,51 @@ def test_a_seed_with_aliases_that_normalise_to_nothing_is_read(cli: Cli, home: P
     # An edit keeps the file's other bytes as SkillSpec wrote them.
     assert cli.run("update", "jp", "--kind", "flow").code == 0
     assert path.read_text() == INERT_ALIASES_YAML.replace("kind: cli", "kind: flow")
+
+
+# --- byte-identical writes --------------------------------------------------------------------
+# Each expectation follows serde_yaml 0.9.34 (`ser.rs`: a string with "\n" asks for a literal
+# block, others for any style; `to_string` never emits the stream end) and the libyaml emitter
+# it drives (unsafe-libyaml 0.2.11, `emitter.rs` / `macros.rs`):
+# * IS_PRINTABLE counts U+10000..U+10FFFF printable, so inside double quotes (chosen because a
+#   tab is not printable) the emoji is written raw, not as \U0001F389;
+# * U+2028 / U+2029 are printable line breaks: plain is refused, single quotes are allowed;
+#   after the break the writer indents to the scalar's indent (the mapping's plus 2);
+# * `|+` (a value ending in two newlines) sets open_ended, which only the stream end, never
+#   emitted by to_string, would close with `...`.
+
+WRITES = [
+    (["--kind", "tab\there 🎉"], 'kind: "tab\\there 🎉"\n'),
+    (["--evidence-command", "echo\t🎉\U0001f600"], '  command: "echo\\t🎉\U0001f600"\n'),
+    (["--kind", "line\u2028sep"], "kind: 'line\u2028  sep'\n"),
+    (["--alias", "para\u2029graph"], "aliases:\n- 'para\u2029  graph'\n"),
+    (["--evidence-command", "a\u2028b"], "evidence:\n- source: cli_help\n  command: 'a\u2028    b'\n"),
+]
+
+
+@pytest.mark.parametrize(("flags", "expected"), WRITES)
+def test_unicode_values_are_written_as_serde_yaml_writes_them(
+    store: Path, flags: list[str], expected: str
+) -> None:
+    code, _, err = (
+        run(*ADD, *flags)
+        if "--kind" not in flags
+        else run("add", "x", "--domain", "misc", "--provides", "cap", *flags)
+    )
+    assert (code, err) == (0, "")
+    data = (store / "misc" / "x.yml").read_bytes()
+    assert expected.encode() in data
+    # Read back as written, and a rewrite by an update keeps every byte.
+    assert run("update", "x", "--priority", "5")[0] == 0
+    assert run("update", "x", "--clear-priority")[0] == 0
+    assert (store / "misc" / "x.yml").read_bytes() == data
+
+
+def test_a_last_value_ending_in_two_newlines_gets_no_document_end_marker(store: Path) -> None:
+    code, _, err = run(*ADD, "--suggested-skill-id", "x\n\n")
+    assert (code, err) == (0, "")
+    expected = (
+        "id: x\ndomain: misc\nkind: cli\nprovides:\n- cap\npromotion:\n  suggested_skill_id: |+\n    x\n\n"
+    )
+    assert (store / "misc" / "x.yml").read_text() == expected
+    assert run("inspect", "x")[1].count('"suggested_skill_id": "x\\n\\n"') == 1
