@@ -54,6 +54,7 @@ from seedstore_service.patch import (
     apply_prefer,
     build_seed,
     validate_patch,
+    validate_patch_before_load,
     validate_prefer,
 )
 from seedstore_service.seedfile import (
@@ -631,11 +632,13 @@ class SeedStore:
         Returns the written seed and the problems of the scope (with `locate`:
         only those among the candidate files).
         """
+        # SkillSpec's order: the target, priority and ties; the seed; then every other value.
         self._validate_target(seed_id, domain)
-        validate_patch(patch)
+        validate_patch_before_load(patch)
         self._require_root(seed_id)
         with self._locked():
             current, problems = self._locate_for_write(seed_id, domain, locate)
+            validate_patch(patch)
             self._check_revision(current, expected_revision)
             updated = self._rewrite(current, apply_patch(current.seed, patch, now_unix))
         return updated, problems

@@ -324,3 +324,17 @@ def test_a_last_value_ending_in_two_newlines_gets_no_document_end_marker(store: 
     )
     assert (store / "misc" / "x.yml").read_text() == expected
     assert run("inspect", "x")[1].count('"suggested_skill_id": "x\\n\\n"') == 1
+
+
+def test_update_reports_an_unknown_seed_before_its_flag_values(cli: Cli, home: Path) -> None:
+    # SkillSpec's update (`capability.rs` `update`): id, domain, priority and ties are checked,
+    # then the seed is loaded, then each add-/remove- value as the patch reaches it.
+    (home / "capabilities" / "misc").mkdir(parents=True)
+    cli.sync()
+    assert (
+        cli.run("update", "nope", "--add-provides", "BAD").stderr == 'error: unknown capability seed "nope"\n'
+    )
+    assert (
+        cli.run("update", "nope", "--priority", "101").stderr == "error: priority must be between 0 and 100\n"
+    )
+    assert cli.run("update", "nope", "--add-tie", "x").stderr == 'error: tie breaker "x" must use key=value\n'
