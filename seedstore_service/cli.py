@@ -33,6 +33,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -76,7 +77,7 @@ from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery
 from seedstore_service.runner import DEFAULT_PATH
 from seedstore_service.server import Settings, add_serve_arguments, serve
-from seedstore_service.store import SeedStore, resolve_store_root
+from seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
 from seedstore_service.verification import plan_checks
 
 SERVER_ENV = "SEEDSTORE_SERVER"
@@ -714,6 +715,58 @@ def run_command(
     raise AssertionError(f"unhandled command {name}")
 
 
+class Respelling:
+    """Puts the store root back as the user spelled it into what the local store reports.
+
+    The store works on pathlib paths, which normalise `a/./b//c` to `a/b/c`; SkillSpec prints
+    the root as given. Only the printed locations change: `seed_store`, every `path`, and the
+    paths inside problem and error texts (never a seed's own values).
+    """
+
+    def __init__(self, normal: str, spelled: str) -> None:
+        self._normal = normal
+        self._spelled = spelled
+        prefix = re.escape(normal.rstrip("/") + "/") if normal != "." else None
+        # A path starts the text or follows a space, a quote or a parenthesis.
+        self._inside = re.compile(r"(?:(?<=^)|(?<=[\s\"'(]))" + prefix) if prefix is not None else None
+
+    @property
+    def needed(self) -> bool:
+        return self._normal != self._spelled
+
+    def path(self, text: str) -> str:
+        if text == self._normal:
+            return self._spelled
+        if self._normal == ".":
+            return _rust_join_text(self._spelled, text)
+        head = self._normal.rstrip("/") + "/"
+        return _rust_join_text(self._spelled, text[len(head) :]) if text.startswith(head) else text
+
+    def text(self, message: str) -> str:
+        if self._inside is None:
+            return message
+        spelled = _rust_join_text(self._spelled, "")
+        return self._inside.sub(lambda _match: spelled, message)
+
+    def output(self, value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            return {name: item if name == "seed" else self.output(item, name) for name, item in value.items()}
+        if isinstance(value, list):
+            return [self.output(item, key) for item in value]
+        if isinstance(value, str) and key in ("seed_store", "path"):
+            return self.path(value)
+        if isinstance(value, str) and key == "reason":
+            return self.text(value)
+        return value
+
+    def problem(self, problem: Problem) -> Problem:
+        return Problem(self.path(problem.path), problem.line, self.text(problem.reason))
+
+
+def _rust_join_text(base: str, rest: str) -> str:
+    return base + rest if not base or base.endswith("/") else f"{base}/{rest}"
+
+
 def _error_text(error: SidecarError, target: str) -> str:
     if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         # No ErrorInfo: the service itself was never reached.
@@ -758,6 +811,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     frontend: Frontend
     remote: RemoteFrontend | None = None
+    respelling: Respelling | None = None
+    if target is None:
+        try:
+            respelling = Respelling(str(resolve_store_root(env)), spelled_store_root(env))
+        except SeedStoreError:
+            respelling = None  # HOME unset: the command reports it
+        if respelling is not None and not respelling.needed:
+            respelling = None
     if target is not None:
         try:
             remote = RemoteFrontend(target)
@@ -769,7 +830,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         output, problems = run_command(frontend, args, stdout, stderr)
     except SeedStoreError as error:
-        print(f"error: {error.message}", file=stderr)
+        message = respelling.text(error.message) if respelling is not None else error.message
+        print(f"error: {message}", file=stderr)
         return 1
     except SidecarError as error:
         print(f"error: {_error_text(error, target or '')}", file=stderr)
@@ -780,6 +842,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if remote is not None:
             remote.close()
+    if respelling is not None:
+        output = respelling.output(output)
+        problems = [respelling.problem(problem) for problem in problems]
     for problem in problems:
         print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)
     if args.subcommand == "verify" and args.progress == "json":

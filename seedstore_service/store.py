@@ -95,6 +95,27 @@ def resolve_store_root(env: Mapping[str, str]) -> Path:
     raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
 
 
+def _rust_join(base: str, name: str) -> str:
+    # Rust's PathBuf::push of a relative name: a separator only when `base` is non-empty
+    # and does not already end in one; nothing is normalised.
+    return base + name if not base or base.endswith("/") else f"{base}/{name}"
+
+
+def spelled_store_root(env: Mapping[str, str]) -> str:
+    """The store root as SkillSpec prints it: `resolve_store_root` without pathlib's normalising.
+
+    pathlib drops `.` components and repeated separators (`a/./b//c` is `a/b/c`); Rust's
+    PathBuf keeps the text as given, so SkillSpec prints `a/./b//c/capabilities`.
+    """
+    skillspec_home = env.get("SKILLSPEC_HOME")
+    if skillspec_home is not None:
+        return _rust_join(skillspec_home, "capabilities")
+    home = env.get("HOME")
+    if home is not None:
+        return _rust_join(_rust_join(home, ".skillspec"), "capabilities")
+    raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
+
+
 @dataclass(frozen=True)
 class StoredSeed:
     seed: Seed

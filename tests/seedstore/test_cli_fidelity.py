@@ -338,3 +338,23 @@ def test_update_reports_an_unknown_seed_before_its_flag_values(cli: Cli, home: P
         cli.run("update", "nope", "--priority", "101").stderr == "error: priority must be between 0 and 100\n"
     )
     assert cli.run("update", "nope", "--add-tie", "x").stderr == 'error: tie breaker "x" must use key=value\n'
+
+
+def test_store_and_paths_are_printed_as_spelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rust's PathBuf keeps `.` components and doubled separators; SkillSpec prints
+    # `$SKILLSPEC_HOME` joined with `capabilities` as it is.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SKILLSPEC_HOME", "a/./b//c")
+    monkeypatch.delenv("SEEDSTORE_SERVER", raising=False)
+    assert run("store")[1] == '{\n  "seed_store": "a/./b//c/capabilities"\n}\n'
+    code, out, _ = run(*ADD)
+    assert code == 0
+    assert '"path": "a/./b//c/capabilities/misc/x.yml"' in out
+    assert '"path": "a/./b//c/capabilities/misc/x.yml"' in run("list")[1]
+    (tmp_path / "a/b/c/capabilities/misc/bad.yml").write_text("id: [\n")
+    code, _, err = run("inspect", "bad")
+    assert code == 1
+    assert err.startswith("error: failed to parse YAML from a/./b//c/capabilities/misc/bad.yml: ")
+    assert run("list")[2].startswith(
+        "warning: a/./b//c/capabilities/misc/bad.yml:2: failed to parse YAML from a/./b//c/"
+    )
