@@ -159,17 +159,44 @@ _FLAGS = [
 ]  # fmt: skip
 _TOKENS = st.one_of(
     st.sampled_from([*_FLAGS, "--", "-", "-1", "- x", "--=", "-h", "--help=x", "=", "x", "a=b", "", "\x00"]),
-    st.builds(lambda flag, value: f"{flag}={value}", st.sampled_from(_FLAGS), st.text(max_size=6)),
+    st.builds(
+        lambda flag, value: f"{flag}={value}",
+        st.sampled_from(_FLAGS),
+        st.one_of(st.sampled_from(["--", "-", "", "-1", "- x", "=", "true"]), st.text(max_size=6)),
+    ),
     st.text(max_size=8),
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(subcommand=st.sampled_from(SUBCOMMANDS), rest=st.lists(_TOKENS, max_size=8))
-def test_hostile_argv_never_crashes(store: Path, subcommand: str, rest: list[str]) -> None:
+# A command line each subcommand accepts, so hostile tokens also reach the code past parsing.
+_VALID = {
+    "store": [],
+    "add": ["x", "--domain", "misc", "--provides", "cap"],  # --kind left for the tokens to give
+    "update": ["x"],
+    "list": [],
+    "search": ["cap"],
+    "inspect": ["x"],
+    "verify": ["x"],
+    "prefer": ["x", "--for", "cap"],
+    "remove": ["x"],
+    "scan": [],
+}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    subcommand=st.sampled_from(SUBCOMMANDS),
+    valid=st.booleans(),
+    rest=st.lists(_TOKENS, max_size=6),
+    kind=st.sampled_from(["--kind=--", "--kind=cli", "--kind", ""]),
+)
+def test_hostile_argv_never_crashes(
+    store: Path, subcommand: str, valid: bool, rest: list[str], kind: str
+) -> None:
     if subcommand == "verify":
         rest = [token for token in rest if token not in ("--all",)]  # never run whole domains' checks
-    code, _out, err = run(subcommand, *rest)
+    argv = [*_VALID[subcommand], *([kind] if kind and subcommand == "add" else []), *rest] if valid else rest
+    code, _, err = run(subcommand, *argv)
     assert code in (0, 1, 2), (code, err)
     assert "Traceback" not in err
 
