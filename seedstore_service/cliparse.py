@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -90,18 +89,35 @@ def parse_bool(text: str) -> bool:
     return text == "true"
 
 
-@dataclass(frozen=True)
+# Plain classes with slots: the CLI builds its tables at every start, and they need
+# nothing a dataclass adds.
+
+
 class Opt:
     """A long option: a switch when `value_name` is None, else one value (or many with `multiple`)."""
 
-    long: str
-    help: str
-    value_name: str | None = None
-    multiple: bool = False
-    required: bool = False
-    parser: ValueParser | None = None
-    choices: tuple[str, ...] = ()
-    conflicts_with: tuple[str, ...] = ()  # other options' `long` names
+    __slots__ = ("choices", "conflicts_with", "help", "long", "multiple", "parser", "required", "value_name")
+
+    def __init__(
+        self,
+        long: str,
+        help: str,
+        value_name: str | None = None,
+        *,
+        multiple: bool = False,
+        required: bool = False,
+        parser: ValueParser | None = None,
+        choices: tuple[str, ...] = (),
+        conflicts_with: tuple[str, ...] = (),  # other options' `long` names
+    ) -> None:
+        self.long = long
+        self.help = help
+        self.value_name = value_name
+        self.multiple = multiple
+        self.required = required
+        self.parser = parser
+        self.choices = choices
+        self.conflicts_with = conflicts_with
 
     @property
     def dest(self) -> str:
@@ -113,30 +129,40 @@ class Opt:
         return f"--{self.long}" if self.value_name is None else f"--{self.long} <{self.value_name}>"
 
 
-@dataclass(frozen=True)
 class Positional:
-    name: str  # value name, shown as <NAME>
-    dest: str
-    help: str
-    required: bool = True
-    multiple: bool = False
+    __slots__ = ("dest", "help", "multiple", "name", "required")
+
+    def __init__(
+        self, name: str, dest: str, help: str, *, required: bool = True, multiple: bool = False
+    ) -> None:
+        self.name = name  # value name, shown as <NAME>
+        self.dest = dest
+        self.help = help
+        self.required = required
+        self.multiple = multiple
 
     @property
     def display(self) -> str:
         return f"<{self.name}>..." if self.multiple else f"<{self.name}>"
 
 
-@dataclass(frozen=True)
 class Command:
-    name: str
-    about: str
-    options: tuple[Opt, ...] = ()
-    positionals: tuple[Positional, ...] = ()
-    after_help: str = ""
-    _by_long: dict[str, Opt] = field(default_factory=dict, compare=False, repr=False)
+    __slots__ = ("_by_long", "about", "after_help", "name", "options", "positionals")
 
-    def __post_init__(self) -> None:
-        self._by_long.update({option.long: option for option in self.options})
+    def __init__(
+        self,
+        name: str,
+        about: str,
+        options: tuple[Opt, ...] = (),
+        positionals: tuple[Positional, ...] = (),
+        after_help: str = "",
+    ) -> None:
+        self.name = name
+        self.about = about
+        self.options = options
+        self.positionals = positionals
+        self.after_help = after_help
+        self._by_long = {option.long: option for option in options}
 
     def option(self, long: str) -> Opt | None:
         return self._by_long.get(long)
