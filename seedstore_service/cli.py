@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +44,18 @@ from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from clients.errors import SidecarError
 from clients.seedstore import SeedStoreClient
 from seedstore_service import convert, render
+from seedstore_service.cliparse import (
+    BOOL_VALUES,
+    Command,
+    HelpRequested,
+    Opt,
+    Positional,
+    UsageError,
+    parse_bool,
+    parse_command,
+    parse_u8,
+    similar,
+)
 from seedstore_service.errors import SeedStoreError
 from seedstore_service.model import Problem, VerificationStatus
 from seedstore_service.operations import (
@@ -61,14 +74,16 @@ from seedstore_service.operations import (
 )
 from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery
-from seedstore_service.runner import DEFAULT_PATH, CheckFinished, CheckStarted
+from seedstore_service.runner import DEFAULT_PATH
 from seedstore_service.server import Settings, add_serve_arguments, serve
-from seedstore_service.store import SeedStore, resolve_store_root
+from seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
+from seedstore_service.verification import plan_checks
 from sidecar_runtime.lifecycle import log_json
 
 SERVER_ENV = "SEEDSTORE_SERVER"
 
-ProgressListener = Callable[[VerifyProgress], None]
+ProgressListener = Callable[[str, VerifyProgress], None]
+"""Called with the seed store and each verify event."""
 
 
 # --- the two front ends ----------------------------------------------------------
@@ -89,6 +104,7 @@ class Frontend(Protocol):
     def remove(self, seed_id: str, domain: str | None) -> SeedRemoved: ...
     def scan(self) -> str: ...
     def verify(self, request: VerifyRequest, limits_given: bool, listener: ProgressListener) -> str: ...
+    def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]: ...
 
 
 class LocalFrontend:
@@ -148,10 +164,14 @@ class LocalFrontend:
         async def run() -> None:
             async with contextlib.aclosing(operations.verify(request)) as events:
                 async for event in events:
-                    listener(event)
+                    listener(operations.seed_store, event)
 
         asyncio.run(run())
         return operations.seed_store
+
+    def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]:
+        targets = self._ops().verify_targets(request)
+        return {(stored.seed.domain, stored.seed.id): len(plan_checks(stored.seed)) for stored in targets}
 
 
 class RemoteFrontend:
@@ -205,170 +225,321 @@ class RemoteFrontend:
         seed_store = ""
         for response in self._client.verify_seeds(message):
             seed_store = response.seed_store
-            listener(convert.verify_event_from_proto(response))
+            listener(seed_store, convert.verify_event_from_proto(response))
         if not seed_store:
             seed_store = self.store()
         return seed_store
 
+    def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]:
+        if request.all_in_domain:
+            listing = self.list_seeds(request.domain)
+            targets: list[tuple[str, str | None]] = [(entry.id, entry.domain) for entry in listing.entries]
+        else:
+            targets = [(seed_id, request.domain) for seed_id in dict.fromkeys(request.ids)]
+        planned = {}
+        for seed_id, domain in targets:
+            seed = self.inspect(seed_id, domain).stored.seed
+            planned[(seed.domain, seed.id)] = len(plan_checks(seed))
+        return planned
+
 
 # --- argument parsing ------------------------------------------------------------
 
-
-def _u8(text: str) -> int:
-    """clap's u8: 0-255, anything else is a usage error (the core refuses > 100 itself)."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid digit found in string: {text!r}") from None
-    if not 0 <= value <= 255:
-        raise argparse.ArgumentTypeError(f"{value} is not in 0..=255")
-    return value
-
-
-def _bool(text: str) -> bool:
-    """clap's bool: exactly `true` or `false`."""
-    if text == "true":
-        return True
-    if text == "false":
-        return False
-    raise argparse.ArgumentTypeError(f"invalid value {text!r}: possible values: true, false")
+PROG = "seedstore"
+PROGRESS_MODES = ("auto", "json", "none")
+SERVER_HELP = f"Use the seedstore service at ADDR (unix:PATH or HOST:PORT; default ${SERVER_ENV})"
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success (also when verify records a failed seed, unless --strict), 1 error, 2 usage error."
+)
 
 
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise ValueError("not a number") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+        raise ValueError("must be more than 0")
     return value
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not text.isascii() or not text.isdigit():
+        raise ValueError("not a whole number")
+    value = int(text, 10)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+        raise ValueError("must be at least 1")
     return value
 
 
+def _server_option() -> Opt:
+    return Opt("server", SERVER_HELP, "ADDR")
+
+
+def _many(long: str, value_name: str, help_text: str) -> Opt:
+    return Opt(long, help_text + " Repeatable.", value_name, multiple=True)
+
+
+def _domain_lookup() -> Opt:
+    return Opt("domain", "Domain of the seed, when its id is in several domains.", "DOMAIN")
+
+
+_JSON = Opt("json", "Accepted for SkillSpec; the output is always JSON.")
+_ID = Positional("ID", "id", "Seed id.")
+_PRIORITY_HELP = "Default priority, 0 to 100; adds priority/10 (rounded down) to the score."
+
+COMMANDS: dict[str, Command] = {
+    command.name: command
+    for command in (
+        Command("store", "Print the seed store directory.", (_server_option(),)),
+        Command(
+            "add",
+            "Create or overwrite a capability seed (an earlier verification is dropped).",
+            (
+                Opt("domain", "Domain directory of the seed, such as voice.", "DOMAIN", required=True),
+                Opt("kind", "Seed kind: cli, adapter, script, flow, ...", "KIND", required=True),
+                Opt("command", "Command name or path the seed runs.", "COMMAND"),
+                Opt("adapter", "Adapter id or name.", "ADAPTER"),
+                Opt("script", "Local script path.", "SCRIPT"),
+                _many("provides", "PROVIDES", "Capability the seed provides (at least one)."),
+                _many("alias", "ALIAS", "Free-text phrase the seed also answers to."),
+                Opt("priority", _PRIORITY_HELP, "PRIORITY", parser=parse_u8),
+                _many("preferred-for", "PREFERRED_FOR", "Capability the seed is preferred for."),
+                _many("avoid-for", "AVOID_FOR", "Capability the seed should be avoided for."),
+                _many("tie", "TIES", "Tie-breaker metadata as KEY=VALUE."),
+                _many("auth-env", "AUTH_ENV", "Environment variable holding a secret the seed uses."),
+                Opt("external-service", "The seed calls an external service."),
+                Opt("may-cost-money", "The seed may spend money or provider credits."),
+                _many(
+                    "evidence-command",
+                    "EVIDENCE_COMMAND",
+                    'Command whose success is evidence, e.g. "tool --help".',
+                ),
+                Opt(
+                    "suggested-skill-id",
+                    "Skill id to suggest once the seed has worked.",
+                    "SUGGESTED_SKILL_ID",
+                ),
+                _server_option(),
+            ),
+            (Positional("ID", "id", "Seed id, such as preferred-voice-cli."),),
+        ),
+        Command(
+            "update",
+            "Patch an existing capability seed; fields not named keep their values.",
+            (
+                Opt("domain", "Domain of the seed (narrows the lookup; cannot move a seed).", "DOMAIN"),
+                Opt("kind", "Replace the seed kind.", "KIND"),
+                Opt("command", "Set the command.", "COMMAND"),
+                Opt("clear-command", "Clear the command."),
+                Opt("adapter", "Set the adapter.", "ADAPTER"),
+                Opt("clear-adapter", "Clear the adapter."),
+                Opt("script", "Set the script path.", "SCRIPT"),
+                Opt("clear-script", "Clear the script path."),
+                _many("add-provides", "ADD_PROVIDES", "Add a provided capability."),
+                _many("remove-provides", "REMOVE_PROVIDES", "Remove a provided capability."),
+                _many("add-alias", "ADD_ALIAS", "Add an alias."),
+                _many("remove-alias", "REMOVE_ALIAS", "Remove an alias."),
+                Opt("priority", _PRIORITY_HELP, "PRIORITY", parser=parse_u8),
+                Opt("clear-priority", "Clear the default priority."),
+                _many("add-preferred-for", "ADD_PREFERRED_FOR", "Add a preferred-for capability."),
+                _many("remove-preferred-for", "REMOVE_PREFERRED_FOR", "Remove a preferred-for capability."),
+                _many("add-avoid-for", "ADD_AVOID_FOR", "Add an avoid-for capability."),
+                _many("remove-avoid-for", "REMOVE_AVOID_FOR", "Remove an avoid-for capability."),
+                _many("add-tie", "ADD_TIE", "Insert or replace tie-breaker metadata, KEY=VALUE."),
+                _many("remove-tie", "REMOVE_TIE", "Remove tie-breaker metadata by key."),
+                _many("add-auth-env", "ADD_AUTH_ENV", "Add an auth environment variable."),
+                _many("remove-auth-env", "REMOVE_AUTH_ENV", "Remove an auth environment variable."),
+                Opt(
+                    "external-service",
+                    "Set the external-service risk.",
+                    "EXTERNAL_SERVICE",
+                    parser=parse_bool,
+                    choices=BOOL_VALUES,
+                ),
+                Opt(
+                    "may-cost-money",
+                    "Set the may-cost-money risk.",
+                    "MAY_COST_MONEY",
+                    parser=parse_bool,
+                    choices=BOOL_VALUES,
+                ),
+                _many("add-evidence-command", "ADD_EVIDENCE_COMMAND", "Add an evidence command."),
+                _many("remove-evidence-command", "REMOVE_EVIDENCE_COMMAND", "Remove an evidence command."),
+                Opt("suggested-skill-id", "Set the suggested skill id.", "SUGGESTED_SKILL_ID"),
+                Opt("clear-suggested-skill-id", "Clear the suggested skill id."),
+                Opt(
+                    "mark-unverified",
+                    "Mark the seed unverified without running checks.",
+                    conflicts_with=("mark-failed",),
+                ),
+                Opt(
+                    "mark-failed",
+                    "Mark the seed failed without running checks.",
+                    conflicts_with=("mark-unverified",),
+                ),
+                Opt("expected-revision", "Refuse unless the seed file still has this revision.", "REV"),
+                _server_option(),
+            ),
+            (Positional("ID", "id", "Seed id to update."),),
+        ),
+        Command(
+            "list",
+            "List seeds, sorted by domain, then id.",
+            (Opt("domain", "Only this domain.", "DOMAIN"), _server_option()),
+        ),
+        Command(
+            "search",
+            "Rank seeds for one capability.",
+            (
+                Opt("domain", "Only this domain.", "DOMAIN"),
+                Opt("explain", "Accepted for SkillSpec; reasons are always shown."),
+                _JSON,
+                Opt("local-only", "Leave out seeds that call an external service."),
+                Opt("preferred-seed", "Give this seed id the explicit-preference bonus.", "PREFERRED_SEED"),
+                Opt("broaden", "When nothing matches, search equivalent capabilities and domains."),
+                Opt("equivalents", "Extra equivalence table for --broaden (local store only).", "FILE"),
+                _server_option(),
+            ),
+            (Positional("CAPABILITY", "capability", "Capability to search for, such as text_to_speech."),),
+        ),
+        Command("inspect", "Print one seed.", (_domain_lookup(), _JSON, _server_option()), (_ID,)),
+        Command(
+            "verify",
+            "Run seeds' evidence checks and record the verdicts.",
+            (
+                _domain_lookup(),
+                Opt("all", "Verify every seed of --domain."),
+                _JSON,
+                Opt("timeout", "Seconds each check may run (default 10).", "SECONDS", parser=_positive_float),
+                Opt("concurrency", "Seeds verified at once (default 4).", "N", parser=_positive_int),
+                Opt("strict", "Exit 3 unless every seed verified (SkillSpec exits 0 for a failed seed)."),
+                Opt(
+                    "progress",
+                    "Progress while checks run: auto (a live display on a terminal), json (events as "
+                    "JSON lines on stdout), none.",
+                    "MODE",
+                    choices=PROGRESS_MODES,
+                ),
+                _server_option(),
+            ),
+            (Positional("ID", "ids", "Seed ids to verify.", required=False, multiple=True),),
+            after_help="Exit codes: 0 success, 1 error, 2 usage error, 3 a seed did not verify (--strict).",
+        ),
+        Command(
+            "prefer",
+            "Prefer a seed for a capability, optionally setting its priority.",
+            (
+                _domain_lookup(),
+                Opt("for", "Capability to prefer the seed for.", "FOR_CAPABILITY", required=True),
+                Opt("priority", _PRIORITY_HELP, "PRIORITY", parser=parse_u8),
+                _server_option(),
+            ),
+            (_ID,),
+        ),
+        Command("remove", "Delete a seed file.", (_domain_lookup(), _server_option()), (_ID,)),
+        Command("scan", "Propose seeds (no providers are configured).", (_server_option(),)),
+    )
+}
+SERVE_ABOUT = "Run the seedstore gRPC service."
+
+
+def top_help() -> str:
+    rows = [(name, command.about) for name, command in COMMANDS.items()]
+    rows.append(("serve", SERVE_ABOUT))
+    width = max(len(name) for name, _ in rows)
+    lines = [
+        "Capability seeds: SkillSpec's `capability` commands, on the local store or through the service.",
+        "",
+        f"Usage: {PROG} [OPTIONS] <COMMAND>",
+        "",
+        "Commands:",
+        *(f"  {name.ljust(width)}  {about}" for name, about in rows),
+        "",
+        "Options:",
+        f"      --server <ADDR>  {SERVER_HELP}",
+        "  -h, --help           Print help",
+        "",
+        EXIT_CODES_HELP,
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="seedstore",
-        description="Capability seeds: SkillSpec's `capability` commands, locally or through the service.",
-    )
-    server_help = f"use the seedstore service at ADDR (unix:PATH or HOST:PORT; default ${SERVER_ENV})"
-    parser.add_argument("--server", metavar="ADDR", help=server_help)
+    """The parser of `seedstore [--server ADDR] serve ...`: the service's own flags, argparse-style.
+
+    `serve` has no SkillSpec counterpart; it shares its flags with the negotiator's `serve`.
+    """
+    parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False)
+    parser.add_argument("--server", metavar="ADDR", help=SERVER_HELP)
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
-
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        # Accepted after the subcommand too; SUPPRESS keeps a global value.
-        sub.add_argument("--server", metavar="ADDR", default=argparse.SUPPRESS, help=server_help)
-        return sub
-
-    def repeated(sub: argparse.ArgumentParser, flag: str, metavar: str, help_text: str) -> None:
-        sub.add_argument(flag, action="append", default=[], metavar=metavar, help=help_text + " (repeatable)")
-
-    command("store", "print the seed store directory")
-
-    add = command("add", "create or overwrite a capability seed")
-    add.add_argument("id", metavar="ID")
-    add.add_argument("--domain", required=True)
-    add.add_argument("--kind", required=True, help="cli, adapter, script, flow, ...")
-    add.add_argument("--command")
-    add.add_argument("--adapter")
-    add.add_argument("--script")
-    repeated(add, "--provides", "CAP", "capability provided")
-    repeated(add, "--alias", "TEXT", "free-text alias")
-    repeated(add, "--preferred-for", "CAP", "capability this seed is preferred for")
-    repeated(add, "--avoid-for", "CAP", "capability this seed should be avoided for")
-    repeated(add, "--tie", "KEY=VALUE", "tie breaker")
-    repeated(add, "--auth-env", "VAR", "environment variable holding a secret")
-    repeated(add, "--evidence-command", "CMD", "command whose success is evidence")
-    add.add_argument("--priority", type=_u8, metavar="N", help="0-100; adds floor(N/10) to the score")
-    add.add_argument("--external-service", action="store_true")
-    add.add_argument("--may-cost-money", action="store_true")
-    add.add_argument("--suggested-skill-id", metavar="ID")
-
-    update = command("update", "patch an existing capability seed")
-    update.add_argument("id", metavar="ID")
-    update.add_argument("--domain", help="narrows the lookup; cannot move a seed")
-    update.add_argument(
-        "--expected-revision", metavar="REV", help="fail unless the seed still has this revision"
-    )
-    update.add_argument("--kind")
-    for name, metavar in (("command", "C"), ("adapter", "A"), ("script", "S")):
-        update.add_argument(f"--{name}", metavar=metavar)
-        update.add_argument(f"--clear-{name}", action="store_true")
-    for name, metavar in (
-        ("provides", "CAP"),
-        ("alias", "TEXT"),
-        ("preferred-for", "CAP"),
-        ("avoid-for", "CAP"),
-    ):
-        repeated(update, f"--add-{name}", metavar, f"add a {name} value")
-        repeated(update, f"--remove-{name}", metavar, f"remove a {name} value")
-    update.add_argument("--priority", type=_u8, metavar="N")
-    update.add_argument("--clear-priority", action="store_true")
-    repeated(update, "--add-tie", "KEY=VALUE", "insert or replace a tie breaker")
-    repeated(update, "--remove-tie", "KEY", "remove a tie breaker")
-    repeated(update, "--add-auth-env", "VAR", "add an auth env variable")
-    repeated(update, "--remove-auth-env", "VAR", "remove an auth env variable")
-    update.add_argument("--external-service", type=_bool, metavar="true|false")
-    update.add_argument("--may-cost-money", type=_bool, metavar="true|false")
-    repeated(update, "--add-evidence-command", "CMD", "add an evidence command")
-    repeated(update, "--remove-evidence-command", "CMD", "remove an evidence command")
-    update.add_argument("--suggested-skill-id", metavar="ID")
-    update.add_argument("--clear-suggested-skill-id", action="store_true")
-    marks = update.add_mutually_exclusive_group()
-    marks.add_argument("--mark-unverified", action="store_true")
-    marks.add_argument("--mark-failed", action="store_true")
-
-    listing = command("list", "list seeds, sorted by domain then id")
-    listing.add_argument("--domain")
-
-    search = command("search", "rank seeds for a capability")
-    search.add_argument("capability", metavar="CAPABILITY")
-    search.add_argument("--domain")
-    search.add_argument(
-        "--explain", action="store_true", help="accepted for SkillSpec; reasons are always shown"
-    )
-    search.add_argument("--json", action="store_true", help="accepted for SkillSpec; output is always JSON")
-    search.add_argument("--local-only", action="store_true")
-    search.add_argument("--preferred-seed", metavar="ID")
-    search.add_argument("--broaden", action="store_true", help="search equivalents when nothing matches")
-    search.add_argument("--equivalents", metavar="FILE", help="extra equivalence table (local only)")
-
-    inspect = command("inspect", "print one seed")
-    inspect.add_argument("id", metavar="ID")
-    inspect.add_argument("--domain")
-    inspect.add_argument("--json", action="store_true", help="accepted for SkillSpec; output is always JSON")
-
-    verify = command("verify", "run seeds' evidence and record the verdict")
-    verify.add_argument("ids", metavar="ID", nargs="*")
-    verify.add_argument("--domain")
-    verify.add_argument("--all", action="store_true", help="every seed of --domain")
-    verify.add_argument("--json", action="store_true", help="accepted for SkillSpec; output is always JSON")
-    verify.add_argument("--timeout", type=_positive_float, metavar="SECONDS", help="per check (default 10)")
-    verify.add_argument("--concurrency", type=_positive_int, metavar="N", help="seeds at once (default 4)")
-
-    prefer = command("prefer", "prefer a seed for a capability")
-    prefer.add_argument("id", metavar="ID")
-    prefer.add_argument("--for", dest="for_capability", required=True, metavar="CAP")
-    prefer.add_argument("--domain")
-    prefer.add_argument("--priority", type=_u8, metavar="N")
-
-    remove = command("remove", "delete a seed file")
-    remove.add_argument("id", metavar="ID")
-    remove.add_argument("--domain")
-
-    command("scan", "propose seeds (no providers are configured)")
-
-    add_serve_arguments(command("serve", "run the seedstore gRPC service"))
+    serve_parser = commands.add_parser("serve", help=SERVE_ABOUT, description=SERVE_ABOUT, allow_abbrev=False)
+    add_serve_arguments(serve_parser)
     return parser
+
+
+def _flag_like(token: str) -> bool:
+    return token.startswith("-") and token != "-"
+
+
+def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line as clap would take it (`serve` aside).
+
+    Raises:
+        UsageError, HelpRequested: see `cliparse`.
+    """
+    for token in argv:
+        try:
+            token.encode("utf-8")
+        except UnicodeEncodeError:
+            # Bytes that are not UTF-8 reach Python as lone surrogates; clap's String refuses them.
+            raise UsageError("invalid UTF-8 was detected in one or more arguments") from None
+    server: str | None = None
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token in ("-h", "--help"):
+            raise HelpRequested(top_help())
+        if token == "--server" or token.startswith("--server="):
+            if server is not None:
+                raise UsageError("the argument '--server <ADDR>' cannot be used multiple times")
+            if "=" in token:
+                server = token.partition("=")[2]
+            elif index + 1 < len(argv) and not _flag_like(argv[index + 1]):
+                index += 1
+                server = argv[index]
+            else:
+                raise UsageError("a value is required for '--server <ADDR>' but none was supplied")
+            index += 1
+            continue
+        if _flag_like(token):
+            shown = token.partition("=")[0] if token.startswith("--") else token[:2]
+            usage = f"Usage: {PROG} [OPTIONS] <COMMAND>"
+            tip = similar(shown.lstrip("-"), ["server"]) if token.startswith("--") else None
+            tips = [f"a similar argument exists: '--{tip}'"] if tip else []
+            raise UsageError(f"unexpected argument '{shown}' found", tips=tips, usage=usage)
+        break
+    if index >= len(argv):
+        raise UsageError("a subcommand is required", usage=f"Usage: {PROG} [OPTIONS] <COMMAND>")
+    name, rest = argv[index], argv[index + 1 :]
+    if name == "serve":
+        args = build_parser().parse_args(["serve", *rest])
+        args.server = server
+        return args
+    command = COMMANDS.get(name)
+    if command is None:
+        tip = similar(name, [*COMMANDS, "serve"])
+        tips = [f"a similar subcommand exists: '{tip}'"] if tip else []
+        raise UsageError(
+            f"unrecognized subcommand '{name}'", tips=tips, usage=f"Usage: {PROG} [OPTIONS] <COMMAND>"
+        )
+    values = parse_command(command, rest, PROG)
+    if values["server"] is not None and server is not None:
+        raise UsageError("the argument '--server <ADDR>' cannot be used multiple times")
+    values["server"] = values["server"] if values["server"] is not None else server
+    if name == "prefer":
+        values["for_capability"] = values.pop("for")
+    return argparse.Namespace(subcommand=name, **values)
 
 
 def _add_spec(args: argparse.Namespace) -> AddSpec:
@@ -434,25 +605,8 @@ def _update_patch(args: argparse.Namespace) -> UpdatePatch:
 # --- running a command -----------------------------------------------------------
 
 
-class _VerifyProgress:
-    """Live lines on a terminal: one when a check starts, one when it ends, one per verdict."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def __call__(self, event: VerifyProgress) -> None:
-        if isinstance(event, CheckStarted):
-            line = f"[{event.seed_id}] {event.check} ..."
-        elif isinstance(event, CheckFinished):
-            verdict = "ok" if event.ok else f"failed: {event.message}"
-            line = f"[{event.seed_id}] {event.check} ... {verdict} ({round(event.duration_s * 1000)} ms)"
-        else:
-            line = f"[{event.id}] {event.status.value}"
-        print(line, file=self._stream, flush=True)
-
-
 def _run_verify(
-    frontend: Frontend, args: argparse.Namespace, stderr: TextIO
+    frontend: Frontend, args: argparse.Namespace, stdout: TextIO, stderr: TextIO
 ) -> tuple[dict[str, Any], Sequence[Problem]]:
     request = VerifyRequest(
         ids=tuple(args.ids),
@@ -461,17 +615,31 @@ def _run_verify(
         check_timeout=args.timeout if args.timeout is not None else DEFAULT_CHECK_TIMEOUT_SECONDS,
         concurrency=args.concurrency if args.concurrency is not None else DEFAULT_VERIFY_CONCURRENCY,
     )
-    progress = _VerifyProgress(stderr) if stderr.isatty() else None
     verdicts: list[SeedVerified] = []
-
-    def listen(event: VerifyProgress) -> None:
-        if progress is not None:
-            progress(event)
-        if isinstance(event, SeedVerified):
-            verdicts.append(event)
-
     limits_given = args.timeout is not None or args.concurrency is not None
-    seed_store = frontend.verify(request, limits_given, listen)
+    mode = args.progress or "auto"
+    with contextlib.ExitStack() as stack:
+        show: ProgressListener | None = None
+        if mode == "json":
+            from seedstore_service.verify_progress import JsonLines
+
+            show = JsonLines(stdout)
+        elif mode == "auto" and stderr.isatty():
+            from seedstore_service.verify_progress import LiveDisplay
+
+            try:
+                planned: dict[tuple[str, str], int] | None = frontend.planned_checks(request)
+            except (SeedStoreError, SidecarError):
+                planned = None  # the verify call itself reports why
+            show = stack.enter_context(LiveDisplay(stderr, planned))
+
+        def listen(seed_store: str, event: VerifyProgress) -> None:
+            if show is not None:
+                show(seed_store, event)
+            if isinstance(event, SeedVerified):
+                verdicts.append(event)
+
+        seed_store = frontend.verify(request, limits_given, listen)
 
     def verify_object(verdict: SeedVerified) -> dict[str, Any]:
         return render.verify_json(
@@ -496,7 +664,7 @@ def _run_verify(
 
 
 def run_command(
-    frontend: Frontend, args: argparse.Namespace, stderr: TextIO
+    frontend: Frontend, args: argparse.Namespace, stdout: TextIO, stderr: TextIO
 ) -> tuple[dict[str, Any], Sequence[Problem]]:
     """The JSON object a command prints, and the problems to warn about."""
     name = args.subcommand
@@ -536,7 +704,7 @@ def run_command(
         )
         return output, view.problems
     if name == "verify":
-        return _run_verify(frontend, args, stderr)
+        return _run_verify(frontend, args, stdout, stderr)
     if name == "remove":
         removed = frontend.remove(args.id, args.domain)
         return render.remove_json(removed.seed_store, removed.id, removed.path, problems=removed.problems), (
@@ -545,6 +713,58 @@ def run_command(
     if name == "scan":
         return render.scan_json(frontend.scan()), ()
     raise AssertionError(f"unhandled command {name}")
+
+
+class Respelling:
+    """Puts the store root back as the user spelled it into what the local store reports.
+
+    The store works on pathlib paths, which normalise `a/./b//c` to `a/b/c`; SkillSpec prints
+    the root as given. Only the printed locations change: `seed_store`, every `path`, and the
+    paths inside problem and error texts (never a seed's own values).
+    """
+
+    def __init__(self, normal: str, spelled: str) -> None:
+        self._normal = normal
+        self._spelled = spelled
+        prefix = re.escape(normal.rstrip("/") + "/") if normal != "." else None
+        # A path starts the text or follows a space, a quote or a parenthesis.
+        self._inside = re.compile(r"(?:(?<=^)|(?<=[\s\"'(]))" + prefix) if prefix is not None else None
+
+    @property
+    def needed(self) -> bool:
+        return self._normal != self._spelled
+
+    def path(self, text: str) -> str:
+        if text == self._normal:
+            return self._spelled
+        if self._normal == ".":
+            return _rust_join_text(self._spelled, text)
+        head = self._normal.rstrip("/") + "/"
+        return _rust_join_text(self._spelled, text[len(head) :]) if text.startswith(head) else text
+
+    def text(self, message: str) -> str:
+        if self._inside is None:
+            return message
+        spelled = _rust_join_text(self._spelled, "")
+        return self._inside.sub(lambda _match: spelled, message)
+
+    def output(self, value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            return {name: item if name == "seed" else self.output(item, name) for name, item in value.items()}
+        if isinstance(value, list):
+            return [self.output(item, key) for item in value]
+        if isinstance(value, str) and key in ("seed_store", "path"):
+            return self.path(value)
+        if isinstance(value, str) and key == "reason":
+            return self.text(value)
+        return value
+
+    def problem(self, problem: Problem) -> Problem:
+        return Problem(self.path(problem.path), problem.line, self.text(problem.reason))
+
+
+def _rust_join_text(base: str, rest: str) -> str:
+    return base + rest if not base or base.endswith("/") else f"{base}/{rest}"
 
 
 def _error_text(error: SidecarError, target: str) -> str:
@@ -567,42 +787,51 @@ def _serve(args: argparse.Namespace, env: Mapping[str, str], stderr: TextIO) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     stdout, stderr = sys.stdout, sys.stderr
-    parser = build_parser()
     try:
-        args, extras = parser.parse_known_args(argv)
-    except SystemExit as exit_request:
+        args = parse_argv(list(sys.argv[1:] if argv is None else argv))
+    except HelpRequested as help_request:
+        stdout.write(help_request.text)
+        return 0
+    except UsageError as error:
+        stderr.write(error.text)
+        return 2
+    except SystemExit as exit_request:  # argparse, for `serve`
         return exit_request.code if isinstance(exit_request.code, int) else 2
-    if extras:
-        # argparse fills a `*` positional only once: `verify a --json b` leaves `b` over.
-        if args.subcommand != "verify" or any(extra.startswith("-") for extra in extras):
-            return _usage_error(parser, f"unrecognized arguments: {' '.join(extras)}")
-        args.ids = [*args.ids, *extras]
     env = os.environ
     if args.subcommand == "serve":
         return _serve(args, env, stderr)
     target = args.server or env.get(SERVER_ENV) or None
     if args.subcommand == "verify" and not args.ids and not args.all:
-        return _usage_error(parser, "verify needs at least one ID, or --all with --domain")
+        return _usage_error("verify needs at least one ID, or --all with --domain", "verify")
     if args.subcommand == "verify" and args.all and args.ids:
-        return _usage_error(parser, "verify takes seed IDs or --all, not both")
+        return _usage_error("verify takes seed IDs or --all, not both", "verify")
     if args.subcommand == "search" and target is not None and args.equivalents is not None:
         return _usage_error(
-            parser, "--equivalents cannot be used with --server: the service reads its own table"
+            "--equivalents cannot be used with --server: the service reads its own table", "search"
         )
     frontend: Frontend
     remote: RemoteFrontend | None = None
+    respelling: Respelling | None = None
+    if target is None:
+        try:
+            respelling = Respelling(str(resolve_store_root(env)), spelled_store_root(env))
+        except SeedStoreError:
+            respelling = None  # HOME unset: the command reports it
+        if respelling is not None and not respelling.needed:
+            respelling = None
     if target is not None:
         try:
             remote = RemoteFrontend(target)
         except ValueError as error:
-            return _usage_error(parser, str(error))
+            return _usage_error(str(error), args.subcommand)
         frontend = remote
     else:
         frontend = LocalFrontend(env, getattr(args, "equivalents", None))
     try:
-        output, problems = run_command(frontend, args, stderr)
+        output, problems = run_command(frontend, args, stdout, stderr)
     except SeedStoreError as error:
-        print(f"error: {error.message}", file=stderr)
+        message = respelling.text(error.message) if respelling is not None else error.message
+        print(f"error: {message}", file=stderr)
         return 1
     except SidecarError as error:
         print(f"error: {_error_text(error, target or '')}", file=stderr)
@@ -613,17 +842,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if remote is not None:
             remote.close()
+    if respelling is not None:
+        output = respelling.output(output)
+        problems = [respelling.problem(problem) for problem in problems]
     for problem in problems:
         print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)
-    print(json.dumps(output, indent=2, ensure_ascii=False), file=stdout)
+    if args.subcommand == "verify" and args.progress == "json":
+        print(json.dumps({"result": output}, ensure_ascii=False, separators=(",", ":")), file=stdout)
+    else:
+        print(json.dumps(output, indent=2, ensure_ascii=False), file=stdout)
+    if args.subcommand == "verify" and args.strict:
+        unverified = _unverified(output)
+        if unverified:
+            print(f"error: not verified: {', '.join(unverified)}", file=stderr)
+            return 1
     return 0
 
 
-def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
-    try:
-        parser.error(message)
-    except SystemExit as exit_request:
-        return exit_request.code if isinstance(exit_request.code, int) else 2
+def _unverified(output: Mapping[str, Any]) -> list[str]:
+    """The `domain/id` of every verdict in a verify output that is not `verified`."""
+    results = output.get("results", [output])
+    return [f"{result['domain']}/{result['id']}" for result in results if result["status"] != "verified"]
+
+
+def _usage_error(message: str, subcommand: str) -> int:
+    command = COMMANDS.get(subcommand)
+    usage = command.usage(PROG) if command is not None else None
+    sys.stderr.write(UsageError(message, usage=usage).text)
     return 2
 
 

@@ -243,7 +243,7 @@ class SeedIndex:
             if stored is not None:
                 self._index(path, stored, entry.domain_dir)
             if entry.parsed.problem is not None or (
-                stored is not None and stored.seed.domain != entry.domain_dir
+                stored is not None and (stored.seed.domain != entry.domain_dir or stored.notes)
             ):
                 self._problem_paths.add(path)
             else:
@@ -421,6 +421,8 @@ class SeedIndex:
                 problems.append(parsed.problem)
             elif domain is not None and parsed.stored is not None and parsed.stored.seed.domain != domain:
                 problems.append(domain_mismatch_problem(parsed.stored, domain, parsed.domain_line))
+            elif parsed.stored is not None:
+                problems.extend(parsed.stored.notes)
         problems.sort(key=lambda problem: problem.path)
         result = tuple(problems)
         self._problem_cache[domain] = result

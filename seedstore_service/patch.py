@@ -31,6 +31,7 @@ __all__ = [
     "build_seed",
     "parse_tie",
     "validate_patch",
+    "validate_patch_before_load",
     "validate_prefer",
 ]
 
@@ -145,6 +146,20 @@ def _ties(raws: Iterable[str]) -> dict[str, str]:
         key, value = parse_tie(raw)
         ties[key] = value  # a repeated key keeps the last value
     return ties
+
+
+def validate_patch_before_load(patch: UpdatePatch) -> None:
+    """What SkillSpec's update checks before it looks for the seed: the priority, then the added ties.
+
+    The rest of `validate_patch` runs once the seed is found, so an unknown seed is
+    reported first, as SkillSpec reports it.
+
+    Raises:
+        InvalidArgument: priority over 100, a tie without `=`.
+        InvalidIdentifier: an added tie's key ("tie key").
+    """
+    _validate_priority(patch.priority)
+    _ties(patch.add_ties)
 
 
 def validate_patch(patch: UpdatePatch) -> None:

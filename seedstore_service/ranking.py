@@ -158,6 +158,9 @@ def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
         for text in (entry.command, entry.detail):
             if text is not None:
                 texts.add(canonical(text))
+    # A text with no letters or digits is inert: SkillSpec's substring test would let it
+    # match every capability.
+    texts.discard("")
     return PreparedSeed(
         seed=seed,
         path=path,
@@ -175,8 +178,8 @@ def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -
 
     The one implementation of §4's arithmetic: `score_seed` prepares and calls
     it, the index calls it with forms prepared once per file. An alias or
-    evidence text matches by substring containment either way, so short or
-    empty texts match widely (SkillSpec's quirk).
+    evidence text matches by substring containment either way, so short texts
+    match widely (SkillSpec's quirk); empty ones were left out by `prepare_seed`.
     """
     seed = prepared.seed
     status = seed.verification_status

@@ -41,7 +41,9 @@ __all__ = [
     "canonical",
     "dump_seed",
     "dump_seed_via_emitter",
+    "inert_alias_message",
     "parse_seed",
+    "parse_seed_with_notes",
     "revision_of",
     "seed_to_json",
     "text_matches",
@@ -208,6 +210,8 @@ class _SeedReader:
 
     def __init__(self, file_path: str) -> None:
         self.file_path = file_path
+        # (1-based line, reason) for what was read but cannot take part in matching.
+        self.notes: list[tuple[int, str]] = []
 
     def fail(self, detail: str, at: _Position) -> NoReturn:
         line, column = at
@@ -322,7 +326,9 @@ class _SeedReader:
         aliases = self.string_items(entries.get("aliases"), "aliases")
         for item_path, item, value in aliases:
             if not canonical(value):
-                self.fail(f"{empty_alias_message(value)} at {item_path}", _at(item))
+                line, column = _at(item)
+                reason = f"{inert_alias_message(value)} at {item_path} (line {line}, column {column})"
+                self.notes.append((line, reason))
         return Seed(
             id=seed_id,
             domain=domain,
@@ -428,6 +434,11 @@ class _SeedReader:
         return Verification(status=status, verified_at_unix=verified_at, outcomes=tuple(outcomes))
 
 
+def inert_alias_message(alias: str) -> str:
+    """Why a stored alias with no letters or digits never matches (SkillSpec lets it match every search)."""
+    return f'alias "{excerpt(alias)}" has no letters or digits, so it never matches'
+
+
 def empty_alias_message(alias: str) -> str:
     """Why an alias with no letters or digits is refused (SkillSpec lets it match every search)."""
     return f'alias "{excerpt(alias)}" has no letters or digits, so it would match every capability'
@@ -497,11 +508,17 @@ def yaml_error_line_and_detail(error: yaml.YAMLError) -> tuple[int, str]:
 
 
 def parse_seed(text: str, path: str) -> Seed:
+    """`parse_seed_with_notes` without the notes."""
+    return parse_seed_with_notes(text, path)[0]
+
+
+def parse_seed_with_notes(text: str, path: str) -> tuple[Seed, tuple[tuple[int, str], ...]]:
     """Parse one seed file strictly, as SkillSpec's serde_yaml would, plus load validation.
 
     Load validation (SkillSpec `validate_seed`): id, domain and each provides follow the
-    identifier rule; default_priority is at most 100. Added here: an alias whose canonical
-    form is empty is refused, because SkillSpec would let it match every search.
+    identifier rule; default_priority is at most 100. The notes, (1-based line, reason),
+    name each alias whose canonical form is empty: the seed is read with it (SkillSpec
+    writes such aliases), and ranking never matches it (SkillSpec would match every search).
 
     Raises:
         SeedMalformed: with the file path, the 1-based line, and a detail naming field and line.
@@ -518,7 +535,8 @@ def parse_seed(text: str, path: str) -> Seed:
         # An empty file is an empty mapping to serde, so the first complaint is the missing id.
         reader.fail('missing field "id" at id', (1, 1))
     _refuse_alias_expansion(root, reader)
-    return reader.seed(root)
+    seed = reader.seed(root)
+    return seed, tuple(reader.notes)
 
 
 def _refuse_alias_expansion(root: yaml.Node, reader: _SeedReader) -> None:
@@ -631,14 +649,15 @@ def _reads_as_non_string(value: str) -> bool:
 _LITERAL = "|"
 _SINGLE_QUOTED = "'"
 _DOUBLE_QUOTED = '"'
-_UNICODE_BREAKS = ("\x85", "\u2028", "\u2029")
+_NEXT_LINE = "\x85"
 
 
 def _serde_style(value: str) -> str | None:
     """serde_yaml 0.9's requested style; libyaml (here PyYAML's port of it) falls back when not allowed."""
-    if any(char in value for char in _UNICODE_BREAKS):
-        # YAML 1.1 readers (libyaml, PyYAML) fold these inside plain, single-quoted and block
-        # scalars, so only the escaped double-quoted form reads back as written.
+    if _NEXT_LINE in value:
+        # libyaml's IS_PRINTABLE leaves out U+0085, so its analysis marks the value special and
+        # writes it double-quoted; PyYAML's port counts U+0085 printable and would not.
+        # (U+2028 and U+2029 are printable line breaks to both: single-quoted, as serde writes them.)
         return _DOUBLE_QUOTED
     if "\n" in value:
         return _LITERAL
@@ -780,8 +799,57 @@ def dump_seed_via_emitter(seed: Seed) -> str:
         yaml.StreamEndEvent(),
     ]
     # serde_yaml sets libyaml's width to -1 (never fold) and unicode on.
-    text = yaml.emit(events, Dumper=yaml.SafeDumper, indent=2, width=sys.maxsize, allow_unicode=True)
-    return str(text)
+    text = str(yaml.emit(events, Dumper=_SerdeDumper, indent=2, width=sys.maxsize, allow_unicode=True))
+    # serde_yaml's to_string never emits the stream end, where libyaml would write the `...`
+    # that PyYAML writes after a last value kept with `|+`. No content line is `...` at column 0:
+    # every value is indented under its key, and a scalar `...` is quoted.
+    return text.removesuffix("\n...\n") + "\n" if text.endswith("\n...\n") else text
+
+
+_ASTRAL_ESCAPE = re.compile(r"\\U([0-9A-F]{8})")
+
+
+class _RawAstralStream:
+    """Passes writes on, except an escape of a character above U+FFFF, which becomes the character.
+
+    Only used inside a double-quoted scalar, where PyYAML writes each escape as a write of its own
+    and every other chunk is text free of backslashes (a backslash itself is written as an escape).
+    """
+
+    def __init__(self, emitter: _SerdeDumper, stream: Any) -> None:
+        self._emitter = emitter
+        self._stream = stream
+
+    def write(self, data: str) -> None:
+        if self._emitter.in_double_quoted:
+            match = _ASTRAL_ESCAPE.fullmatch(data)
+            if match is not None:
+                data = chr(int(match.group(1), 16))
+        self._stream.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _SerdeDumper(yaml.SafeDumper):
+    """PyYAML's emitter, writing characters above U+FFFF raw inside double quotes as libyaml does.
+
+    PyYAML's double-quoted writer escapes everything past U+FFFF; libyaml's IS_PRINTABLE
+    counts U+10000..U+10FFFF printable, so serde_yaml writes them as they are.
+    """
+
+    in_double_quoted = False
+
+    def __init__(self, stream: Any, **kwargs: Any) -> None:
+        super().__init__(stream, **kwargs)
+        self.stream = _RawAstralStream(self, self.stream)
+
+    def write_double_quoted(self, text: str, split: bool = True) -> None:
+        self.in_double_quoted = True
+        try:
+            super().write_double_quoted(text, split)
+        finally:
+            self.in_double_quoted = False
 
 
 # The direct writer. Seeds have one fixed block shape, so when every string fits

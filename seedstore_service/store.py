@@ -54,13 +54,15 @@ from seedstore_service.patch import (
     apply_prefer,
     build_seed,
     validate_patch,
+    validate_patch_before_load,
     validate_prefer,
 )
 from seedstore_service.seedfile import (
     MAX_IDENTIFIER_LENGTH,
     MAX_SEED_FILE_BYTES,
+    canonical,
     dump_seed,
-    parse_seed,
+    parse_seed_with_notes,
     revision_of,
     validate_identifier,
 )
@@ -93,11 +95,35 @@ def resolve_store_root(env: Mapping[str, str]) -> Path:
     raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
 
 
+def _rust_join(base: str, name: str) -> str:
+    # Rust's PathBuf::push of a relative name: a separator only when `base` is non-empty
+    # and does not already end in one; nothing is normalised.
+    return base + name if not base or base.endswith("/") else f"{base}/{name}"
+
+
+def spelled_store_root(env: Mapping[str, str]) -> str:
+    """The store root as SkillSpec prints it: `resolve_store_root` without pathlib's normalising.
+
+    pathlib drops `.` components and repeated separators (`a/./b//c` is `a/b/c`); Rust's
+    PathBuf keeps the text as given, so SkillSpec prints `a/./b//c/capabilities`.
+    """
+    skillspec_home = env.get("SKILLSPEC_HOME")
+    if skillspec_home is not None:
+        return _rust_join(skillspec_home, "capabilities")
+    home = env.get("HOME")
+    if home is not None:
+        return _rust_join(_rust_join(home, ".skillspec"), "capabilities")
+    raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
+
+
 @dataclass(frozen=True)
 class StoredSeed:
     seed: Seed
     path: str
     revision: str
+    # What the file holds that is read but inert (an alias with no letters or digits), as
+    # problems of this file; they are reported with the scope's problems.
+    notes: tuple[Problem, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -288,14 +314,25 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
         reason = f"failed to read {path}: stream did not contain valid UTF-8"
         return ParsedFile(path, None, Problem(path, 0, reason), revision, False, stat_result, 0)
     try:
-        seed = parse_seed(text, path)
+        seed, notes = parse_seed_with_notes(text, path)
     except errors.SeedMalformed as err:
         return ParsedFile(path, None, Problem(path, err.line, err.message), revision, False, stat_result, 0)
     except errors.SeedStoreError as err:
         # validate_seed failures: SkillSpec prints them without the path; the Problem carries it.
         return ParsedFile(path, None, Problem(path, 0, err.message), revision, False, stat_result, 0)
     domain_line = _domain_key_line(text) if domain_dir is not None and seed.domain != domain_dir else 0
-    return ParsedFile(path, StoredSeed(seed, path, revision), None, revision, False, stat_result, domain_line)
+    stored = StoredSeed(seed, path, revision, tuple(Problem(path, line, reason) for line, reason in notes))
+    return ParsedFile(path, stored, None, revision, False, stat_result, domain_line)
+
+
+def stored_seed(seed: Seed, path: str, data: bytes) -> StoredSeed:
+    """The StoredSeed of `data`, the bytes just written for `seed`, with the notes a read would give."""
+    notes: tuple[Problem, ...] = ()
+    if not all(canonical(alias) for alias in seed.aliases):
+        # Rare (only a file written so by another tool has such an alias): read the lines back.
+        _, found = parse_seed_with_notes(data.decode("utf-8"), path)
+        notes = tuple(Problem(path, line, reason) for line, reason in found)
+    return StoredSeed(seed, path, revision_of(data), notes)
 
 
 def domain_mismatch_problem(stored: StoredSeed, domain: str, line: int) -> Problem:
@@ -330,6 +367,7 @@ def scope_from_files(
                 problems.append(domain_mismatch_problem(parsed.stored, domain, parsed.domain_line))
             else:
                 seeds.append(parsed.stored)
+                problems.extend(parsed.stored.notes)
     seeds.sort(key=lambda stored: stored.path)
     problems.sort(key=lambda problem: problem.path)
     return LoadedScope(tuple(seeds), tuple(problems))
@@ -342,8 +380,9 @@ def locate_in_scope(scope: LoadedScope, seed_id: str) -> StoredSeed:
         raise errors.AmbiguousSeed(seed_id, [stored.path for stored in matches])
     if matches:
         return matches[0]
+    loaded = {stored.path for stored in scope.seeds}
     for problem in scope.problems:
-        if file_stem(problem.path) == seed_id:
+        if file_stem(problem.path) == seed_id and problem.path not in loaded:
             # The broken file may well be this seed: never guess, never overwrite it.
             raise malformed_error(problem)
     raise errors.SeedNotFound(seed_id)
@@ -614,11 +653,13 @@ class SeedStore:
         Returns the written seed and the problems of the scope (with `locate`:
         only those among the candidate files).
         """
+        # SkillSpec's order: the target, priority and ties; the seed; then every other value.
         self._validate_target(seed_id, domain)
-        validate_patch(patch)
+        validate_patch_before_load(patch)
         self._require_root(seed_id)
         with self._locked():
             current, problems = self._locate_for_write(seed_id, domain, locate)
+            validate_patch(patch)
             self._check_revision(current, expected_revision)
             updated = self._rewrite(current, apply_patch(current.seed, patch, now_unix))
         return updated, problems
@@ -719,7 +760,7 @@ class SeedStore:
         """Write `seed` back to the file it was found in (its name may differ from the id)."""
         data = _seed_bytes(seed)
         write_atomically(self.root, Path(current.path), data)
-        return StoredSeed(seed, current.path, revision_of(data))
+        return stored_seed(seed, current.path, data)
 
     @staticmethod
     def _refuse_unusable_file(path: Path) -> None:

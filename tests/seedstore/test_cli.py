@@ -77,6 +77,7 @@ def ok(result: CliResult) -> Any:
     return result.json
 
 
+ANSI_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 REVISION = re.compile(r'("revision": "|has revision )[0-9a-f]{16}')
 
 
@@ -392,7 +393,7 @@ def test_local_and_server_paths_print_identical_output(
     assert errors[10] == PARITY_ERRORS["add-provides"]
     assert all(result.stdout == "" for index, result in enumerate(local) if index >= 16 and index != 17)
     assert "256 is not in 0..=255" in local[27].stderr
-    assert "not allowed with argument" in local[28].stderr
+    assert "error: the argument '--mark-failed' cannot be used with '--mark-unverified'" in local[28].stderr
 
 
 def test_malformed_file_is_reported_and_left_alone(cli: Cli, home: Path) -> None:
@@ -509,14 +510,53 @@ def test_verify_shows_live_progress_on_a_terminal(cli: Cli, home: Path) -> None:
         os.close(controller)
     assert process.returncode == 0
     assert json.loads(stdout)["status"] == "verified"
-    lines = progress.decode().replace("\r\n", "\n").splitlines()
-    assert lines[0] == "[remote-voice-cli] path_lookup:voice-cli ..."
-    assert re.fullmatch(r"\[remote-voice-cli\] path_lookup:voice-cli \.\.\. ok \(\d+ ms\)", lines[1])
-    assert lines[2] == "[remote-voice-cli] evidence_command:voice-cli --help ..."
-    assert re.fullmatch(
-        r"\[remote-voice-cli\] evidence_command:voice-cli --help \.\.\. ok \(\d+ ms\)", lines[3]
+    screen = ANSI_CONTROL.sub("", progress.decode())
+    # The live display: seeds done of the total, the seed's checks done of its planned two,
+    # the running check, the elapsed time; it is cleared at the end.
+    assert re.search(r"seeds .*0/1", screen)
+    assert re.search(r"voice/remote-voice-cli .*0/2 .*path_lookup:voice-cli", screen)
+    assert re.search(r"voice/remote-voice-cli .*1/2 .*evidence_command", screen)
+    assert re.search(r"voice/remote-voice-cli .*2/2", screen)
+    assert re.search(r"seeds .*1/1", screen)
+    assert re.search(r"\d+:\d\d:\d\d", screen)
+    # What stays: one line per verdict.
+    assert "ok     voice/remote-voice-cli: verified (2 of 2 checks passed)" in screen
+
+
+def test_verify_progress_json_streams_the_events_as_json_lines(cli: Cli, home: Path) -> None:
+    add_example(home)
+    cli.sync()
+    result = cli.run("verify", "remote-voice-cli", "--progress", "json")
+    assert result.code == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    seed_store = str(home / "capabilities")
+    events = [{key: value for key, value in line.items() if key != "seed_store"} for line in lines[:-1]]
+    assert all(line["seed_store"] == seed_store for line in lines[:-1])
+    started = {"id": "remote-voice-cli", "domain": "voice", "check": "path_lookup:voice-cli"}
+    assert events[0] == {"check_started": started}
+    finished = events[1]["check_finished"]
+    assert finished["check"] == "path_lookup:voice-cli"
+    assert finished["ok"] is True
+    assert finished["duration"].endswith("s")
+    assert events[2] == {
+        "check_started": {
+            "id": "remote-voice-cli",
+            "domain": "voice",
+            "check": "evidence_command:voice-cli --help",
+            "index": 1,
+        }
+    }
+    assert events[3]["check_finished"]["exit_code"] == 0
+    verdict = events[4]["seed_verified"]
+    assert (verdict["id"], verdict["status"], len(verdict["outcomes"])) == (
+        "remote-voice-cli",
+        "VERIFICATION_STATUS_VERIFIED",
+        2,
     )
-    assert lines[4:] == ["[remote-voice-cli] verified"]
+    assert len(events) == 5
+    # The last line is the usual verify object, compact.
+    assert lines[-1]["result"]["status"] == "verified"
+    assert lines[-1]["result"]["seed_store"] == seed_store
 
 
 _WORKER = """

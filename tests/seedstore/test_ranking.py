@@ -342,7 +342,8 @@ def test_paid_local_seed_keeps_its_cost_gate_under_local_only() -> None:
         ("speech", "text_to_speech", True),  # a short alias matches inside a longer capability
         ("voice message", "voice", True),
         ("VOICE Message", "voice_message", True),
-        ("--", "anything_at_all", True),  # load refuses such aliases; the scorer keeps SkillSpec's rule
+        ("--", "anything_at_all", False),  # no letters or digits: inert (SkillSpec matches everything)
+        ("日本語", "anything_at_all", False),
         ("voice message", "text_to_speech", False),
     ],
 )

@@ -349,7 +349,6 @@ REFUSALS = [
         MINIMAL + "rank:\n  tie_breakers:\n    Q: x\n",
         'invalid identifier "Q" in tie key at rank.tie_breakers.Q (line 6, column',
     ),
-    (MINIMAL + "aliases:\n- voice message\n- '--'\n", 'alias "--" has no letters or digits'),
 ]
 
 

@@ -23,7 +23,7 @@ from seedstore_service.index import SeedIndex
 from seedstore_service.model import Evidence, Seed, VerificationStatus
 from seedstore_service.operations import SeedOperations, SeedVerified, VerifyProgress, VerifyRequest
 from seedstore_service.runner import CheckFinished, CheckStarted
-from seedstore_service.seedfile import dump_seed, parse_seed, revision_of
+from seedstore_service.seedfile import dump_seed, parse_seed, parse_seed_with_notes, revision_of
 from seedstore_service.store import SeedStore, read_seed_file
 from seedstore_service.verification import FileState, first_check, lookup_on_path, plan_checks
 
@@ -130,10 +130,10 @@ def test_a_file_still_holding_the_known_bytes_is_not_parsed_again(
     known = read_seed_file(path).stored
     assert known is not None
 
-    def no_parse(text: str, where: str) -> Seed:
+    def no_parse(text: str, where: str) -> tuple[Seed, tuple[tuple[int, str], ...]]:
         raise AssertionError("parsed bytes that were already parsed")
 
-    monkeypatch.setattr("seedstore_service.store.parse_seed", no_parse)
+    monkeypatch.setattr("seedstore_service.store.parse_seed_with_notes", no_parse)
     again = read_seed_file(path, "dev", known)
     assert again.stored is known
     assert again.problem is None
@@ -161,13 +161,13 @@ def test_a_racy_file_reread_by_the_index_keeps_its_parse_until_its_bytes_change(
     seed_index = SeedIndex(SeedStore(root))
     seed_index.refresh()
     parses: list[str] = []
-    real_parse = parse_seed
+    real_parse = parse_seed_with_notes
 
-    def counting_parse(text: str, where: str) -> Seed:
+    def counting_parse(text: str, where: str) -> tuple[Seed, tuple[tuple[int, str], ...]]:
         parses.append(where)
         return real_parse(text, where)
 
-    monkeypatch.setattr("seedstore_service.store.parse_seed", counting_parse)
+    monkeypatch.setattr("seedstore_service.store.parse_seed_with_notes", counting_parse)
     # Written just now, so the index reads it again on every refresh (racy mtime).
     assert seed_index.refresh() == []
     assert parses == []
