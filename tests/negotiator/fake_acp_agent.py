@@ -244,4 +244,5 @@ class FakeAgent:
 
 if __name__ == "__main__":
     # session/resume is still marked unstable in the SDK; codex-acp serves it.
-    asyncio.run(run_agent(FakeAgent(), use_unstable_protocol=True))
+    # FakeAgent implements the methods its tests use, not the whole Agent protocol.
+    asyncio.run(run_agent(FakeAgent(), use_unstable_protocol=True))  # type: ignore[arg-type]

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import pytest
@@ -21,7 +20,6 @@ import yaml
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from grpc.aio import EOF
 from negotiator_testkit import call_error
 
 from negotiator_service import errors
@@ -29,12 +27,13 @@ from negotiator_service.adapters.acp import AcpAdapter
 from negotiator_service.model import AdapterSpec, Capability, CapabilityState
 
 FAKE_AGENT = Path(__file__).with_name("fake_acp_agent.py")
-Stub = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
+Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 STATE_NAMES = {
     common_pb2.CAPABILITY_STATE_SUPPORTED: "supported",
     common_pb2.CAPABILITY_STATE_UNSUPPORTED: "unsupported",
     common_pb2.CAPABILITY_STATE_UNKNOWN: "unknown",
 }
+EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # grpc-stubs do not know it
 PERMISSION_SCHEMA = json.dumps({"type": "object"})
 
 
@@ -163,8 +162,8 @@ async def test_a_prompt_streams_the_agents_text_and_events(stub: Stub, agent_fil
     ]
     (session,) = logged(agent_files, "session/new")[-1:]
     # No cwd set: a scratch directory of its own, removed after the call.
-    assert os.path.basename(session["cwd"]).startswith("acp-session-")
-    assert not os.path.exists(session["cwd"])
+    assert Path(session["cwd"]).name.startswith("acp-session-")
+    assert not await asyncio.to_thread(Path(session["cwd"]).exists)
     assert session["mcp_servers"] == [
         {"name": "files", "command": "mcp-files", "args": ["--root", "/srv"], "env": []}
     ]
