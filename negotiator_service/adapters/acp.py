@@ -720,14 +720,16 @@ class AcpAdapter:
                 await self._cancel_turn(agent, client, work)
                 raise
             if not done:
+                prompted = client.collecting
                 stopped = await self._cancel_turn(agent, client, work)
-                how = (
-                    "the agent ended its turn on session/cancel"
-                    if stopped
-                    else (
+                if not prompted:
+                    how = "the agent had not started the turn yet"
+                elif stopped:
+                    how = "the agent ended its turn on session/cancel"
+                else:
+                    how = (
                         f"the agent did not end its turn within {CANCEL_GRACE_SECONDS:g} s of session/cancel"
                     )
-                )
                 raise errors.AdapterTimeout(
                     shortname, f"no answer within {deadline.seconds:g} s ({deadline.limit}); {how}"
                 )

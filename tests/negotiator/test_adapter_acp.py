@@ -63,7 +63,6 @@ def config_file(tmp_path: Path, agent_files: dict[str, Path], roots: Path) -> Pa
     config = {
         "adapters": [
             acp_entry("fake-acp", env, cwd_roots=[str(roots)], timeout_seconds=20, client_fs="read"),
-            acp_entry("fake-acp-fast", env, timeout_seconds=1),
         ]
     }
     path = tmp_path / "negotiator.yaml"
@@ -220,12 +219,13 @@ async def test_a_crashed_agent_is_unavailable_with_its_stderr_tail(stub: Stub) -
 
 
 async def test_the_deadline_sends_session_cancel(stub: Stub, agent_files: dict[str, Path]) -> None:
-    error = await call_error(stub.Invoke(invoke("hang", agent="fake-acp-fast")))
+    error = await call_error(stub.Invoke(invoke("hang", settings={"timeout": 4})))
     assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
     assert error.reason == "ADAPTER_TIMEOUT"
+    assert "no answer within 4 s (the call's timeout setting)" in error.message
     assert "the agent ended its turn on session/cancel" in error.message
     assert logged(agent_files, "session/cancel")
-    error = await call_error(stub.Invoke(invoke("ignore-cancel", agent="fake-acp-fast")))
+    error = await call_error(stub.Invoke(invoke("ignore-cancel", settings={"timeout": 4})))
     assert "the agent did not end its turn within 3 s of session/cancel" in error.message
 
 
