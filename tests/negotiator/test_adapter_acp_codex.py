@@ -84,10 +84,9 @@ def config_file(tmp_path: Path, codex_acp: Path, provider: MockResponses, work: 
 
 
 def invoke(prompt: str, work: Path, **options: Any) -> pb.InvokeRequest:
-    settings = {"cwd": str(work), **options.pop("settings", {})}
-    return pb.InvokeRequest(
-        agent="codex", prompt=prompt, options=pb.CallOptions(settings=settings, **options)
-    )
+    call_options = pb.CallOptions(**options)
+    call_options.settings.update({"cwd": str(work)})
+    return pb.InvokeRequest(agent="codex", prompt=prompt, options=call_options)
 
 
 async def test_the_declaration_is_built_from_codex_acps_initialize(stub: Stub) -> None:
@@ -189,7 +188,9 @@ async def test_without_an_approval_channel_the_command_does_not_run(
 
 async def test_the_deadline_cancels_the_agents_turn(stub: Stub, provider: MockResponses, work: Path) -> None:
     provider.turns = [{"hang": True}]
-    error = await call_error(stub.Invoke(invoke("wait forever", work, settings={"timeout": 8})))
+    request = invoke("wait forever", work)
+    request.options.settings.update({"timeout": 8})
+    error = await call_error(stub.Invoke(request))
     assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
     assert provider.started.is_set()
     # codex-acp got session/cancel and ended the turn (stop reason: cancelled) within the grace.
