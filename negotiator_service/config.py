@@ -81,7 +81,7 @@ from negotiator_service.model import (
     TypedSet,
 )
 
-IMPLEMENTATIONS = ("scripted", "command", "openai", "remote")
+IMPLEMENTATIONS = ("scripted", "command", "openai", "remote", "acp")
 EMBEDDED_CONFIG_PATH = "<embedded default config>"
 
 EMBEDDED_DEFAULT_CONFIG = """\

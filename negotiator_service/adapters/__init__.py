@@ -4,9 +4,11 @@
     command   a local agent CLI run without a shell (a harness)
     openai    any chat-completions server (a framework)
     remote    any process implementing agentsidecar.adapter.v1 (declares itself)
+    acp       any Agent Client Protocol agent over stdio (declared from its initialize answer)
 
 `build_adapter` builds the synchronous ones; a remote adapter must connect
-first, so the server builds a whole config with `await build_adapters(specs)`.
+first and an acp adapter asks its agent, so the server builds a whole config
+with `await build_adapters(specs)`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
+from negotiator_service.adapters.acp import AcpAdapter
 from negotiator_service.adapters.command import CommandAdapter
 from negotiator_service.adapters.openai import OpenAIAdapter
 from negotiator_service.adapters.remote import RemoteAdapter, connect_from_spec, connect_remote
@@ -30,7 +33,7 @@ _SYNC_BUILDERS: Mapping[str, Callable[[AdapterSpec], Adapter]] = MappingProxyTyp
         "openai": OpenAIAdapter,
     }
 )
-IMPLEMENTATIONS = frozenset({*_SYNC_BUILDERS, "remote"})
+IMPLEMENTATIONS = frozenset({*_SYNC_BUILDERS, "remote", "acp"})
 
 
 def _where(spec: AdapterSpec) -> str:
@@ -66,6 +69,8 @@ async def build_adapter_async(spec: AdapterSpec) -> Adapter:
     _checked(spec)
     if spec.implementation == "remote":
         return await connect_from_spec(spec)
+    if spec.implementation == "acp":
+        return await AcpAdapter.start(spec)
     return build_adapter(spec)
 
 
@@ -93,6 +98,7 @@ async def build_adapters(specs: Sequence[AdapterSpec]) -> list[Adapter]:
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "AcpAdapter",
     "CommandAdapter",
     "OpenAIAdapter",
     "RemoteAdapter",
