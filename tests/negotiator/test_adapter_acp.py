@@ -61,9 +61,11 @@ def acp_entry(shortname: str, env: dict[str, str], **options: Any) -> dict[str, 
 def config_file(tmp_path: Path, agent_files: dict[str, Path], roots: Path) -> Path:
     env = {"FAKE_ACP_LOG": str(agent_files["log"]), "FAKE_ACP_SESSIONS": str(agent_files["sessions"])}
     config = {
+        # The agent launches the MCP servers a call names: the operator admits their commands.
+        "mcp": {"caller_stdio_commands": ["mcp-files"]},
         "adapters": [
             acp_entry("fake-acp", env, cwd_roots=[str(roots)], timeout_seconds=20, client_fs="read"),
-        ]
+        ],
     }
     path = tmp_path / "negotiator.yaml"
     path.write_text(yaml.safe_dump(config))

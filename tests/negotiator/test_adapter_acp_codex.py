@@ -79,7 +79,9 @@ def config_file(tmp_path: Path, codex_acp: Path, provider: MockResponses, work: 
         "options": {"argv": [str(codex_acp)], "env": env, "cwd_roots": [str(work)], "timeout_seconds": 60},
     }
     path = tmp_path / "negotiator.yaml"
-    path.write_text(yaml.safe_dump({"adapters": [entry]}))
+    # codex-acp launches the MCP servers a call names: the operator admits their command.
+    admitted = {"mcp": {"caller_stdio_commands": [sys.executable]}}
+    path.write_text(yaml.safe_dump({**admitted, "adapters": [entry]}))
     return path
 
 
