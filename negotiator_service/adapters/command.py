@@ -194,6 +194,8 @@ def code_declaration(
         mcp_transports=harness.mcp_transports,
         accepted_settings=accepted_settings,
         string_formats=harness.string_formats if harness.output_schema is not None else frozenset(),
+        # The levels the map passes on are a typed set, so another level is refused before dispatch.
+        effort_levels=harness.effort_values,
     )
 
 

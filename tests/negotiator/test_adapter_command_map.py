@@ -99,7 +99,10 @@ async def test_options_the_call_does_not_set_add_nothing() -> None:
 
 async def test_an_effort_outside_the_mapped_values_is_refused() -> None:
     adapter = command({"argv": ECHO, "map": {"effort": {"argv": ["--e={effort}"], "values": ["low"]}}})
-    with pytest.raises(errors.AdapterRefused, match="effort 'max' is not one of low"):
+    # The mapped levels are the declaration's effort_levels: the negotiator refuses another before
+    # dispatch, and the adapter's own edge refuses it too.
+    assert adapter.declaration.effort_levels == {"low"}
+    with pytest.raises(errors.AdapterRefused, match="effort_levels:max"):
         await argv_of(adapter, effort="max")
 
 
