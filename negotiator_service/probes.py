@@ -100,8 +100,8 @@ class ProbeEvidence:
 
 
 def excerpt(text: str) -> str:
-    """`text` with every control and non-ASCII character escaped, cut to EXCERPT_LIMIT."""
-    escaped = json.dumps(text, ensure_ascii=True)[1:-1]
+    """`text` with backslashes, control and non-ASCII characters escaped, cut to EXCERPT_LIMIT."""
+    escaped = text.encode("unicode_escape").decode("ascii")
     return escaped if len(escaped) <= EXCERPT_LIMIT else escaped[: EXCERPT_LIMIT - 3] + "..."
 
 
@@ -212,9 +212,31 @@ def judge(request: ProbeRequest, status: int, body: bytes, when: datetime) -> Pr
         verdict=verdict,
         time=when,
         request=request_excerpt(request),
-        reply=excerpt(f"HTTP {status} " + body.decode("utf-8", errors="replace")),
+        reply=excerpt(f"HTTP {status} {_telling_part(request.kind, status, body)}"),
         detail=detail,
     )
+
+
+def _telling_part(kind: ProbeKind, status: int, body: bytes) -> str:
+    """The part of a reply its verdict rests on (the whole body when it has no such part)."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        reply = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return text
+    if not 200 <= status < 300 or not isinstance(reply, dict):
+        return text
+    part: Any = None
+    if kind is ProbeKind.MODELS and isinstance(reply.get("data"), list):
+        part = {"data": [item.get("id") for item in reply["data"] if isinstance(item, dict)]}
+    elif kind is ProbeKind.EFFORT and "usage" in reply:
+        part = {"usage": reply["usage"]}
+    elif kind in (ProbeKind.STRUCTURED_OUTPUT, ProbeKind.TOOL_CALL):
+        message = _message(reply)
+        if message is not None:
+            key = "content" if kind is ProbeKind.STRUCTURED_OUTPUT else "tool_calls"
+            part = {key: message.get(key)}
+    return text if part is None else json.dumps(part, sort_keys=True)
 
 
 def _verdict(request: ProbeRequest, status: int, body: bytes) -> tuple[ProbeVerdict, str]:
