@@ -66,10 +66,15 @@ def mock() -> Iterator[MockOpenAI]:
         yield server
 
 
-async def start(mock: MockOpenAI, directory: Path, socket_dir: Path, extra: str = "") -> RunningNegotiator:
+def write_config(mock: MockOpenAI, directory: Path, extra: str) -> Path:
     directory.mkdir(exist_ok=True)
     config = directory / "negotiator.yaml"
     config.write_text(config_text(mock.base_url, extra))
+    return config
+
+
+async def start(mock: MockOpenAI, directory: Path, socket_dir: Path, extra: str = "") -> RunningNegotiator:
+    config = write_config(mock, directory, extra)
     settings = Settings(
         listen=(f"unix:{socket_dir / 'negotiator.sock'}",), config_path=config, grace_seconds=1.0
     )
@@ -133,9 +138,11 @@ async def test_a_probe_that_shows_reasoning_settles_effort_supported_for_that_mo
         ("effort", PASSED),
     ]
     effort = response.evidence[3]
-    assert effort.capability == EFFORT and effort.model == "mock-reasoning"
+    assert effort.capability == EFFORT
+    assert effort.model == "mock-reasoning"
     assert '"reasoning_effort": "low"' in effort.request
-    assert "reasoning_tokens" in effort.reply and "5 reasoning tokens" in effort.detail
+    assert "reasoning_tokens" in effort.reply
+    assert "5 reasoning tokens" in effort.detail
     assert abs(effort.time.ToDatetime(UTC) - datetime.now(UTC)).total_seconds() < 30
     adapter = response.adapter
     assert model_states(adapter, "mock-reasoning")[EFFORT] == SUPPORTED
@@ -314,8 +321,11 @@ def test_evidence_is_short_and_escaped() -> None:
     request = probes.plan(code_declaration("llm", "m"), "m", strict=True)[-1]
     body = ('{"usage": {}, "note": "\x1b[31mred\n' + "x" * 1000 + '"}').encode()
     evidence = probes.judge(request, 200, body, datetime.now(UTC))
-    assert len(evidence.reply) <= probes.EXCERPT_LIMIT and evidence.reply.endswith("...")
-    assert "\x1b" not in evidence.reply and "\\x1b[31mred\\n" in evidence.reply and "\n" not in evidence.reply
+    assert len(evidence.reply) <= probes.EXCERPT_LIMIT
+    assert evidence.reply.endswith("...")
+    assert "\x1b" not in evidence.reply
+    assert "\\x1b[31mred\\n" in evidence.reply
+    assert "\n" not in evidence.reply
 
 
 def test_the_latest_evidence_decides_and_never_sticks() -> None:
