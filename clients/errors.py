@@ -19,6 +19,7 @@ reasons when they are defined, so the mapping cannot drift from the tree:
     │   ├── UnsupportedCapabilityError    UNSUPPORTED_CAPABILITY; .gaps .adapter .declaration_version
     │   ├── AdapterKindMismatchError      ADAPTER_KIND_MISMATCH; .adapter .kind .selected_by
     │   ├── AdapterNotRemovableError      ADAPTER_NOT_REMOVABLE; .adapter
+    │   ├── AdapterNotProbeableError      ADAPTER_NOT_PROBEABLE; .adapter .implementation
     │   ├── AdapterRegistrationFailedError  ADAPTER_REGISTRATION_FAILED; .target .cause
     │   ├── AdapterRefusedError  *        ADAPTER_REFUSED
     │   ├── AdapterMisconfiguredError  *  ADAPTER_MISCONFIGURED
@@ -532,6 +533,15 @@ class AdapterNotRemovableError(FailedPreconditionError):
     adapter = _text("adapter")
 
 
+class AdapterNotProbeableError(FailedPreconditionError):
+    """ProbeAdapter named an adapter with no upstream to probe (only openai adapters have one)."""
+
+    reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_NOT_PROBEABLE",)
+
+    adapter = _text("adapter")
+    implementation = _text("implementation")
+
+
 class AdapterRegistrationFailedError(FailedPreconditionError):
     reasons: ClassVar[tuple[str, ...]] = ("ADAPTER_REGISTRATION_FAILED",)
 
@@ -701,6 +711,7 @@ __all__ = [
     "AdapterKindMismatchError",
     "AdapterMisconfiguredError",
     "AdapterNotFoundError",
+    "AdapterNotProbeableError",
     "AdapterNotRemovableError",
     "AdapterRateLimitedError",
     "AdapterRefusedError",

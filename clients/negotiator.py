@@ -412,6 +412,16 @@ class NegotiatorClient(SyncClient):
         request = pb.DeregisterAdapterRequest(shortname=shortname)
         return self._call(self._stub.DeregisterAdapter, request, timeout).adapter
 
+    def probe_adapter(
+        self, shortname: str, model: str = "", *, timeout: Timeout = CLIENT_TIMEOUT
+    ) -> pb.ProbeAdapterResponse:
+        """Probe `model` (default: the adapter's default model) of an openai adapter's upstream.
+
+        Sends requests that cost tokens; the evidence stays on the adapter.
+        """
+        request = pb.ProbeAdapterRequest(shortname=shortname, model=model)
+        return self._call(self._stub.ProbeAdapter, request, timeout)
+
     # -- calls -----------------------------------------------------------
 
     def negotiate(

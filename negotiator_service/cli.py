@@ -6,6 +6,7 @@
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
     negotiator [--server ADDR] deregister SHORTNAME
+    negotiator [--server ADDR] probe ADAPTER [--model M]
     negotiator [--server ADDR] negotiate (--adapter X | --agent Y) [--schema FILE_OR_JSON] PROMPT [options]
     negotiator [--server ADDR] produce (--adapter X | --agent Y) --schema FILE_OR_JSON PROMPT [options]
     negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [options]
@@ -41,6 +42,8 @@ Output: JSON on stdout.
     adapters --watch     one {"change": "existing"|"registered"|"deregistered"|"updated",
                           "adapter": ADAPTER} per line
     register/deregister  {"adapter": ADAPTER}
+    probe                {"adapter": ADAPTER, "evidence": [EVIDENCE]}: this probe's evidence; it sends
+                          requests that cost tokens (an openai adapter's upstream only)
     negotiate            {"adapter", "declaration_version", "model", "accepted",
                           "verdicts": [VERDICT], "gaps": [VERDICT]}
     produce              {"adapter", "declaration_version", "model", "output": <the output, parsed>,
@@ -57,7 +60,10 @@ where
                "capabilities": {NAME: "supported"|"unsupported"|"unknown"},
                "mcp_transports", "accepted_settings", "string_formats", "hook_events", "effort_levels",
                "default_model", "models": {MODEL: {"capabilities", "mcp_transports", "accepted_settings",
-                                                   "string_formats", "hook_events", "effort_levels"}}}
+                                                   "string_formats", "hook_events", "effort_levels"}},
+               "probe_evidence": [EVIDENCE]}
+    EVIDENCE = {"model", "probe": "models"|"structured_output"|"tool_call"|"effort", "capability",
+                "verdict": "passed"|"failed"|"inconclusive", "time", "request", "reply", "detail"}
     "model" of a decision: the entry of "models" that judged the call ("" for the adapter's own)
     VERDICT = {"capability", "set", "member", "request_field", "state", "allowed_unknown"}
     (set and member are null unless the requirement is a typed-set member)
@@ -213,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     deregister = commands.add_parser("deregister", help="remove a runtime-registered adapter")
     deregister.add_argument("shortname", metavar="SHORTNAME")
     deregister.add_argument("--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS")
+
+    probe = commands.add_parser(
+        "probe", help="probe an openai adapter's upstream for one model (sends requests that cost tokens)"
+    )
+    probe.add_argument("shortname", metavar="ADAPTER")
+    probe.add_argument(
+        "--model", default="", help="the model to probe (default: the adapter's default model)"
+    )
+    probe.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
 
     call_options = _call_options_parser()
     negotiate = commands.add_parser("negotiate", parents=[call_options], help="dry run: verdicts and gaps")
@@ -383,6 +398,23 @@ def adapter_json(adapter: pb.Adapter) -> dict[str, Any]:
         **_declared_json(declaration),
         "default_model": declaration.default_model,
         "models": {entry.model: _declared_json(entry) for entry in declaration.models},
+        "probe_evidence": [probe_evidence_json(item) for item in adapter.probe_evidence],
+    }
+
+
+def probe_evidence_json(evidence: pb.ProbeEvidence) -> dict[str, Any]:
+    unset = evidence.capability == common_pb2.CAPABILITY_UNSPECIFIED
+    return {
+        "model": evidence.model,
+        "probe": evidence.probe,
+        "capability": None
+        if unset
+        else _enum_name(common_pb2.Capability.Name(evidence.capability), "CAPABILITY_"),
+        "verdict": _enum_name(pb.ProbeVerdict.Name(evidence.verdict), "PROBE_VERDICT_"),
+        "time": evidence.time.ToJsonString(),
+        "request": evidence.request,
+        "reply": evidence.reply,
+        "detail": evidence.detail,
     }
 
 
@@ -520,6 +552,14 @@ def run_client_command(args: argparse.Namespace) -> int:
                 _print({"adapters": [adapter_json(a) for a in client.list_adapters()]})
         elif command == "register":
             _print({"adapter": adapter_json(client.register_adapter(args.target, args.shortname))})
+        elif command == "probe":
+            probed = client.probe_adapter(args.shortname, args.model)
+            _print(
+                {
+                    "adapter": adapter_json(probed.adapter),
+                    "evidence": [probe_evidence_json(item) for item in probed.evidence],
+                }
+            )
         elif command == "deregister":
             _print({"adapter": adapter_json(client.deregister_adapter(args.shortname))})
         elif command == "negotiate":

@@ -141,7 +141,7 @@ _BOOL_TAG = "tag:yaml.org,2002:bool"
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 
-_TOP_KEYS = ("adapters", "profiles", "limits", "mcp")
+_TOP_KEYS = ("adapters", "profiles", "limits", "mcp", "probe")
 _ADAPTER_KEYS = ("shortname", "implementation", "declaration", "options")
 _DECLARATION_KEYS = ("kind", "capabilities", *(s.value for s in TypedSet), "models")
 # A model's entry states capabilities and typed sets; kind and models are the adapter's.
@@ -175,6 +175,7 @@ class NegotiatorConfig:
     profiles: Mapping[str, Profile] | None = None
     max_depth: int = DEFAULT_MAX_DEPTH  # `limits.max_depth`
     mcp: McpPolicy = field(default_factory=McpPolicy)  # `mcp:`; the default admits no caller-supplied server
+    probe: ProbeSchedule | None = None  # `probe:`; None: no probe runs unless asked (ProbeAdapter)
 
 
 class _Reader:
@@ -314,7 +315,10 @@ def load_negotiator_config(text: str, path: str) -> NegotiatorConfig:
     profiles = _profiles(reader, top["profiles"]) if "profiles" in top else None
     max_depth = _max_depth(reader, top["limits"]) if "limits" in top else DEFAULT_MAX_DEPTH
     mcp = _mcp_policy(reader, top["mcp"]) if "mcp" in top else McpPolicy()
-    return NegotiatorConfig(adapters=tuple(specs), profiles=profiles, max_depth=max_depth, mcp=mcp)
+    probe = _probe_schedule(reader, top["probe"], specs) if "probe" in top else None
+    return NegotiatorConfig(
+        adapters=tuple(specs), profiles=profiles, max_depth=max_depth, mcp=mcp, probe=probe
+    )
 
 
 def _profiles(reader: _Reader, node: yaml.Node) -> Mapping[str, Profile]:
@@ -470,6 +474,65 @@ def _mcp_policy(reader: _Reader, node: yaml.Node) -> McpPolicy:
         # As urlsplit().hostname gives them: lower case, IPv6 without brackets.
         hosts = frozenset(host.strip("[]").lower() for host in listed)
     return McpPolicy(caller_stdio_commands=commands, caller_hosts=hosts)
+
+
+# --- probe: (prober.py runs it) ------------------------------------------------
+#
+#     probe:
+#       every_seconds: 3600           # optional: probe again on this schedule; absent: at start-up only
+#       adapters:
+#         litellm: [mock-drop, gpt-4o] # the models to probe; []: the adapter's default model
+#
+# Probes send requests that cost tokens, so none runs unless this section
+# (or a ProbeAdapter call) asks for it. Only openai adapters can be probed.
+
+_PROBE_KEYS = ("every_seconds", "adapters")
+PROBEABLE_IMPLEMENTATIONS = ("openai",)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSchedule:
+    adapters: Mapping[str, tuple[str, ...]]  # shortname: models to probe (empty: the default model)
+    every_seconds: float | None = None  # None: at start-up only
+
+
+def _probe_schedule(reader: _Reader, node: yaml.Node, specs: list[AdapterSpec]) -> ProbeSchedule:
+    fields = reader.mapping(node, "probe", _PROBE_KEYS)
+    every: float | None = None
+    if "every_seconds" in fields:
+        every_node = fields["every_seconds"]
+        value = (
+            reader.loader.construct_object(every_node, deep=True)
+            if isinstance(every_node, yaml.ScalarNode) and every_node.tag in (_INT_TAG, _FLOAT_TAG)
+            else None
+        )
+        if not isinstance(value, int | float) or not value > 0:
+            reader.fail(every_node, "probe.every_seconds must be a positive number of seconds")
+        every = float(value)
+    adapters: dict[str, tuple[str, ...]] = {}
+    if "adapters" in fields:
+        adapters_node = fields["adapters"]
+        if not isinstance(adapters_node, yaml.MappingNode):
+            reader.fail(adapters_node, "probe.adapters must be a mapping from adapter shortname to models")
+        implementations = {spec.shortname: spec.implementation for spec in specs}
+        for key_node, models_node in adapters_node.value:
+            name = reader.string(key_node, "a key of probe.adapters")
+            if name in adapters:
+                reader.fail(key_node, f"duplicate key {name!r} in probe.adapters")
+            implementation = implementations.get(name)
+            if implementation is None:
+                reader.fail(
+                    key_node, f'probe.adapters names "{name}", which is not an adapter of this config'
+                )
+            if implementation not in PROBEABLE_IMPLEMENTATIONS:
+                reader.fail(
+                    key_node,
+                    f'probe.adapters names "{name}", a {implementation} adapter; '
+                    "only openai adapters can be probed",
+                )
+            models = reader.string_set(models_node, f"probe.adapters.{name}", lambda _n, _m: None)
+            adapters[name] = tuple(sorted(models))
+    return ProbeSchedule(adapters=MappingProxyType(adapters), every_seconds=every)
 
 
 def _max_depth(reader: _Reader, node: yaml.Node) -> int:

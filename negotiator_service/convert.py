@@ -47,6 +47,7 @@ from negotiator_service.model import (
     TypedSet,
     Verdict,
 )
+from negotiator_service.probes import Probeable, ProbeEvidence, ProbeVerdict
 from negotiator_service.registry import Change, RegisteredAdapter
 from negotiator_service.tools import (
     ApprovalDecision,
@@ -312,8 +313,36 @@ def declaration_to_proto(declaration: Declaration) -> common_pb2.Declaration:
     )
 
 
+PROBE_VERDICT_TO_PROTO: Mapping[ProbeVerdict, negotiator_pb2.ProbeVerdict.ValueType] = MappingProxyType(
+    {
+        ProbeVerdict.PASSED: negotiator_pb2.PROBE_VERDICT_PASSED,
+        ProbeVerdict.FAILED: negotiator_pb2.PROBE_VERDICT_FAILED,
+        ProbeVerdict.INCONCLUSIVE: negotiator_pb2.PROBE_VERDICT_INCONCLUSIVE,
+    }
+)
+
+
+def probe_evidence_to_proto(evidence: ProbeEvidence) -> negotiator_pb2.ProbeEvidence:
+    time = timestamp_pb2.Timestamp()
+    time.FromDatetime(evidence.time)
+    capability = evidence.capability
+    return negotiator_pb2.ProbeEvidence(
+        model=evidence.model,
+        probe=evidence.kind.value,
+        capability=(
+            CAPABILITY_TO_PROTO[capability] if capability is not None else common_pb2.CAPABILITY_UNSPECIFIED
+        ),
+        verdict=PROBE_VERDICT_TO_PROTO[evidence.verdict],
+        time=time,
+        request=evidence.request,
+        reply=evidence.reply,
+        detail=evidence.detail,
+    )
+
+
 def adapter_to_proto(entry: RegisteredAdapter) -> negotiator_pb2.Adapter:
     not_serving = entry.serving_detail
+    evidence = entry.adapter.probe_evidence if isinstance(entry.adapter, Probeable) else {}
     return negotiator_pb2.Adapter(
         declaration=declaration_to_proto(entry.adapter.declaration),
         implementation=entry.adapter.implementation,
@@ -325,6 +354,9 @@ def adapter_to_proto(entry: RegisteredAdapter) -> negotiator_pb2.Adapter:
             else negotiator_pb2.ADAPTER_SERVING_STATUS_SERVING
         ),
         serving_detail=not_serving,
+        probe_evidence=[
+            probe_evidence_to_proto(item) for model in sorted(evidence) for item in evidence[model]
+        ],
     )
 
 

@@ -7,6 +7,7 @@ NegotiatorError
 ├── UnsupportedCapability       the declaration cannot honour the call (every gap)
 ├── AdapterAlreadyExists        register with a shortname already taken
 ├── AdapterNotRemovable         deregister of a config-defined adapter
+├── AdapterNotProbeable         ProbeAdapter names an adapter with no upstream to probe
 ├── ConfigError                 bad config file, or config widening a declaration
 ├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
 ├── AdapterTargetNotAllowed     RegisterAdapter names a host the operator did not allow
@@ -115,6 +116,19 @@ class AdapterNotRemovable(NegotiatorError):
     def __init__(self, shortname: str) -> None:
         super().__init__(f'adapter "{shortname}" comes from the config file; edit the config instead')
         self.shortname = shortname
+
+
+class AdapterNotProbeable(NegotiatorError):
+    """ProbeAdapter named an adapter whose implementation has no upstream to probe."""
+
+    reason = "ADAPTER_NOT_PROBEABLE"
+
+    def __init__(self, shortname: str, implementation: str) -> None:
+        super().__init__(
+            f'adapter "{shortname}" is a {implementation} adapter; only openai adapters can be probed'
+        )
+        self.shortname = shortname
+        self.implementation = implementation
 
 
 class ConfigError(NegotiatorError):

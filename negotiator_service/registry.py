@@ -147,6 +147,11 @@ class AdapterRegistry:
         if failures:
             raise ExceptionGroup("closing adapters failed", failures)
 
+    def changed(self, shortname: str, entry: RegisteredAdapter) -> None:
+        """Publish "updated" for `entry` (its evidence or declaration changed) while it is `shortname`'s."""
+        if self._entries.get(shortname) is entry:
+            self._publish("updated", entry)
+
     def _updated(self, entry: RegisteredAdapter) -> None:
         if self._entries.get(entry.shortname) is entry:
             self._publish("updated", entry)

@@ -40,6 +40,7 @@ from negotiator_service.config import (
 from negotiator_service.conversations import ConversationManager, ConversationStore, default_state_dir
 from negotiator_service.errors import AdapterRegistrationFailed, ConfigError
 from negotiator_service.model import Adapter, AdapterSpec
+from negotiator_service.prober import Prober
 from negotiator_service.registrations import RegistrationStore, RuntimeRegistrations, StoredRegistration
 from negotiator_service.registry import DEFAULT_REFRESH_SECONDS, AdapterRegistry, RegisteredAdapter
 from negotiator_service.servicer import (
@@ -114,6 +115,7 @@ class RunningNegotiator:
     bootstrapper: Bootstrapper | None = None
     decision_log: CallLog | None = None  # closed here when the server does not own it
     registrations: RuntimeRegistrations | None = None
+    prober: Prober | None = None  # runs the config's `probe:` schedule, and ProbeAdapter
     # What restoring the runtime registrations met at start-up (each also logged).
     registration_problems: Sequence[str] = ()
     _stopped: bool = field(default=False)
@@ -133,6 +135,8 @@ class RunningNegotiator:
         self._stopped = True
         self.servicer.begin_shutdown()
         try:
+            if self.prober is not None:
+                await self.prober.close()
             await self.running.stop()
         finally:
             try:
@@ -243,6 +247,7 @@ async def create_server(
             else None
         )
         bootstrapper = Bootstrapper(seedstore, audit=broker.audit)
+        prober = Prober(registry, config.probe)
         servicer = NegotiatorServicer(
             broker,
             registry,
@@ -255,6 +260,7 @@ async def create_server(
             max_reply_bytes=options.max_message_bytes,
             bind_conversations=options.tokens is not None,
             registrations=registrations,
+            prober=prober,
         )
     except BaseException:
         # Nothing listens yet, but the adapters and the decision writer's thread are running.
@@ -283,6 +289,7 @@ async def create_server(
         if decision_log is not None and shared_log is None:
             await decision_log.close()
         raise
+    prober.start()  # the config's probes, in the background: calls are judged without them until they end
     return RunningNegotiator(
         running=running,
         registry=registry,
@@ -291,6 +298,7 @@ async def create_server(
         bootstrapper=bootstrapper,
         decision_log=decision_log if shared_log is None else None,
         registrations=registrations,
+        prober=prober,
         registration_problems=tuple(problems),
     )
 

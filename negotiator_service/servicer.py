@@ -60,6 +60,7 @@ from negotiator_service.model import (
     JsonValue,
     ToolBox,
 )
+from negotiator_service.prober import Prober
 from negotiator_service.registrations import RuntimeRegistrations
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
 from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
@@ -97,6 +98,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         max_reply_bytes: int | None = None,
         bind_conversations: bool = False,
         registrations: RuntimeRegistrations | None = None,
+        prober: Prober | None = None,
     ) -> None:
         """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
 
@@ -119,6 +121,8 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
         `registrations` adds and removes runtime adapters in `registry` (default:
         in memory only; the server's keeps them in the state directory).
+
+        `prober` serves ProbeAdapter (default: one over `registry` with no schedule).
         """
         self._broker = broker
         self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
@@ -127,6 +131,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         )
         self._registry = registry
         self._registrations = registrations or RuntimeRegistrations(registry)
+        self._prober = prober or Prober(registry)
         self._connect_remote = connect_remote
         self._deadline_margin = deadline_margin
         self._logger = logger or _LOGGER
@@ -253,6 +258,25 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             return response
         except Exception as error:
             await self._fail(context, "DeregisterAdapter", error)
+
+    async def ProbeAdapter(
+        self, request: negotiator_pb2.ProbeAdapterRequest, context: Context
+    ) -> negotiator_pb2.ProbeAdapterResponse:
+        try:
+            shortname = _required_shortname(request.shortname)
+            if request.model != request.model.strip() or (request.model and not request.model.isprintable()):
+                raise InvalidRequest(
+                    [("model", "must be a model name without surrounding space or control characters")]
+                )
+            entry, evidence = await self._prober.probe(shortname, request.model)
+            verdicts = ", ".join(f"{e.kind.value}={e.verdict.value}" for e in evidence)
+            self._logger.info("probed adapter %s: %s", shortname, verdicts)
+            return negotiator_pb2.ProbeAdapterResponse(
+                adapter=convert.adapter_to_proto(entry),
+                evidence=[convert.probe_evidence_to_proto(item) for item in evidence],
+            )
+        except Exception as error:
+            await self._fail(context, "ProbeAdapter", error)
 
     # -- calls -----------------------------------------------------------
 

@@ -168,6 +168,17 @@ def _not_removable(error: errors.AdapterNotRemovable) -> RichError:
     )
 
 
+def _not_probeable(error: errors.AdapterNotProbeable) -> RichError:
+    return _rich(
+        error,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        {"adapter": error.shortname, "implementation": error.implementation},
+        precondition_violations=(
+            PreconditionViolation("ADAPTER_NOT_PROBEABLE", error.shortname, error.message),
+        ),
+    )
+
+
 def _config(error: errors.ConfigError) -> RichError:
     return _rich(error, grpc.StatusCode.INVALID_ARGUMENT, field_violations=(("config", error.message),))
 
@@ -447,6 +458,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.UnsupportedCapability: _unsupported,
         errors.AdapterAlreadyExists: _already_exists,
         errors.AdapterNotRemovable: _not_removable,
+        errors.AdapterNotProbeable: _not_probeable,
         errors.ConfigError: _config,
         errors.AdapterRegistrationFailed: _registration_failed,
         errors.AdapterTargetNotAllowed: _target_not_allowed,

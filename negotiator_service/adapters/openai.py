@@ -92,6 +92,7 @@ from negotiator_service.model import (
     ToolSpec,
     strict_json,
 )
+from negotiator_service.probes import ProbeEvidence, ProbeRequest, settle
 from negotiator_service.tools import CallToolBox
 from sidecar_runtime.tracing import trace_metadata
 
@@ -462,12 +463,15 @@ class OpenAIAdapter:
 
     def __init__(self, spec: AdapterSpec) -> None:
         self._options = read_options(spec)
-        self._declaration = narrow(
+        # Code narrowed by config; `_declaration` is this with the probe evidence settled on it.
+        self._base_declaration = narrow(
             code_declaration(spec.shortname, self._options.model),
             spec.declaration,
             shortname=spec.shortname,
             implementation="openai",
         )
+        self._declaration = self._base_declaration
+        self._evidence: dict[str, tuple[ProbeEvidence, ...]] = {}
         self._url = f"{self._options.base_url}/chat/completions"
         # Parsed once: httpx parses a string URL again on every request.
         self._endpoint = httpx.URL(self._url)
@@ -481,6 +485,48 @@ class OpenAIAdapter:
     @property
     def declaration(self) -> Declaration:
         return self._declaration
+
+    # -- probes (prober.py runs them) -------------------------------------
+
+    @property
+    def probe_evidence(self) -> Mapping[str, tuple[ProbeEvidence, ...]]:
+        """The latest evidence per model."""
+        return MappingProxyType(self._evidence)
+
+    def probe_strict(self, model: str) -> bool:
+        """Whether structured output goes to `model` with `strict: true`."""
+        return self._options.strict_for(model)
+
+    def record_probes(self, model: str, evidence: tuple[ProbeEvidence, ...]) -> None:
+        """Keep `evidence` as `model`'s latest and settle the declaration from code, config and evidence."""
+        self._evidence[model] = evidence
+        self._declaration = settle(self._base_declaration, self._evidence)
+
+    async def probe_exchange(self, request: ProbeRequest) -> tuple[int, bytes]:
+        """Send one probe; its status and body (capped like a call's). Raises AdapterError when unanswered."""
+        shortname = self._declaration.shortname
+        if self._closed:
+            raise errors.AdapterUnavailable(shortname, "the adapter is closed")
+        url = httpx.URL(f"{self._options.base_url}{request.path}")
+        message = self._client.build_request(
+            request.method,
+            url,
+            json=dict(request.body) if request.body is not None else None,
+            headers=self._headers(),
+        )
+        deadline = call_deadline(shortname, None, self._options.timeout_seconds)
+        try:
+            async with asyncio.timeout(deadline.seconds):
+                response = await self._client.send(message, stream=True)
+                try:
+                    content = await self._read_capped(response)
+                finally:
+                    await response.aclose()
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise deadline.expired(shortname) from exc
+        except httpx.HTTPError as exc:
+            raise errors.AdapterUnavailable(shortname, f"cannot reach {url}: {exc!r}") from exc
+        return response.status_code, content
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)

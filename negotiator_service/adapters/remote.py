@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -164,10 +165,62 @@ def grpc_target(target: str) -> str | None:
     return target
 
 
+_Declared = common_pb2.Declaration | common_pb2.ModelDeclaration
+
+
+def _declared_fields(
+    message: _Declared, contract_revision: int, where: str, problems: list[str]
+) -> tuple[dict[Capability, CapabilityState], dict[str, frozenset[str]]]:
+    """The capabilities and typed sets of a declaration or one model's entry; problems appended."""
+    capabilities: dict[Capability, CapabilityState] = {}
+    for index, entry in enumerate(message.capabilities):
+        capability = _CAPABILITIES.get(entry.capability)
+        state = _STATES.get(entry.state)
+        if capability is None:
+            problems.append(
+                f"{where}capabilities[{index}].capability is unspecified or unknown ({entry.capability})"
+            )
+        if state is None:
+            problems.append(f"{where}capabilities[{index}].state is unspecified or unknown ({entry.state})")
+        if capability is None or state is None:
+            continue
+        if capability in capabilities and capabilities[capability] is not state:
+            problems.append(f"{where}capabilities[{index}] declares {capability.value} twice, differently")
+        capabilities[capability] = state
+    sets = {
+        "mcp_transports": frozenset(message.mcp_transports),
+        "accepted_settings": frozenset(message.accepted_settings),
+        "string_formats": frozenset(message.string_formats),
+        "hook_events": frozenset(message.hook_events),
+        "effort_levels": frozenset(message.effort_levels),
+    }
+    for name, members in sets.items():
+        if any(not member.strip() for member in members):
+            problems.append(f"{where}{name} contains an empty member")
+    for transport in sorted(sets["mcp_transports"] - MCP_TRANSPORTS):
+        problems.append(
+            f'{where}mcp_transports contains "{transport}", not one of {", ".join(sorted(MCP_TRANSPORTS))}'
+        )
+    # An explicit UNKNOWN says what omission says; dropping it keeps the version stable.
+    # What the contract cannot carry is UNSUPPORTED whatever the adapter claims, so
+    # Negotiate and the pre-dispatch check refuse it instead of the adapter's edge.
+    states: dict[Capability, CapabilityState] = {
+        c: s for c, s in capabilities.items() if s is not CapabilityState.UNKNOWN
+    }
+    states.update(
+        dict.fromkeys(ALL_CAPABILITIES - implemented_in(contract_revision), CapabilityState.UNSUPPORTED)
+    )
+    return states, sets
+
+
 def declaration_from_proto(
     message: common_pb2.Declaration, contract_revision: int = CONTRACT_REVISION
 ) -> tuple[Declaration | None, list[str]]:
-    """The declaration a remote adapter sent, or every reason it cannot be registered."""
+    """The declaration a remote adapter sent, its per-model entries included, or every reason it cannot be.
+
+    Each model's entry is complete (as the contract says) and is held to the
+    same contract revision as the adapter-level fields.
+    """
     problems: list[str] = []
     try:
         validate_shortname(message.shortname)
@@ -176,55 +229,39 @@ def declaration_from_proto(
     kind = _KINDS.get(message.kind)
     if kind is None:
         problems.append(f"kind must be agent-framework or agent-harness, not {message.kind}")
-    capabilities: dict[Capability, CapabilityState] = {}
-    for index, entry in enumerate(message.capabilities):
-        capability = _CAPABILITIES.get(entry.capability)
-        state = _STATES.get(entry.state)
-        if capability is None:
-            problems.append(
-                f"capabilities[{index}].capability is unspecified or unknown ({entry.capability})"
-            )
-        if state is None:
-            problems.append(f"capabilities[{index}].state is unspecified or unknown ({entry.state})")
-        if capability is None or state is None:
-            continue
-        if capability in capabilities and capabilities[capability] is not state:
-            problems.append(f"capabilities[{index}] declares {capability.value} twice, differently")
-        capabilities[capability] = state
-    sets = {
-        "mcp_transports": frozenset(message.mcp_transports),
-        "accepted_settings": frozenset(message.accepted_settings),
-        "string_formats": frozenset(message.string_formats),
-        "hook_events": frozenset(message.hook_events),
-    }
-    for name, members in sets.items():
-        if any(not member.strip() for member in members):
-            problems.append(f"{name} contains an empty member")
-    for transport in sorted(sets["mcp_transports"] - MCP_TRANSPORTS):
-        problems.append(
-            f'mcp_transports contains "{transport}", not one of {", ".join(sorted(MCP_TRANSPORTS))}'
-        )
+    capabilities, sets = _declared_fields(message, contract_revision, "", problems)
+    entries: dict[str, tuple[dict[Capability, CapabilityState], dict[str, frozenset[str]]]] = {}
+    for index, model_entry in enumerate(message.models):
+        where = f"models[{index}]."
+        if not model_entry.model.strip():
+            problems.append(f"{where}model is empty")
+        elif model_entry.model in entries:
+            problems.append(f'{where}model "{model_entry.model}" is declared twice')
+        fields = _declared_fields(model_entry, contract_revision, where, problems)
+        entries.setdefault(model_entry.model, fields)
     if problems or kind is None:
         return None, problems
-    return (
-        Declaration(
+
+    def declared(
+        states: dict[Capability, CapabilityState], members: dict[str, frozenset[str]]
+    ) -> Declaration:
+        return Declaration(
             shortname=message.shortname,
             kind=kind,
-            # An explicit UNKNOWN says what omission says; dropping it keeps the version stable.
-            # What the contract cannot carry is UNSUPPORTED whatever the adapter claims, so
-            # Negotiate and the pre-dispatch check refuse it instead of the adapter's edge.
-            capabilities=MappingProxyType(
-                {c: s for c, s in capabilities.items() if s is not CapabilityState.UNKNOWN}
-                | {
-                    c: CapabilityState.UNSUPPORTED
-                    for c in ALL_CAPABILITIES - implemented_in(contract_revision)
-                }
-            ),
-            mcp_transports=sets["mcp_transports"],
-            accepted_settings=sets["accepted_settings"],
-            string_formats=sets["string_formats"],
-            hook_events=sets["hook_events"],
+            capabilities=MappingProxyType(states),
+            mcp_transports=members["mcp_transports"],
+            accepted_settings=members["accepted_settings"],
+            string_formats=members["string_formats"],
+            hook_events=members["hook_events"],
+            effort_levels=members["effort_levels"],
             scripted=message.scripted,
+        )
+
+    models = {name: declared(*fields) for name, fields in sorted(entries.items())}
+    adapter_level = declared(capabilities, sets)
+    return (
+        dataclasses.replace(
+            adapter_level, default_model=message.default_model, models=MappingProxyType(models)
         ),
         [],
     )

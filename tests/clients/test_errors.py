@@ -93,6 +93,10 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
     ),
     nerrors.AdapterAlreadyExists: (nerrors.AdapterAlreadyExists("x"), errors.AlreadyExistsError),
     nerrors.AdapterNotRemovable: (nerrors.AdapterNotRemovable("demo"), errors.AdapterNotRemovableError),
+    nerrors.AdapterNotProbeable: (
+        nerrors.AdapterNotProbeable("demo", "scripted"),
+        errors.AdapterNotProbeableError,
+    ),
     nerrors.ConfigError: (nerrors.ConfigError("bad"), errors.InvalidArgumentError),
     nerrors.AdapterRegistrationFailed: (
         nerrors.AdapterRegistrationFailed("unix:/x", "no declaration"),

@@ -26,6 +26,12 @@ function: {name, arguments: "<json string>"}}]`, finish_reason "tool_calls".
 Every `role: tool` message a request carries that no earlier request carried
 is appended to `tool_messages`.
 
+Probes: `GET /v1/models` lists `listed_models`. A request with `reasoning_effort`
+for a model in `reasoning_models` reports `usage.completion_tokens_details.
+reasoning_tokens` > 0; any other reports 0, as a server that ignores the effort
+does. With `call_required_tools`, a request with `tool_choice: "required"` is
+answered with a call of its first tool with `required_tool_arguments`.
+
 Every request is recorded (method, path, lower-cased headers, parsed JSON body,
 client port) in `requests`.
 """
@@ -91,6 +97,10 @@ class MockOpenAI:
         self.tool_rounds: list[list[dict[str, Any]]] = []
         self.tool_messages: list[dict[str, Any]] = []
         self.huge_bytes = 200 * 1024 * 1024
+        self.listed_models: list[str] = ["gpt-4o-mini"]
+        self.reasoning_models: set[str] = set()
+        self.call_required_tools = False
+        self.required_tool_arguments: Any = {"word": "probe"}
         self.sent_bytes = 0
         self._call_ids = itertools.count(1)
         self._ids = itertools.count(1)
@@ -148,6 +158,15 @@ class MockOpenAI:
         finish_reason = "stop"
         tool_calls = None
         tool_round = self.next_tool_round() if self.mode == "ok" else None
+        tools = request_body.get("tools") if isinstance(request_body, dict) else None
+        if (
+            tool_round is None
+            and self.call_required_tools
+            and request_body.get("tool_choice") == "required"
+            and isinstance(tools, list)
+            and tools
+        ):
+            tool_round = [{"name": tools[0]["function"]["name"], "arguments": self.required_tool_arguments}]
         if tool_round is not None:
             content, finish_reason = None, "tool_calls"
             tool_calls = [self._tool_call(call) for call in tool_round]
@@ -178,7 +197,16 @@ class MockOpenAI:
                     "finish_reason": finish_reason,
                 }
             ],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+            "usage": {
+                "prompt_tokens": 12,
+                "completion_tokens": 7,
+                "total_tokens": 19,
+                "completion_tokens_details": {
+                    "reasoning_tokens": 5
+                    if "reasoning_effort" in request_body and model in self.reasoning_models
+                    else 0
+                },
+            },
         }
 
     def _tool_call(self, call: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +231,27 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
+
+        def do_GET(self) -> None:
+            mock.record(
+                RecordedRequest(
+                    method="GET",
+                    path=self.path,
+                    headers={name.lower(): value for name, value in self.headers.items()},
+                    body=None,
+                    client_port=int(self.client_address[1]),
+                )
+            )
+            if self.path != "/v1/models":
+                self._send_json(
+                    404, _error_body(f"Unknown request URL: GET {self.path}.", "invalid_request_error")
+                )
+                return
+            data = [
+                {"id": name, "object": "model", "created": 0, "owned_by": "mock"}
+                for name in mock.listed_models
+            ]
+            self._send_json(200, {"object": "list", "data": data})
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)

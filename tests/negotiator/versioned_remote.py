@@ -1,13 +1,16 @@
 """A remote adapter whose declaration is chosen on the command line, for the "remote stays current" tests.
 
     python versioned_remote.py --listen unix:PATH --shortname NAME [--effort supported|unsupported]
-                               [--label TEXT]
+                               [--label TEXT] [--model-effort MODEL:LEVEL[,LEVEL]]... [--default-model M]
 
 It declares stateful_history and effort (as --effort says; every other
 capability unsupported), serves grpc.health.v1 (SIGUSR1 turns it
 NOT_SERVING, SIGUSR2 SERVING again), and answers Invoke with
 "<label>:<prompt>", refusing an effort it does not declare with
-FAILED_PRECONDITION. In a conversation its state is {"turns": n}.
+FAILED_PRECONDITION. Each --model-effort adds a per-model entry declaring
+effort supported for MODEL at those levels (everything else as the adapter
+level says); --default-model is the model of a call naming none.
+In a conversation its state is {"turns": n}.
 
 Prints `READY <address>` once serving; SIGTERM stops it.
 """
@@ -29,32 +32,54 @@ from grpc_health.v1 import _async as health_aio  # the public alias `health.aio`
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def declaration(shortname: str, effort: bool) -> common_pb2.Declaration:
-    supported = {common_pb2.CAPABILITY_STATEFUL_HISTORY} | (
-        {common_pb2.CAPABILITY_EFFORT} if effort else set()
-    )
+def declaration(
+    shortname: str, effort: bool, model_efforts: dict[str, list[str]] | None = None, default_model: str = ""
+) -> common_pb2.Declaration:
     return common_pb2.Declaration(
         shortname=shortname,
         kind=common_pb2.ADAPTER_KIND_AGENT_FRAMEWORK,
-        capabilities=[
-            common_pb2.CapabilityDeclaration(
-                capability=capability,
-                state=(
-                    common_pb2.CAPABILITY_STATE_SUPPORTED
-                    if capability in supported
-                    else common_pb2.CAPABILITY_STATE_UNSUPPORTED
-                ),
+        capabilities=capability_states(effort),
+        default_model=default_model,
+        models=[
+            common_pb2.ModelDeclaration(
+                model=model, capabilities=capability_states(True), effort_levels=levels
             )
-            for capability in common_pb2.Capability.values()
-            if capability != common_pb2.CAPABILITY_UNSPECIFIED
+            for model, levels in sorted((model_efforts or {}).items())
         ],
     )
 
 
+def capability_states(effort: bool) -> list[common_pb2.CapabilityDeclaration]:
+    supported = {common_pb2.CAPABILITY_STATEFUL_HISTORY} | (
+        {common_pb2.CAPABILITY_EFFORT} if effort else set()
+    )
+    return [
+        common_pb2.CapabilityDeclaration(
+            capability=capability,
+            state=(
+                common_pb2.CAPABILITY_STATE_SUPPORTED
+                if capability in supported
+                else common_pb2.CAPABILITY_STATE_UNSUPPORTED
+            ),
+        )
+        for capability in common_pb2.Capability.values()
+        if capability != common_pb2.CAPABILITY_UNSPECIFIED
+    ]
+
+
 class VersionedAdapter(adapter_pb2_grpc.AdapterServiceServicer):
-    def __init__(self, shortname: str, effort: bool, label: str) -> None:
-        self._declaration = declaration(shortname, effort)
+    def __init__(
+        self,
+        shortname: str,
+        effort: bool,
+        label: str,
+        model_efforts: dict[str, list[str]],
+        default_model: str,
+    ) -> None:
+        self._declaration = declaration(shortname, effort, model_efforts, default_model)
         self._effort = effort
+        self._model_efforts = model_efforts
+        self._default_model = default_model
         self._label = label
 
     async def GetDeclaration(
@@ -65,7 +90,12 @@ class VersionedAdapter(adapter_pb2_grpc.AdapterServiceServicer):
     async def Invoke(
         self, request: adapter_pb2.InvokeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adapter_pb2.InvokeResponse:
-        if request.options.HasField("effort") and not self._effort:
+        model = request.options.model if request.options.HasField("model") else self._default_model
+        levels = self._model_efforts.get(model)
+        if levels is not None and request.options.HasField("effort"):
+            if request.options.effort not in levels:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{model} takes effort {levels}")
+        elif request.options.HasField("effort") and not self._effort:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "effort is not implemented")
         response = adapter_pb2.InvokeResponse(text=f"{self._label}:{request.prompt}")
         if request.options.conversation_id:
@@ -92,9 +122,17 @@ class VersionedAdapter(adapter_pb2_grpc.AdapterServiceServicer):
         yield adapter_pb2.CallWithToolsResponse()  # never reached: makes this an async generator
 
 
-async def serve(listen: str, shortname: str, effort: bool, label: str) -> None:
+async def serve(
+    listen: str,
+    shortname: str,
+    effort: bool,
+    label: str,
+    model_efforts: dict[str, list[str]],
+    default_model: str,
+) -> None:
     server = grpc.aio.server()
-    adapter_pb2_grpc.add_AdapterServiceServicer_to_server(VersionedAdapter(shortname, effort, label), server)
+    adapter = VersionedAdapter(shortname, effort, label, model_efforts, default_model)
+    adapter_pb2_grpc.add_AdapterServiceServicer_to_server(adapter, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(listen)
@@ -124,8 +162,22 @@ def main() -> None:
     parser.add_argument("--shortname", required=True)
     parser.add_argument("--effort", choices=("supported", "unsupported"), default="unsupported")
     parser.add_argument("--label", default="v1")
+    parser.add_argument("--model-effort", action="append", default=[], metavar="MODEL:LEVEL[,LEVEL]")
+    parser.add_argument("--default-model", default="")
     args = parser.parse_args()
-    asyncio.run(serve(args.listen, args.shortname, args.effort == "supported", args.label))
+    model_efforts = {
+        model: levels.split(",") for model, _, levels in (item.partition(":") for item in args.model_effort)
+    }
+    asyncio.run(
+        serve(
+            args.listen,
+            args.shortname,
+            args.effort == "supported",
+            args.label,
+            model_efforts,
+            args.default_model,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -179,3 +179,41 @@ async def test_structured_output_goes_in_its_strict_form(
     first, second = (body["response_format"]["json_schema"] for body in proxy.chat_requests())
     assert (first["strict"], first["schema"]) == (True, {**STRICT_READY, "additionalProperties": False})
     assert (second["strict"], second["schema"]) == (False, optional)
+
+
+async def test_probes_never_show_effort_for_models_that_drop_or_refuse_it(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
+) -> None:
+    assert proxy.received == []  # starting the negotiator probed nothing: no probe: section
+    failed = pb.PROBE_VERDICT_FAILED
+    for model in ("mock-drop", "mock-nodrop"):
+        response = await stub.ProbeAdapter(
+            pb.ProbeAdapterRequest(shortname="litellm", model=model), timeout=60
+        )
+        for item in response.evidence:
+            print(f"{model}: {item.probe} {pb.ProbeVerdict.Name(item.verdict)}: {item.detail} | {item.reply}")
+        verdicts = {item.probe: item.verdict for item in response.evidence}
+        assert verdicts["models"] == pb.PROBE_VERDICT_PASSED
+        assert verdicts["effort"] == failed  # dropped (no reasoning tokens) or refused (HTTP 400)
+        [entry] = [m for m in response.adapter.declaration.models if m.model == model]
+        states = {c.capability: c.state for c in entry.capabilities}
+        assert states[common_pb2.CAPABILITY_EFFORT] == common_pb2.CAPABILITY_STATE_UNSUPPORTED
+    for received in proxy.received:
+        print("LiteLLM received:", received.method, received.path, json.dumps(received.body))
+    sent_effort = [b for b in proxy.chat_requests() if "reasoning_effort" in b]
+    assert [b["model"] for b in sent_effort] == ["mock-drop", "mock-nodrop"]
+    # Only the probes were sent: a call with effort to mock-drop is still refused before dispatch.
+    proxy.clear()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Invoke(invoke("litellm", model="mock-drop", effort="low"), timeout=10)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert proxy.chat_requests() == []
+    # A config that vouched for effort keeps its word: a probe cannot overrule the operator.
+    vouched = await stub.ProbeAdapter(
+        pb.ProbeAdapterRequest(shortname="litellm-vouched", model="mock-drop"), timeout=60
+    )
+    assert {i.probe: i.verdict for i in vouched.evidence}["effort"] == failed
+    [entry] = vouched.adapter.declaration.models
+    assert {c.capability: c.state for c in entry.capabilities}[common_pb2.CAPABILITY_EFFORT] == (
+        common_pb2.CAPABILITY_STATE_SUPPORTED
+    )

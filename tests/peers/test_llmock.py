@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
+from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 
@@ -88,3 +89,30 @@ async def test_effort_and_persona_are_refused_before_dispatch_for_a_generic_serv
     response = await stub.Invoke(pb.InvokeRequest(adapter="llmock", prompt="hello"), timeout=30)
     assert response.text
     assert len(proxy.chat_requests()) == 1
+
+
+async def test_probing_llmock_keeps_evidence_and_settles_only_what_was_unknown(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
+) -> None:
+    assert proxy.received == []  # no probe: section, so nothing was probed at start-up
+    response = await stub.ProbeAdapter(pb.ProbeAdapterRequest(shortname="llmock"), timeout=60)
+    for item in response.evidence:
+        print(f"{item.probe} {pb.ProbeVerdict.Name(item.verdict)}: {item.detail} | {item.reply}")
+    verdicts = {item.probe: item.verdict for item in response.evidence}
+    passed = pb.PROBE_VERDICT_PASSED
+    # llmock lists the model, answers the schema and calls the tool, but shows no reasoning tokens.
+    assert verdicts == {
+        "models": passed,
+        "structured_output": passed,
+        "tool_call": passed,
+        "effort": pb.PROBE_VERDICT_FAILED,
+    }
+    assert all(item.model == "gpt-4o" and item.request for item in response.evidence)
+    [entry] = response.adapter.declaration.models
+    states = {c.capability: c.state for c in entry.capabilities}
+    assert states[common_pb2.CAPABILITY_EFFORT] == common_pb2.CAPABILITY_STATE_UNSUPPORTED
+    # What the code enforces itself stays SUPPORTED whatever a probe showed.
+    assert states[common_pb2.CAPABILITY_STRUCTURED_OUTPUT] == common_pb2.CAPABILITY_STATE_SUPPORTED
+    shown = (await stub.GetAdapter(pb.GetAdapterRequest(shortname="llmock"))).adapter
+    assert list(shown.probe_evidence) == list(response.evidence)
+    assert [r.path for r in proxy.received] == ["/v1/models"] + ["/v1/chat/completions"] * 3

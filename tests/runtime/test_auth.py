@@ -292,6 +292,7 @@ def test_read_method_lists_name_real_methods() -> None:
     }  # fmt: skip
     assert always_guarded(negotiator_server, NEGOTIATOR) == {
         "RegisterAdapter", "DeregisterAdapter", "Produce", "Invoke", "ToolSession", "WatchAudit",
+        "ProbeAdapter",
     }  # fmt: skip
 
 
