@@ -55,6 +55,7 @@ from negotiator_service.model import (
     ToolBox,
 )
 from negotiator_service.registry import AdapterRegistry
+from negotiator_service.tools import visible_tools
 from sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("negotiator_service.broker")
@@ -263,11 +264,35 @@ class Broker:
         schema = negotiation.validate_request(request, self.profiles)
         expanded, origins = negotiation.expand_profile(request, self.profiles)
         declaration = negotiation.select(expanded, self.registry.declaration)
+        if expanded.options.settings:
+            self._check_settings(declaration.shortname, expanded)
         requirements = negotiation.relabel(negotiation.derive_requirements(expanded, schema), origins)
         decision = negotiation.judge(
             declaration, requirements, request.options.allow_unknown, expanded.options.model
         )
         return decision, schema, expanded
+
+    def _check_settings(self, shortname: str, request: CallRequest) -> None:
+        """Refuse setting values the adapter's own pure rules reject (InvalidRequest), before judging.
+
+        An adapter with typed settings (openai) states its rules as
+        `setting_problems(options, tool_names)`; one without them leaves the
+        values to its edge. The tools are those the model would be offered;
+        None while MCP servers (listed only once they run) may add some.
+        """
+        check = getattr(self.registry.get(shortname).adapter, "setting_problems", None)
+        if check is None:
+            return
+        options = request.options
+        tool_names: list[str] | None = None
+        if not options.mcp_servers:
+            specs = request.tools
+            if options.tool_filter is not None:
+                specs = visible_tools(specs, options.tool_filter)
+            tool_names = [spec.name for spec in specs]
+        problems = check(options, tool_names)
+        if problems:
+            raise InvalidRequest(problems)
 
     async def _run(
         self, adapter: Adapter, shortname: str, kind: CallKind, adapter_call: AdapterCall
