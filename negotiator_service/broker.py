@@ -53,9 +53,11 @@ from negotiator_service.model import (
     JsonValue,
     Profile,
     ToolBox,
+    Usage,
 )
 from negotiator_service.registry import AdapterRegistry
 from negotiator_service.tools import visible_tools
+from negotiator_service.usage import count_tokens, model_label
 from sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("negotiator_service.broker")
@@ -181,6 +183,10 @@ class Broker:
             )
             dispatched = True
             reply = await self._run(entry.adapter, decision.adapter, request.kind, adapter_call)
+            if reply.usage is not None:
+                audit.usage = reply.usage
+                label = model_label(entry.adapter.declaration, expanded.options.model)
+                count_tokens(decision.adapter, label, reply.usage)
             if not request.options.stream_events and reply.events:
                 # Events were not negotiated; returning them anyway would be an
                 # undeclared surface.
@@ -381,7 +387,7 @@ def decision_record(
 class _AuditDraft:
     """The audit record of one call, filled in as the call goes and emitted once when it ends."""
 
-    __slots__ = ("_caller", "_delegation_depth", "_log", "_operation", "_request", "decision")
+    __slots__ = ("_caller", "_delegation_depth", "_log", "_operation", "_request", "decision", "usage")
 
     def __init__(
         self, broker: Broker, operation: str, caller: str, request: CallRequest, *, delegation_depth: int
@@ -392,6 +398,7 @@ class _AuditDraft:
         self._request = request
         self._delegation_depth = delegation_depth
         self.decision: Decision | None = None  # set once the call was judged
+        self.usage: Usage | None = None  # set once the adapter returned a reply with usage
 
     def ended(self, error: BaseException, *, dispatched: bool) -> None:
         """Emit the record of a call that raised `error`."""
@@ -420,6 +427,7 @@ class _AuditDraft:
                 error_reason=error_reason,
                 conversation_id=request.options.conversation_id or "",
                 delegation_depth=self._delegation_depth,
+                usage=self.usage,
             )
         )
 

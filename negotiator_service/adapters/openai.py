@@ -96,6 +96,7 @@ from negotiator_service.model import (
     JsonValue,
     ToolOutcome,
     ToolSpec,
+    Usage,
     strict_json,
 )
 from negotiator_service.tools import CallToolBox
@@ -148,6 +149,7 @@ class ToolRound:
 
     assistant_message: dict[str, JsonValue]  # to send back, as the protocol requires
     calls: tuple[ModelToolCall, ...]
+    usage: Usage | None = None
 
 
 def _code_state(capability: Capability) -> CapabilityState:
@@ -404,9 +406,10 @@ def read_response(
     finish_reason = choice.get("finish_reason")
     if finish_reason == "content_filter":
         raise errors.AdapterRefused(adapter, "the provider's content filter stopped the output")
+    usage = read_usage(completion.get("usage"))
     # Some providers finish a tool round with "stop"; the tool_calls decide.
     if message.get("tool_calls"):
-        return _tool_round(adapter, message)
+        return replace(_tool_round(adapter, message), usage=usage)
     content = message.get("content")
     if not isinstance(content, str):
         raise errors.AdapterInternal(
@@ -414,7 +417,33 @@ def read_response(
         )
     if produce and finish_reason == "length":
         raise errors.AdapterInternal(adapter, "output truncated by max tokens")
-    return AdapterReply(text=content)
+    return AdapterReply(text=content, usage=usage)
+
+
+def _count(value: JsonValue) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def read_usage(usage: JsonValue) -> Usage | None:
+    """A completion's `usage` (None when it has none); a count missing or malformed reads as 0."""
+    if not isinstance(usage, dict):
+        return None
+    completion_details = usage.get("completion_tokens_details")
+    prompt_details = usage.get("prompt_tokens_details")
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        reasoning_tokens=_count(completion_details.get("reasoning_tokens"))
+        if isinstance(completion_details, dict)
+        else 0,
+        cached_tokens=_count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else 0,
+    )
+
+
+def _summed(total: Usage | None, more: Usage | None) -> Usage | None:
+    if more is None:
+        return total
+    return more if total is None else total + more
 
 
 def _tool_round(adapter: str, message: dict[str, Any]) -> ToolRound:
@@ -590,7 +619,7 @@ class OpenAIAdapter:
         # The persona is not history: each call states its own.
         turn = [*prior, {"role": "user", "content": call.prompt}, *followups]
         state = {"messages": [*turn, {"role": "assistant", "content": reply.text}]}
-        return AdapterReply(text=reply.text, events=reply.events, conversation_state=state)
+        return AdapterReply(text=reply.text, events=reply.events, conversation_state=state, usage=reply.usage)
 
     async def _with_mcp_tools(self, call: AdapterCall, stack: contextlib.AsyncExitStack) -> AdapterCall:
         """The call with its MCP servers' tools beside the caller's; the servers close with `stack`."""
@@ -614,6 +643,7 @@ class OpenAIAdapter:
         shortname = self._declaration.shortname
         model_options = self._options.for_model(call.options.model or self._options.model)
         rounds = 0
+        usage: Usage | None = None  # summed over the rounds
         while True:
             if isinstance(call.tools, CallToolBox):
                 await call.tools.refresh()
@@ -631,8 +661,9 @@ class OpenAIAdapter:
             deadline = call_deadline(shortname, budget, self._options.timeout_seconds)
             status, response_headers, content = await self._post(body, headers, deadline)
             answer = read_response(shortname, status, response_headers, content, produce=produce)
+            usage = _summed(usage, answer.usage)
             if isinstance(answer, AdapterReply):
-                return answer
+                return answer if answer.usage is usage else replace(answer, usage=usage)
             rounds += 1
             if rounds > MAX_TOOL_ROUNDS:
                 raise errors.AdapterInternal(

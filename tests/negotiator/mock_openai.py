@@ -26,6 +26,8 @@ function: {name, arguments: "<json string>"}}]`, finish_reason "tool_calls".
 Every `role: tool` message a request carries that no earlier request carried
 is appended to `tool_messages`.
 
+`usage` is the `usage` object of every completion (None: the field is left out).
+
 Every request is recorded (method, path, lower-cased headers, parsed JSON body,
 client port) in `requests`.
 """
@@ -90,6 +92,7 @@ class MockOpenAI:
         self.requests: list[RecordedRequest] = []
         self.tool_rounds: list[list[dict[str, Any]]] = []
         self.tool_messages: list[dict[str, Any]] = []
+        self.usage: dict[str, Any] | None = {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}
         self.huge_bytes = 200 * 1024 * 1024
         self.sent_bytes = 0
         self._call_ids = itertools.count(1)
@@ -164,7 +167,7 @@ class MockOpenAI:
         }
         if tool_calls is not None:
             message["tool_calls"] = tool_calls
-        return {
+        completion: dict[str, Any] = {
             "id": f"chatcmpl-mock{next(self._ids)}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -178,8 +181,10 @@ class MockOpenAI:
                     "finish_reason": finish_reason,
                 }
             ],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
         }
+        if self.usage is not None:
+            completion["usage"] = self.usage
+        return completion
 
     def _tool_call(self, call: dict[str, Any]) -> dict[str, Any]:
         arguments = call.get("arguments", {})
