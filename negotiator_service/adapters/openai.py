@@ -37,8 +37,12 @@ MCP servers (mcp) are connected for the length of the call by the
 negotiator's own client (mcp_tools.py), and their tools join the caller's in
 one tools.CallToolBox, so the same filter, risk and approval rules hold for
 both; a server whose tools changed is listed again before the next round. A persona
-is sent as a leading system message (it is not part of the conversation
-state: each call states its own).
+is sent as a leading system (or, per `persona_role`, developer) message (it is
+not part of the conversation state: each call states its own).
+
+Settings are checked by type and range (openai_settings.py) before dispatch and
+again here. The `usage` of every completion is summed over the call's rounds
+into the reply.
 
 Options:
     base_url:        e.g. http://127.0.0.1:8000/v1 (required)
@@ -50,7 +54,10 @@ Options:
     strict_schema:   send structured output with `strict: true` (after the strict
                      rewrite) where the schema has a strict form; false: always
                      `strict: false` (default true)
-    models:          per-model options, {MODEL: {strict_schema: BOOL}}
+    max_tokens_field: max_tokens | max_completion_tokens: the name a max-tokens setting
+                     (either name) is sent under; unset: the name the caller used
+    persona_role:    system | developer: the role of the persona message (default system)
+    models:          per-model options, {MODEL: {strict_schema, max_tokens_field, persona_role}}
     max_response_bytes: the largest response body read from the provider
                      (default 8 MiB, after content decoding). The body is read
                      as a stream and reading stops at the cap: the call fails
