@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -211,7 +212,7 @@ async def test_max_completion_tokens_tool_choice_and_usage_through_litellm(
     start.invoke.CopyFrom(invoke("litellm-settings", model="mock-drop", settings=choice))
     session = stub.ToolSession(timeout=30)  # type: ignore[call-arg]
     await session.write(pb.ToolSessionRequest(start=start))
-    final = await session.read()
+    final: Any = await session.read()
     assert final.WhichOneof("message") == "invoke_result"
     assert final.invoke_result.text == "answered without effort"
     session.cancel()
