@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from negotiator_service.errors import AuditWatcherDropped
-from negotiator_service.model import AuditRecord, JsonValue, Verdict
+from negotiator_service.model import AuditRecord, JsonValue, Usage, Verdict
 
 DEFAULT_WATCH_QUEUE_SIZE = 1000
 _LOGGER = logging.getLogger("negotiator_service.audit")
@@ -44,7 +44,7 @@ def verdict_json(verdict: Verdict) -> dict[str, JsonValue]:
 
 def record_json(record: AuditRecord) -> dict[str, JsonValue]:
     """The JSON object of one audit log line; field names are the AuditRecord proto's."""
-    return {
+    line: dict[str, JsonValue] = {
         "time": record.time.isoformat(timespec="microseconds").replace("+00:00", "Z"),
         "caller": record.caller,
         "operation": record.operation,
@@ -57,6 +57,18 @@ def record_json(record: AuditRecord) -> dict[str, JsonValue]:
         "conversation_id": record.conversation_id,
         "delegation_depth": record.delegation_depth,
         "seed": record.seed,
+    }
+    if record.usage is not None:  # as in the proto: absent when the upstream reported none
+        line["usage"] = usage_json(record.usage)
+    return line
+
+
+def usage_json(usage: Usage) -> dict[str, JsonValue]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "cached_tokens": usage.cached_tokens,
     }
 
 

@@ -53,8 +53,11 @@ from negotiator_service.model import (
     JsonValue,
     Profile,
     ToolBox,
+    Usage,
 )
 from negotiator_service.registry import AdapterRegistry
+from negotiator_service.tools import visible_tools
+from negotiator_service.usage import count_tokens, model_label
 from sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("negotiator_service.broker")
@@ -180,6 +183,10 @@ class Broker:
             )
             dispatched = True
             reply = await self._run(entry.adapter, decision.adapter, request.kind, adapter_call)
+            if reply.usage is not None:
+                audit.usage = reply.usage
+                label = model_label(entry.adapter.declaration, expanded.options.model)
+                count_tokens(decision.adapter, label, reply.usage)
             if not request.options.stream_events and reply.events:
                 # Events were not negotiated; returning them anyway would be an
                 # undeclared surface.
@@ -263,11 +270,35 @@ class Broker:
         schema = negotiation.validate_request(request, self.profiles)
         expanded, origins = negotiation.expand_profile(request, self.profiles)
         declaration = negotiation.select(expanded, self.registry.declaration)
+        if expanded.options.settings:
+            self._check_settings(declaration.shortname, expanded)
         requirements = negotiation.relabel(negotiation.derive_requirements(expanded, schema), origins)
         decision = negotiation.judge(
             declaration, requirements, request.options.allow_unknown, expanded.options.model
         )
         return decision, schema, expanded
+
+    def _check_settings(self, shortname: str, request: CallRequest) -> None:
+        """Refuse setting values the adapter's own pure rules reject (InvalidRequest), before judging.
+
+        An adapter with typed settings (openai) states its rules as
+        `setting_problems(options, tool_names)`; one without them leaves the
+        values to its edge. The tools are those the model would be offered;
+        None while MCP servers (listed only once they run) may add some.
+        """
+        check = getattr(self.registry.get(shortname).adapter, "setting_problems", None)
+        if check is None:
+            return
+        options = request.options
+        tool_names: list[str] | None = None
+        if not options.mcp_servers:
+            specs = request.tools
+            if options.tool_filter is not None:
+                specs = visible_tools(specs, options.tool_filter)
+            tool_names = [spec.name for spec in specs]
+        problems = check(options, tool_names)
+        if problems:
+            raise InvalidRequest(problems)
 
     async def _run(
         self, adapter: Adapter, shortname: str, kind: CallKind, adapter_call: AdapterCall
@@ -356,7 +387,7 @@ def decision_record(
 class _AuditDraft:
     """The audit record of one call, filled in as the call goes and emitted once when it ends."""
 
-    __slots__ = ("_caller", "_delegation_depth", "_log", "_operation", "_request", "decision")
+    __slots__ = ("_caller", "_delegation_depth", "_log", "_operation", "_request", "decision", "usage")
 
     def __init__(
         self, broker: Broker, operation: str, caller: str, request: CallRequest, *, delegation_depth: int
@@ -367,6 +398,7 @@ class _AuditDraft:
         self._request = request
         self._delegation_depth = delegation_depth
         self.decision: Decision | None = None  # set once the call was judged
+        self.usage: Usage | None = None  # set once the adapter returned a reply with usage
 
     def ended(self, error: BaseException, *, dispatched: bool) -> None:
         """Emit the record of a call that raised `error`."""
@@ -395,6 +427,7 @@ class _AuditDraft:
                 error_reason=error_reason,
                 conversation_id=request.options.conversation_id or "",
                 delegation_depth=self._delegation_depth,
+                usage=self.usage,
             )
         )
 

@@ -45,6 +45,7 @@ from negotiator_service.model import (
     ToolFilter,
     ToolRisk,
     TypedSet,
+    Usage,
     Verdict,
 )
 from negotiator_service.probes import Probeable, ProbeEvidence, ProbeVerdict
@@ -454,6 +455,8 @@ def produce_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.
     response.decision.CopyFrom(_shared_decision_proto(decision))
     if reply.events:
         response.events.extend(events_to_proto(reply.events))
+    if reply.usage is not None:
+        response.usage.CopyFrom(usage_to_proto(reply.usage))
     return response
 
 
@@ -462,7 +465,18 @@ def invoke_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.I
     response.decision.CopyFrom(_shared_decision_proto(decision))
     if reply.events:
         response.events.extend(events_to_proto(reply.events))
+    if reply.usage is not None:
+        response.usage.CopyFrom(usage_to_proto(reply.usage))
     return response
+
+
+def usage_to_proto(usage: Usage) -> negotiator_pb2.Usage:
+    return negotiator_pb2.Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        cached_tokens=usage.cached_tokens,
+    )
 
 
 # --- audit ---------------------------------------------------------------------------
@@ -484,6 +498,7 @@ def audit_record_to_proto(record: AuditRecord) -> negotiator_pb2.AuditRecord:
         conversation_id=record.conversation_id,
         delegation_depth=record.delegation_depth,
         seed=record.seed,
+        usage=usage_to_proto(record.usage) if record.usage is not None else None,
     )
 
 

@@ -441,6 +441,33 @@ class AdapterCall:
     conversation_state: JsonValue = None
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens an upstream reported for a call (a count it did not report is 0)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens
+    cached_tokens: int = 0  # of prompt_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.cached_tokens + other.cached_tokens,
+        )
+
+    def counts(self) -> tuple[tuple[str, int], ...]:
+        """(kind, tokens) per kind, as metrics and the audit log name them."""
+        return (
+            ("prompt", self.prompt_tokens),
+            ("completion", self.completion_tokens),
+            ("reasoning", self.reasoning_tokens),
+            ("cached", self.cached_tokens),
+        )
+
+
 @per_call
 class AdapterReply:
     """An adapter's answer: `text` for Invoke, JSON text for Produce."""
@@ -449,6 +476,8 @@ class AdapterReply:
     events: tuple[StreamEvent, ...] = ()
     # The adapter state to commit if, and only if, the whole call succeeds.
     conversation_state: JsonValue = None
+    # Tokens the upstream reported, summed over the call's requests; None when it reported none.
+    usage: Usage | None = None
 
 
 class Adapter(Protocol):
@@ -542,6 +571,7 @@ class AuditRecord:
     conversation_id: str = ""
     delegation_depth: int = 0
     seed: str = ""  # bootstrap: "<domain>/<id>" of the seed chosen to run, once one was chosen
+    usage: Usage | None = None  # tokens the upstream reported, for a call that returned a reply
 
     @property
     def allowed_unknown(self) -> tuple[Capability, ...]:

@@ -343,9 +343,14 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                     )
 
                 refused = self._conversation_refused("tool_session", call, context, delegation_depth)
-                return await self._conversations.run(
-                    call, delegation_depth, turn_dispatch, refused=refused, owner=self._owner(context)
-                )
+                try:
+                    return await self._conversations.run(
+                        call, delegation_depth, turn_dispatch, refused=refused, owner=self._owner(context)
+                    )
+                except InvalidRequest as error:
+                    # The broker's own checks (setting values) name fields of the call inside `start`.
+                    which = f"start.{call.kind.value}"
+                    raise InvalidRequest([(f"{which}.{f}", d) for f, d in error.violations]) from error
 
             incoming = (
                 _with_generated_id(convert.tool_session_request(message))

@@ -37,8 +37,12 @@ MCP servers (mcp) are connected for the length of the call by the
 negotiator's own client (mcp_tools.py), and their tools join the caller's in
 one tools.CallToolBox, so the same filter, risk and approval rules hold for
 both; a server whose tools changed is listed again before the next round. A persona
-is sent as a leading system message (it is not part of the conversation
-state: each call states its own).
+is sent as a leading system (or, per `persona_role`, developer) message (it is
+not part of the conversation state: each call states its own).
+
+Settings are checked by type and range (openai_settings.py) before dispatch and
+again here. The `usage` of every completion is summed over the call's rounds
+into the reply.
 
 Options:
     base_url:        e.g. http://127.0.0.1:8000/v1 (required)
@@ -50,7 +54,10 @@ Options:
     strict_schema:   send structured output with `strict: true` (after the strict
                      rewrite) where the schema has a strict form; false: always
                      `strict: false` (default true)
-    models:          per-model options, {MODEL: {strict_schema: BOOL}}
+    max_tokens_field: max_tokens | max_completion_tokens: the name a max-tokens setting
+                     (either name) is sent under; unset: the name the caller used
+    persona_role:    system | developer: the role of the persona message (default system)
+    models:          per-model options, {MODEL: {strict_schema, max_tokens_field, persona_role}}
     max_response_bytes: the largest response body read from the provider
                      (default 8 MiB, after content decoding). The body is read
                      as a stream and reading stops at the cap: the call fails
@@ -66,7 +73,7 @@ import email.utils
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -77,6 +84,11 @@ from negotiator_service import errors, mcp_tools
 from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
 from negotiator_service.adapters._options import OptionReader
 from negotiator_service.adapters._strict import STRICT_FORMATS, strict_form
+from negotiator_service.adapters.openai_settings import (
+    ACCEPTED_SETTINGS,
+    MAX_TOKENS_FIELDS,
+    setting_problems,
+)
 from negotiator_service.declarations import narrow
 from negotiator_service.model import (
     AdapterCall,
@@ -84,12 +96,14 @@ from negotiator_service.model import (
     AdapterReply,
     AdapterSpec,
     CallKind,
+    CallOptions,
     Capability,
     CapabilityState,
     Declaration,
     JsonValue,
     ToolOutcome,
     ToolSpec,
+    Usage,
     strict_json,
 )
 from negotiator_service.probes import ProbeEvidence, ProbeRequest, settle
@@ -102,21 +116,6 @@ STRING_FORMATS = STRICT_FORMATS
 # The values chat completions documents for `reasoning_effort`; a model takes some of them
 # (config lists which per model with `effort_levels`).
 EFFORT_LEVELS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
-ACCEPTED_SETTINGS = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "max_completion_tokens",
-        "seed",
-        "stop",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "user",
-        "service_tier",
-    }
-)
 IMPLEMENTED = frozenset(
     {
         Capability.STRUCTURED_OUTPUT,
@@ -128,7 +127,7 @@ IMPLEMENTED = frozenset(
         # The negotiator's ToolBox enforces the filter: hidden tools are neither
         # sent to the model nor run when it names them anyway.
         Capability.TOOL_FILTER,
-        Capability.PERSONA,  # a leading system message
+        Capability.PERSONA,  # a leading system (or developer) message
         # MCP servers are run by the negotiator's own client (mcp_tools.py) in the tool loop.
         Capability.MCP,
     }
@@ -158,6 +157,7 @@ class ToolRound:
 
     assistant_message: dict[str, JsonValue]  # to send back, as the protocol requires
     calls: tuple[ModelToolCall, ...]
+    usage: Usage | None = None
 
 
 def _code_state(capability: Capability) -> CapabilityState:
@@ -181,6 +181,19 @@ def code_declaration(shortname: str, default_model: str = "") -> Declaration:
     )
 
 
+PERSONA_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """What the adapter sends differently for one model (options `models.<model>`, else the adapter's)."""
+
+    strict_schema: bool = True
+    # The field a max-tokens setting is sent as (either name the caller used); None: as the caller named it.
+    max_tokens_field: str | None = None
+    persona_role: str = "system"  # the role of the persona message: "system" or "developer"
+
+
 @dataclass(frozen=True, slots=True)
 class OpenAIOptions:
     base_url: str
@@ -189,12 +202,33 @@ class OpenAIOptions:
     timeout_seconds: float
     organization: str | None
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-    strict_schema: bool = True
-    # Models whose strict_schema differs from the adapter's.
-    strict_schema_models: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
+    defaults: ModelOptions = ModelOptions()
+    # Models whose options differ from the adapter's.
+    models: Mapping[str, ModelOptions] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def strict_schema(self) -> bool:
+        return self.defaults.strict_schema
+
+    def for_model(self, model: str) -> ModelOptions:
+        return self.models.get(model, self.defaults)
 
     def strict_for(self, model: str) -> bool:
-        return self.strict_schema_models.get(model, self.strict_schema)
+        return self.for_model(model).strict_schema
+
+
+def _model_options(reader: OptionReader, base: ModelOptions) -> ModelOptions:
+    max_tokens_field = reader.string("max_tokens_field", default=base.max_tokens_field)
+    if max_tokens_field is not None and max_tokens_field not in MAX_TOKENS_FIELDS:
+        reader.fail(reader.path("max_tokens_field"), f"must be one of {', '.join(MAX_TOKENS_FIELDS)}")
+    persona_role = reader.string("persona_role", default=base.persona_role)
+    if persona_role not in PERSONA_ROLES:
+        reader.fail(reader.path("persona_role"), f"must be one of {', '.join(PERSONA_ROLES)}")
+    return ModelOptions(
+        strict_schema=reader.boolean("strict_schema", base.strict_schema),
+        max_tokens_field=max_tokens_field,
+        persona_role=persona_role,
+    )
 
 
 def read_options(spec: AdapterSpec) -> OpenAIOptions:
@@ -212,8 +246,8 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
     assert timeout is not None  # it has a default
     organization = reader.string("organization")
     max_response_bytes = reader.positive_int("max_response_bytes", DEFAULT_MAX_RESPONSE_BYTES)
-    strict_schema = reader.boolean("strict_schema", True)
-    strict_schema_models: dict[str, bool] = {}
+    defaults = _model_options(reader, ModelOptions())
+    per_model: dict[str, ModelOptions] = {}
     if reader.has("models"):
         raw_models = reader.raw("models")
         if not isinstance(raw_models, Mapping):
@@ -223,7 +257,7 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
             if not name.strip():
                 reader.fail("models", "contains an empty model name")
             model_reader = models.nested(name)
-            strict_schema_models[name] = model_reader.boolean("strict_schema", strict_schema)
+            per_model[name] = _model_options(model_reader, defaults)
             model_reader.finish()
         models.finish()
     reader.finish()
@@ -234,8 +268,8 @@ def read_options(spec: AdapterSpec) -> OpenAIOptions:
         timeout_seconds=timeout,
         organization=organization,
         max_response_bytes=max_response_bytes,
-        strict_schema=strict_schema,
-        strict_schema_models=MappingProxyType(strict_schema_models),
+        defaults=defaults,
+        models=MappingProxyType(per_model),
     )
 
 
@@ -259,15 +293,20 @@ def request_body(
     prior: list[dict[str, JsonValue]] | None = None,
     followups: list[dict[str, JsonValue]] | None = None,
     strict: bool = True,
+    model_options: ModelOptions | None = None,
 ) -> dict[str, JsonValue]:
-    """The chat-completions request for a call that passed `check_call`.
+    """The chat-completions request for a call that passed `check_call` and `setting_problems`.
 
     `prior` is the conversation's history; `followups` are this call's tool
     rounds so far (assistant tool_calls and tool results), after the prompt.
     `strict`: whether the model takes `strict: true` schemas (see `response_format`).
+    `model_options` say how the model takes the persona and the max-tokens limit.
     """
+    options = model_options if model_options is not None else ModelOptions()
     persona: list[dict[str, JsonValue]] = (
-        [{"role": "system", "content": call.options.persona}] if call.options.persona is not None else []
+        [{"role": options.persona_role, "content": call.options.persona}]
+        if call.options.persona is not None
+        else []
     )
     body: dict[str, JsonValue] = {
         "model": call.options.model or default_model,
@@ -276,6 +315,9 @@ def request_body(
     if call.tools is not None and call.tools.specs:
         body["tools"] = tool_definitions(call.tools.specs)
     for name, value in call.options.settings.items():
+        if name in MAX_TOKENS_FIELDS and options.max_tokens_field is not None:
+            # One limit under two names: the model takes the one its options name.
+            name = options.max_tokens_field
         # protobuf Struct carries every number as a double; providers reject 256.0 max_tokens.
         body[name] = plain_json(value, integral_floats=True)
     if call.options.effort is not None:
@@ -372,9 +414,10 @@ def read_response(
     finish_reason = choice.get("finish_reason")
     if finish_reason == "content_filter":
         raise errors.AdapterRefused(adapter, "the provider's content filter stopped the output")
+    usage = read_usage(completion.get("usage"))
     # Some providers finish a tool round with "stop"; the tool_calls decide.
     if message.get("tool_calls"):
-        return _tool_round(adapter, message)
+        return replace(_tool_round(adapter, message), usage=usage)
     content = message.get("content")
     if not isinstance(content, str):
         raise errors.AdapterInternal(
@@ -382,7 +425,33 @@ def read_response(
         )
     if produce and finish_reason == "length":
         raise errors.AdapterInternal(adapter, "output truncated by max tokens")
-    return AdapterReply(text=content)
+    return AdapterReply(text=content, usage=usage)
+
+
+def _count(value: JsonValue) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def read_usage(usage: JsonValue) -> Usage | None:
+    """A completion's `usage` (None when it has none); a count missing or malformed reads as 0."""
+    if not isinstance(usage, dict):
+        return None
+    completion_details = usage.get("completion_tokens_details")
+    prompt_details = usage.get("prompt_tokens_details")
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        reasoning_tokens=_count(completion_details.get("reasoning_tokens"))
+        if isinstance(completion_details, dict)
+        else 0,
+        cached_tokens=_count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else 0,
+    )
+
+
+def _summed(total: Usage | None, more: Usage | None) -> Usage | None:
+    if more is None:
+        return total
+    return more if total is None else total + more
 
 
 def _tool_round(adapter: str, message: dict[str, Any]) -> ToolRound:
@@ -540,13 +609,33 @@ class OpenAIAdapter:
         self._closed = True
         await self._client.aclose()
 
-    def _refuse_unknown_settings(self, call: AdapterCall) -> None:
+    def setting_problems(
+        self, options: CallOptions, tool_names: Collection[str] | None
+    ) -> list[tuple[str, str]]:
+        """(field, problem) for each setting of a call this adapter would not send as it stands. Pure.
+
+        The broker asks before dispatch (INVALID_REQUEST); `tool_names` are the
+        tools the model would be offered, None while MCP servers may add some.
+        """
+        if not options.settings:
+            return []
+        return setting_problems(options.settings, tool_names)
+
+    def _refuse_settings(self, call: AdapterCall, *, tools_known: bool) -> None:
+        """The edge check of the call's settings; `tools_known`: its tools are all listed."""
+        settings = call.options.settings
+        if not settings:
+            return
         # A setting this code does not know would be sent blind; only the declared ones are passed on.
-        unknown = sorted(set(call.options.settings) - ACCEPTED_SETTINGS)
-        if unknown:
-            raise errors.AdapterRefused(
-                self._declaration.shortname, f"settings this adapter does not pass on: {', '.join(unknown)}"
+        unknown = sorted(set(settings) - ACCEPTED_SETTINGS)
+        names = [spec.name for spec in call.tools.specs] if call.tools is not None else []
+        problems = setting_problems(settings, names if tools_known else None)
+        if unknown or problems:
+            parts = [f"settings this adapter does not pass on: {', '.join(unknown)}"] if unknown else []
+            parts.extend(
+                f"setting {field.removeprefix('options.settings.')} {text}" for field, text in problems
             )
+            raise errors.AdapterRefused(self._declaration.shortname, "; ".join(parts))
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self._options.api_key_env)
@@ -566,7 +655,8 @@ class OpenAIAdapter:
         shortname = self._declaration.shortname
         if self._closed:
             raise errors.AdapterUnavailable(shortname, "the adapter is closed")
-        self._refuse_unknown_settings(call)
+        # Before any MCP server starts; a tool_choice naming an MCP tool is checked once they are listed.
+        self._refuse_settings(call, tools_known=not call.options.mcp_servers)
         headers = self._headers()
         in_conversation = call.options.conversation_id is not None
         prior = history(shortname, call.conversation_state) if in_conversation else []
@@ -575,13 +665,14 @@ class OpenAIAdapter:
         async with contextlib.AsyncExitStack() as stack:
             if call.options.mcp_servers:
                 call = await self._with_mcp_tools(call, stack)
+                self._refuse_settings(call, tools_known=True)
             reply = await self._tool_loop(call, produce, headers, prior, followups, started)
         if not in_conversation:
             return reply
         # The persona is not history: each call states its own.
         turn = [*prior, {"role": "user", "content": call.prompt}, *followups]
         state = {"messages": [*turn, {"role": "assistant", "content": reply.text}]}
-        return AdapterReply(text=reply.text, events=reply.events, conversation_state=state)
+        return AdapterReply(text=reply.text, events=reply.events, conversation_state=state, usage=reply.usage)
 
     async def _with_mcp_tools(self, call: AdapterCall, stack: contextlib.AsyncExitStack) -> AdapterCall:
         """The call with its MCP servers' tools beside the caller's; the servers close with `stack`."""
@@ -603,7 +694,9 @@ class OpenAIAdapter:
     ) -> AdapterReply:
         """Request completions, running the model's tool calls, until it answers; appends to `followups`."""
         shortname = self._declaration.shortname
+        model_options = self._options.for_model(call.options.model or self._options.model)
         rounds = 0
+        usage: Usage | None = None  # summed over the rounds
         while True:
             if isinstance(call.tools, CallToolBox):
                 await call.tools.refresh()
@@ -613,15 +706,17 @@ class OpenAIAdapter:
                 produce=produce,
                 prior=prior,
                 followups=followups,
-                strict=self._options.strict_for(call.options.model or self._options.model),
+                strict=model_options.strict_schema,
+                model_options=model_options,
             )
             # One budget for the whole exchange, every tool round included.
             budget = None if call.time_budget is None else call.time_budget - (time.monotonic() - started)
             deadline = call_deadline(shortname, budget, self._options.timeout_seconds)
             status, response_headers, content = await self._post(body, headers, deadline)
             answer = read_response(shortname, status, response_headers, content, produce=produce)
+            usage = _summed(usage, answer.usage)
             if isinstance(answer, AdapterReply):
-                return answer
+                return answer if answer.usage is usage else replace(answer, usage=usage)
             rounds += 1
             if rounds > MAX_TOOL_ROUNDS:
                 raise errors.AdapterInternal(

@@ -31,6 +31,7 @@ for a model in `reasoning_models` reports `usage.completion_tokens_details.
 reasoning_tokens` > 0; any other reports 0, as a server that ignores the effort
 does. With `call_required_tools`, a request with `tool_choice: "required"` is
 answered with a call of its first tool with `required_tool_arguments`.
+`usage` is the `usage` object of every completion (None: the field is left out).
 
 Every request is recorded (method, path, lower-cased headers, parsed JSON body,
 client port) in `requests`.
@@ -96,6 +97,10 @@ class MockOpenAI:
         self.requests: list[RecordedRequest] = []
         self.tool_rounds: list[list[dict[str, Any]]] = []
         self.tool_messages: list[dict[str, Any]] = []
+        # `usage` replaces the computed one (reasoning tokens for `reasoning_models` asked for effort);
+        # `report_usage = False` leaves usage out of the reply, as some servers do.
+        self.usage: dict[str, Any] | None = None
+        self.report_usage = True
         self.huge_bytes = 200 * 1024 * 1024
         self.listed_models: list[str] = ["gpt-4o-mini"]
         self.reasoning_models: set[str] = set()
@@ -183,7 +188,7 @@ class MockOpenAI:
         }
         if tool_calls is not None:
             message["tool_calls"] = tool_calls
-        return {
+        completion: dict[str, Any] = {
             "id": f"chatcmpl-mock{next(self._ids)}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -208,6 +213,11 @@ class MockOpenAI:
                 },
             },
         }
+        if self.usage is not None:
+            completion["usage"] = self.usage
+        if not self.report_usage:
+            del completion["usage"]
+        return completion
 
     def _tool_call(self, call: dict[str, Any]) -> dict[str, Any]:
         arguments = call.get("arguments", {})

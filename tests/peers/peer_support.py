@@ -103,6 +103,7 @@ class RecordingProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.received: list[Received] = []
+        self.answers: list[Any] = []  # the parsed bodies of the chat completions answers
         self._lock = threading.Lock()
         self._client = httpx.Client(timeout=30)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -120,6 +121,7 @@ class RecordingProxy:
     def clear(self) -> None:
         with self._lock:
             self.received.clear()
+            self.answers.clear()
 
     def __enter__(self) -> RecordingProxy:
         self._thread.start()
@@ -149,6 +151,9 @@ class RecordingProxy:
                     self.command, proxy.upstream + self.path, content=raw, headers=headers
                 )
                 body = answer.content
+                if self.path.endswith("/chat/completions"):
+                    with proxy._lock:
+                        proxy.answers.append(json.loads(body) if body else None)
                 self.send_response(answer.status_code)
                 self.send_header("content-type", answer.headers.get("content-type", "application/json"))
                 self.send_header("content-length", str(len(body)))

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 import pytest
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from google.protobuf import struct_pb2
 
 from tests.peers.negotiator_kit import KEY_ENV, negotiator_stub
 from tests.peers.peer_support import Peer, RecordingProxy, free_port, peer_binary, running_peer
@@ -90,6 +92,12 @@ adapters:
         mock-drop:
           capabilities: {{effort: supported}}
           effort_levels: [low, medium, high]
+  - shortname: litellm-settings
+    implementation: openai
+    options: {{base_url: "{base_url}", api_key_env: {KEY_ENV}, model: mock-strict,
+               models: {{mock-drop: {{max_tokens_field: max_completion_tokens}}}}}}
+    declaration:
+      capabilities: {{settings: supported, model_override: supported}}
 """
 
 
@@ -217,3 +225,35 @@ async def test_probes_never_show_effort_for_models_that_drop_or_refuse_it(
     assert {c.capability: c.state for c in entry.capabilities}[common_pb2.CAPABILITY_EFFORT] == (
         common_pb2.CAPABILITY_STATE_SUPPORTED
     )
+
+
+async def test_max_completion_tokens_tool_choice_and_usage_through_litellm(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, proxy: RecordingProxy
+) -> None:
+    limits = struct_pb2.Struct()
+    limits.update({"max_tokens": 32})
+    response = await stub.Invoke(invoke("litellm-settings", model="mock-drop", settings=limits), timeout=30)
+    assert response.text == "answered without effort"
+    [sent] = proxy.chat_requests()
+    assert sent["max_completion_tokens"] == 32
+    assert "max_tokens" not in sent
+    [answer] = proxy.answers
+    assert response.usage == pb.Usage(
+        prompt_tokens=answer["usage"]["prompt_tokens"], completion_tokens=answer["usage"]["completion_tokens"]
+    )
+    assert response.usage.prompt_tokens > 0
+
+    choice = struct_pb2.Struct()
+    choice.update({"tool_choice": {"type": "function", "function": {"name": "lookup"}}})
+    lookup = pb.ToolSpec(name="lookup", risk=pb.TOOL_RISK_READ_ONLY, arguments_schema='{"type": "object"}')
+    start = pb.ToolSessionStart(tools=[lookup])
+    start.invoke.CopyFrom(invoke("litellm-settings", model="mock-drop", settings=choice))
+    session = stub.ToolSession(timeout=30)  # type: ignore[call-arg]
+    await session.write(pb.ToolSessionRequest(start=start))
+    final: Any = await session.read()
+    assert final.WhichOneof("message") == "invoke_result"
+    assert final.invoke_result.text == "answered without effort"
+    session.cancel()
+    sent = proxy.chat_requests()[-1]
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "lookup"}}
+    assert [t["function"]["name"] for t in sent["tools"]] == ["lookup"]
