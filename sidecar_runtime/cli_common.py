@@ -94,7 +94,7 @@ def error_object(
         "code": code,
         "reason": reason,
         "message": message,
-        "metadata": dict(metadata or {}),
+        "metadata": dict(sorted((metadata or {}).items())),  # a proto map has no order
         "field_violations": [{"field": f, "description": d} for f, d in field_violations],
         "precondition_violations": [
             {"type": t, "subject": s, "description": d} for t, s, d in precondition_violations
