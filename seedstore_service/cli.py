@@ -920,10 +920,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         unverified = _unverified(output)
         if unverified:
             message = f"not verified: {', '.join(unverified)}"
-            error = cli_common.error_object(
+            not_verified = cli_common.error_object(
                 "FAILED_PRECONDITION", "SEED_NOT_VERIFIED", message, {"seeds": ",".join(unverified)}
             )
-            cli_common.print_error(message, error, stderr)
+            cli_common.print_error(message, not_verified, stderr)
             return 1
     return 0
 
