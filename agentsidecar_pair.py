@@ -32,7 +32,7 @@ def _wait_ready(name: str, process: subprocess.Popen[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sidecar_runtime.cli_common import VERSION_HELP, version_text
+    from sidecar_runtime.cli_common import add_version_argument
 
     parser = argparse.ArgumentParser(
         prog="agentsidecar-pair",
@@ -41,9 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 both services drained and stopped; 1 a service exited before it was ready; "
         "2 usage error; otherwise the higher of the two services' exit codes.",
     )
-    parser.add_argument(
-        "--version", action="version", version=version_text("agentsidecar-pair"), help=VERSION_HELP
-    )
+    add_version_argument(parser)
     parser.add_argument("--run-dir", default="run", help="directory for the Unix sockets (default ./run)")
     parser.add_argument(
         "--seedstore-tcp", default="127.0.0.1:50061", help="seedstore TCP listener ('' for none)"

@@ -228,12 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"{EXIT_CODES_HELP} Output shapes: the module docstring of negotiator_service.cli.",
         allow_abbrev=False,
     )
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=cli_common.version_text("negotiator"),
-        help=cli_common.VERSION_HELP,
-    )
+    cli_common.add_version_argument(parser)
     parser.add_argument("--server", metavar="ADDR", help=SERVER_HELP)
     parser.add_argument("--json-style", choices=cli_common.JSON_STYLES, help=cli_common.JSON_STYLE_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

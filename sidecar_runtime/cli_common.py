@@ -21,7 +21,9 @@ Nothing here imports grpc at module level: `--help` and `--version` stay fast.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
@@ -57,6 +59,30 @@ def version() -> str:
 
 def version_text(prog: str) -> str:
     return f"{prog} {version()}"
+
+
+class _VersionAction(argparse.Action):
+    """argparse's `version` action, reading the metadata only when `--version` is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        sys.stdout.write(version_text(parser.prog) + "\n")
+        parser.exit()
+
+
+def add_version_argument(parser: argparse.ArgumentParser) -> None:
+    """`--version`: prints `<prog> <version>` and exits 0."""
+    parser.add_argument("--version", action=_VersionAction, help=VERSION_HELP)
 
 
 def exit_codes_help(*, refused: bool, failed_note: str = "") -> str:
