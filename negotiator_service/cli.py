@@ -108,7 +108,6 @@ from clients.errors import SidecarError
 from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, gate, refusal_gaps
 from sidecar_runtime import cli_common
 from sidecar_runtime.addresses import parse_address
-from sidecar_runtime.cli_common import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from sidecar_runtime.lifecycle import log_json
 from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
 
@@ -119,8 +118,10 @@ DEFAULT_ADMIN_TIMEOUT = 30.0
 PROVIDER_MANAGED = "provider-managed"
 
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE"]
-
+EXIT_OK = cli_common.EXIT_OK
+EXIT_FAILED = cli_common.EXIT_FAILED
+EXIT_USAGE = cli_common.EXIT_USAGE
+EXIT_REFUSED = cli_common.EXIT_REFUSED
 EXIT_CODES_HELP = cli_common.exit_codes_help(refused=True, failed_note=" (including a config error at serve)")
 SERVER_HELP = f"negotiator address (default ${SERVER_ENV}, else {DEFAULT_SERVER}, the run command's socket)"
 
@@ -130,7 +131,14 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with the seedstore CLI's usage-error shape: `error: <message>`, then the usage."""
+    """argparse with the seedstore CLI's usage-error shape (`error: <message>`, then the usage).
+
+    Long flags match by their full name only, as in the seedstore CLI (clap).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         usage = self.format_usage()
@@ -226,7 +234,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="negotiator",
         description="Run the capability negotiator, or query and call one.",
         epilog=f"{EXIT_CODES_HELP} Output shapes: the module docstring of negotiator_service.cli.",
-        allow_abbrev=False,
     )
     cli_common.add_version_argument(parser)
     parser.add_argument("--server", metavar="ADDR", help=SERVER_HELP)

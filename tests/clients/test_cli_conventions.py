@@ -244,6 +244,8 @@ def test_a_wrong_flag_prints_the_subcommands_usage() -> None:
     code, out, err = run_negotiator("produce", "--adapter", "x", "--schema", "{}", "p", "--modle", "m")
     assert (code, out) == (2, "")
     assert err.startswith("error: unrecognized arguments: --modle m\n\nusage: negotiator produce ")
+    code, _, err = run_negotiator("adapters", "--wat")  # no abbreviations, as in the seedstore CLI (clap)
+    assert (code, err.partition("\n")[0]) == (2, "error: unrecognized arguments: --wat")
     code, _, err = run_negotiator("--bogus", "adapters")  # before the subcommand: the top-level usage
     assert code == 2
     assert "usage: negotiator [-h]" in err
