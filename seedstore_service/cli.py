@@ -264,7 +264,7 @@ SERVER_HELP = (
     f"the run command's); default ${SERVER_ENV}, else the local store"
 )
 EXIT_CODES_HELP = cli_common.exit_codes_help(
-    refused=False, failed_note=" (verify records a failed seed: 0, unless --strict)"
+    refused=False, success_note=" (also when verify records a failed seed, unless --strict)"
 )
 JSON_STYLE_HELP = "Print the result pretty (SkillSpec's output; the default) or compact (one line)"
 

@@ -85,10 +85,9 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action=_VersionAction, help=VERSION_HELP)
 
 
-def exit_codes_help(*, refused: bool, failed_note: str = "") -> str:
+def exit_codes_help(*, refused: bool, success_note: str = "", failed_note: str = "") -> str:
     """The `Exit codes:` paragraph of a CLI's help."""
-    failed = f"1 failure{failed_note}"
-    parts = ["0 success", failed, "2 usage error"]
+    parts = [f"0 success{success_note}", f"1 failure{failed_note}", "2 usage error"]
     if refused:
         parts.append("3 refused: the adapter's declaration does not meet the call")
     return "Exit codes: " + "; ".join(parts) + "."
