@@ -31,8 +31,17 @@ def _wait_ready(name: str, process: subprocess.Popen[str]) -> str:
     raise SystemExit(f"{name} exited before it was ready (exit code {process.wait()})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agentsidecar-pair", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    from sidecar_runtime.cli_common import add_version_argument
+
+    parser = argparse.ArgumentParser(
+        prog="agentsidecar-pair",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit codes: 0 both services drained and stopped; 1 a service exited before it was ready; "
+        "2 usage error; otherwise the higher of the two services' exit codes.",
+    )
+    add_version_argument(parser)
     parser.add_argument("--run-dir", default="run", help="directory for the Unix sockets (default ./run)")
     parser.add_argument(
         "--seedstore-tcp", default="127.0.0.1:50061", help="seedstore TCP listener ('' for none)"
@@ -51,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="OpenTelemetry spans from both services, exported as the OTEL_* variables say",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     run_dir = Path(args.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

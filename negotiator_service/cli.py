@@ -3,6 +3,8 @@
     negotiator serve [--config FILE] [--state-dir DIR] [--seedstore ADDR] [--audit-log FILE]
                      [--allow-adapter-hosts HOST[,HOST]]... [--adapter-refresh-seconds SECONDS]
                      --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
+    negotiator --version
+    negotiator [--server ADDR] [--json-style pretty|compact] COMMAND ...
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
     negotiator [--server ADDR] deregister SHORTNAME
@@ -13,8 +15,12 @@
     negotiator [--server ADDR] bootstrap CAPABILITY [--domain D] [--local-only] [--seed DOMAIN/ID]
                      [--approve GATE]... [--run [--prompt PROMPT]]
 
-ADDR is `unix:PATH`, `unix:///PATH` or `HOST:PORT`; `--server` defaults to
-$NEGOTIATOR_SERVER. `serve` without `--config` uses the embedded demo config;
+ADDR is `unix:PATH`, `unix:///PATH` or `HOST:PORT`. `--server` and
+`--json-style` go before or after the client command (once); `--server`
+defaults to $NEGOTIATOR_SERVER, else `unix:run/negotiator.sock`, the socket
+`agentsidecar-pair` (scripts/run-pair.sh) serves. A server that is not a
+negotiator is named as such ("... serves agentsidecar.seedstore.v1..., not the
+negotiator"). `serve` without `--config` uses the embedded demo config;
 its auth, limit and observability flags are shared with the seedstore
 (`negotiator serve --help`; sidecar_runtime.serve_args).
 PROMPT `-` reads the prompt from stdin; `--schema` takes JSON text (starting
@@ -36,7 +42,8 @@ adapter's declaration must meet:
     --new-conversation             with --conversation: drop its state and pinned declaration first
     --timeout SECONDS              the call's deadline (default 300; 30 for other commands)
 
-Output: JSON on stdout.
+Output: JSON on stdout, pretty (2-space indent) unless `--json-style compact`;
+`adapters --watch` prints one compact line per change.
     adapters             {"adapters": [ADAPTER, ...]}
     adapters NAME        {"adapter": ADAPTER}
     adapters --watch     one {"change": "existing"|"registered"|"deregistered"|"updated",
@@ -68,14 +75,15 @@ where
     VERDICT = {"capability", "set", "member", "request_field", "state", "allowed_unknown"}
     (set and member are null unless the requirement is a typed-set member)
 
-Errors go to stderr. A refusal (FAILED_PRECONDITION / UNSUPPORTED_CAPABILITY)
-prints only
-    {"error": {"code", "reason", "message", "adapter", "declaration_version",
-               "gaps": [{"capability", "set", "member", "request_field", "state"}]}}
-Any other failure prints `error: <message>` and then
+Errors go to stderr, in the seedstore CLI's shape (sidecar_runtime.cli_common):
+`error: <message>`, then one compact JSON line
     {"error": {"code", "reason", "message", "metadata": {...},
                "field_violations": [{"field", "description"}],
                "precondition_violations": [{"type", "subject", "description"}]}}
+and for a refusal (FAILED_PRECONDITION / UNSUPPORTED_CAPABILITY) also
+    "adapter", "declaration_version",
+    "gaps": [{"capability", "set", "member", "request_field", "state"}]
+A usage error prints `error: <message>` and the subcommand's usage.
 
 Exit codes: 0 success; 1 failure (including a config error at `serve`);
 2 usage error; 3 refused: the adapter's declaration does not meet the call
@@ -93,7 +101,7 @@ import math
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -104,62 +112,140 @@ from google.protobuf import json_format, struct_pb2
 
 from clients.errors import SidecarError
 from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, gate, refusal_gaps
+from sidecar_runtime import cli_common
 from sidecar_runtime.addresses import parse_address
 from sidecar_runtime.lifecycle import log_json
 from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_REFUSED = 3
 SERVER_ENV = "NEGOTIATOR_SERVER"
+DEFAULT_SERVER = "unix:run/negotiator.sock"
 DEFAULT_CALL_TIMEOUT = 300.0
 DEFAULT_ADMIN_TIMEOUT = 30.0
 PROVIDER_MANAGED = "provider-managed"
+
+
+EXIT_OK = cli_common.EXIT_OK
+EXIT_FAILED = cli_common.EXIT_FAILED
+EXIT_USAGE = cli_common.EXIT_USAGE
+EXIT_REFUSED = cli_common.EXIT_REFUSED
+EXIT_CODES_HELP = cli_common.exit_codes_help(refused=True, failed_note=" (including a config error at serve)")
+SERVER_HELP = f"negotiator address (default ${SERVER_ENV}, else {DEFAULT_SERVER}, the run command's socket)"
 
 
 class UsageError(Exception):
     """A command line that parsed but cannot be used; exits 2."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the seedstore CLI's usage-error shape (`error: <message>`, then the usage).
+
+    Long flags match by their full name only, as in the seedstore CLI (clap).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        usage = self.format_usage()
+        self.exit(EXIT_USAGE, f"error: {message}\n\n{usage}\nFor more information, try '--help'.\n")
+
+
+def _client_options_parser() -> Parser:
+    """`--server` and `--json-style` after a client command (before it, the top-level parser's)."""
+    parser = Parser(add_help=False)
+    parser.add_argument("--server", dest="server_after", metavar="ADDR", help=SERVER_HELP)
+    parser.add_argument(
+        "--json-style",
+        dest="json_style_after",
+        choices=cli_common.JSON_STYLES,
+        help=cli_common.JSON_STYLE_HELP,
+    )
+    return parser
+
+
 # --- parsing ---------------------------------------------------------------------
 
 
-def _call_options_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False)
+def _call_options_parser() -> Parser:
+    parser = Parser(add_help=False)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--adapter", help="an agent-framework adapter's shortname")
     target.add_argument("--agent", help="an agent-harness adapter's shortname")
     parser.add_argument("prompt", metavar="PROMPT", help="the prompt; - reads stdin")
-    parser.add_argument("--model")
-    parser.add_argument("--effort")
-    parser.add_argument("--profile")
-    parser.add_argument("--persona")
-    parser.add_argument("--setting", action="append", default=[], metavar="KEY=JSON")
-    parser.add_argument("--mcp", action="append", default=[], metavar="NAME=TRANSPORT:COMMAND_OR_URL")
-    parser.add_argument("--max-depth", metavar="N|provider-managed")
-    parser.add_argument("--allow-tool", action="append", default=[], metavar="NAME")
-    parser.add_argument("--deny-tool", action="append", default=[], metavar="NAME")
-    parser.add_argument("--stream-events", action="store_true")
-    parser.add_argument("--allow-unknown", action="append", default=[], metavar="CAPABILITY")
-    parser.add_argument("--require", action="append", default=[], metavar="CAP")
-    parser.add_argument("--conversation", default="", metavar="ID")
-    parser.add_argument("--no-wait", action="store_true")
-    parser.add_argument("--new-conversation", action="store_true")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
+    parser.add_argument("--model", help="the model to run (needs model_override)")
+    parser.add_argument("--effort", help="reasoning effort, one of the adapter's effort_levels")
+    parser.add_argument("--profile", help="a profile the adapter declares")
+    parser.add_argument("--persona", help="a persona (system prompt) for the call (needs persona)")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a setting whose value is JSON, e.g. 'style=\"terse\"' (repeatable)",
+    )
+    parser.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar="NAME=TRANSPORT:COMMAND_OR_URL",
+        help="an MCP server for the call; stdio takes a command line, sse/http a URL (repeatable)",
+    )
+    parser.add_argument(
+        "--max-depth", metavar="N|provider-managed", help="how deep the call may delegate to other agents"
+    )
+    parser.add_argument(
+        "--allow-tool", action="append", default=[], metavar="NAME", help="a tool it may use; repeatable"
+    )
+    parser.add_argument(
+        "--deny-tool", action="append", default=[], metavar="NAME", help="a tool it may not use; repeatable"
+    )
+    parser.add_argument("--stream-events", action="store_true", help="ask for the adapter's events")
+    parser.add_argument(
+        "--allow-unknown",
+        action="append",
+        default=[],
+        metavar="CAPABILITY",
+        help="accept an UNKNOWN capability for this call (repeatable)",
+    )
+    parser.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="CAP",
+        help="also require a capability (codemode) or a typed-set member (hook_events:pre_tool_use); "
+        "repeatable",
+    )
+    parser.add_argument("--conversation", default="", metavar="ID", help="run as a turn of this conversation")
+    parser.add_argument(
+        "--no-wait", action="store_true", help="with --conversation: fail (ABORTED) if it is busy"
+    )
+    parser.add_argument(
+        "--new-conversation",
+        action="store_true",
+        help="with --conversation: drop its state and pinned declaration first",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"the call's deadline (default {DEFAULT_CALL_TIMEOUT:g})",
+    )
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="negotiator",
         description="Run the capability negotiator, or query and call one.",
-        epilog="See the module docstring of negotiator_service.cli for output shapes and exit codes.",
+        epilog=f"{EXIT_CODES_HELP} Output shapes: the module docstring of negotiator_service.cli.",
     )
-    parser.add_argument(
-        "--server", default=os.environ.get(SERVER_ENV), help=f"negotiator address (default ${SERVER_ENV})"
-    )
+    cli_common.add_version_argument(parser)
+    parser.add_argument("--server", metavar="ADDR", help=SERVER_HELP)
+    parser.add_argument("--json-style", choices=cli_common.JSON_STYLES, help=cli_common.JSON_STYLE_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    client = _client_options_parser()
 
     serve = commands.add_parser("serve", help="run the negotiator until SIGTERM/SIGINT")
     serve.add_argument("--config", type=Path, help="YAML config (default: the embedded demo config)")
@@ -206,19 +292,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(serve, listen_help=" (required)")
 
-    adapters = commands.add_parser("adapters", help="list adapters, get one, or watch changes")
-    adapters.add_argument("shortname", nargs="?", metavar="SHORTNAME")
+    admin_timeout_help = f"the call's deadline (default {DEFAULT_ADMIN_TIMEOUT:g})"
+    adapters = commands.add_parser(
+        "adapters", parents=[client], help="list adapters, get one, or watch changes"
+    )
+    adapters.add_argument("shortname", nargs="?", metavar="SHORTNAME", help="print only this adapter")
     adapters.add_argument("--watch", action="store_true", help="print every change as a JSON line")
-    adapters.add_argument("--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS")
+    adapters.add_argument(
+        "--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS", help=admin_timeout_help
+    )
 
-    register = commands.add_parser("register", help="register a remote adapter")
-    register.add_argument("target", metavar="TARGET")
+    register = commands.add_parser("register", parents=[client], help="register a remote adapter")
+    register.add_argument("target", metavar="TARGET", help="the adapter's address (unix:PATH or HOST:PORT)")
     register.add_argument("--shortname", default="", help="refuse unless the adapter declares this name")
-    register.add_argument("--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS")
+    register.add_argument(
+        "--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS", help=admin_timeout_help
+    )
 
-    deregister = commands.add_parser("deregister", help="remove a runtime-registered adapter")
-    deregister.add_argument("shortname", metavar="SHORTNAME")
-    deregister.add_argument("--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS")
+    deregister = commands.add_parser(
+        "deregister", parents=[client], help="remove a runtime-registered adapter"
+    )
+    deregister.add_argument("shortname", metavar="SHORTNAME", help="the adapter to remove")
+    deregister.add_argument(
+        "--timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT, metavar="SECONDS", help=admin_timeout_help
+    )
 
     probe = commands.add_parser(
         "probe", help="probe an openai adapter's upstream for one model (sends requests that cost tokens)"
@@ -230,15 +327,24 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
 
     call_options = _call_options_parser()
-    negotiate = commands.add_parser("negotiate", parents=[call_options], help="dry run: verdicts and gaps")
-    negotiate.add_argument("--schema", metavar="FILE_OR_JSON", help="judge a Produce call with this schema")
-    produce = commands.add_parser("produce", parents=[call_options], help="structured output")
-    produce.add_argument("--schema", required=True, metavar="FILE_OR_JSON")
-    commands.add_parser("invoke", parents=[call_options], help="plain text")
-    bootstrap = commands.add_parser(
-        "bootstrap", help="seeds that may provide a capability no adapter declares; --run runs one"
+    negotiate = commands.add_parser(
+        "negotiate", parents=[call_options, client], help="dry run: verdicts and gaps"
     )
-    bootstrap.add_argument("capability", metavar="CAPABILITY")
+    negotiate.add_argument("--schema", metavar="FILE_OR_JSON", help="judge a Produce call with this schema")
+    produce = commands.add_parser("produce", parents=[call_options, client], help="structured output")
+    produce.add_argument(
+        "--schema",
+        required=True,
+        metavar="FILE_OR_JSON",
+        help="the output's JSON Schema: JSON text, a file, or - for stdin",
+    )
+    commands.add_parser("invoke", parents=[call_options, client], help="plain text")
+    bootstrap = commands.add_parser(
+        "bootstrap",
+        parents=[client],
+        help="seeds that may provide a capability no adapter declares; --run runs one",
+    )
+    bootstrap.add_argument("capability", metavar="CAPABILITY", help="the capability to find seeds for")
     bootstrap.add_argument("--domain", default="", help="only seeds of this domain")
     bootstrap.add_argument("--local-only", action="store_true", help="leave out external services")
     bootstrap.add_argument(
@@ -253,8 +359,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bootstrap.add_argument("--run", action="store_true", help="run the chosen seed's command")
     bootstrap.add_argument("--prompt", default="", help="the run's stdin; - reads it from stdin")
-    bootstrap.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
+    bootstrap.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"the call's deadline (default {DEFAULT_CALL_TIMEOUT:g})",
+    )
+    for subparser in commands.choices.values():
+        subparser.epilog = subparser.epilog or EXIT_CODES_HELP
     return parser
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's own parser, by name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def _prompt(value: str) -> str:
@@ -485,31 +607,17 @@ def invoke_json(response: pb.InvokeResponse) -> dict[str, Any]:
     }
 
 
-def error_json(error: SidecarError) -> dict[str, Any]:
+def error_json(error: SidecarError, message: str | None = None) -> dict[str, Any]:
+    """The JSON error object (cli_common's shape); a refusal adds its adapter and gaps."""
     if is_refusal(error):
-        return {
-            "error": {
-                "code": error.code.name,
-                "reason": error.reason,
-                "message": error.message,
-                "adapter": error.metadata.get("adapter", ""),
-                "declaration_version": error.metadata.get("declarationVersion", ""),
-                "gaps": [dataclasses.asdict(gap) for gap in refusal_gaps(error)],
-            }
-        }
-    return {
-        "error": {
-            "code": error.code.name,
-            "reason": error.reason,
-            "message": error.message,
-            "metadata": dict(error.metadata),
-            "field_violations": [{"field": f, "description": d} for f, d in error.field_violations],
-            "precondition_violations": [
-                {"type": v.type, "subject": v.subject, "description": v.description}
-                for v in error.precondition_violations
-            ],
-        }
-    }
+        return cli_common.status_error_object(
+            error,
+            message,
+            adapter=error.metadata.get("adapter", ""),
+            declaration_version=error.metadata.get("declarationVersion", ""),
+            gaps=[dataclasses.asdict(gap) for gap in refusal_gaps(error)],
+        )
+    return cli_common.status_error_object(error, message)
 
 
 def is_refusal(error: SidecarError) -> bool:
@@ -519,13 +627,35 @@ def is_refusal(error: SidecarError) -> bool:
 # --- commands ----------------------------------------------------------------------
 
 
+_json_style = cli_common.DEFAULT_JSON_STYLE
+
+
 def _print(value: Any) -> None:
-    print(json.dumps(value, ensure_ascii=False), flush=True)
+    """A command's result: one JSON document in the chosen --json-style."""
+    print(cli_common.dumps(value, _json_style), flush=True)
+
+
+def _print_line(value: Any) -> None:
+    """One value of a stream: always one line."""
+    print(cli_common.dumps_line(value), flush=True)
+
+
+def resolve_client_options(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """Settle `--server` and `--json-style`, given before or after the client command, once each."""
+    for name in ("server", "json_style"):
+        before, after = getattr(args, name, None), getattr(args, f"{name}_after", None)
+        if before is not None and after is not None:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"argument {flag}: given both before and after the command; give it once")
+        setattr(args, name, after if after is not None else before)
+    args.server_defaulted = args.server is None and not env.get(SERVER_ENV)
+    if args.server is None:
+        args.server = env.get(SERVER_ENV) or DEFAULT_SERVER
+    if args.json_style is None:
+        args.json_style = cli_common.DEFAULT_JSON_STYLE
 
 
 def _client(args: argparse.Namespace) -> NegotiatorClient:
-    if not args.server:
-        raise UsageError(f"no server: pass --server ADDR or set {SERVER_ENV}")
     try:
         parse_address(args.server)
     except ValueError as exc:
@@ -545,7 +675,7 @@ def run_client_command(args: argparse.Namespace) -> int:
         if command == "adapters":
             if args.watch:
                 for line in _watch(client):
-                    _print(line)
+                    _print_line(line)
             elif args.shortname:
                 _print({"adapter": adapter_json(client.get_adapter(args.shortname))})
             else:
@@ -658,25 +788,45 @@ def _hosts(values: Sequence[str]) -> tuple[str, ...]:
 
 
 def _fail_usage(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    parser.error(message)  # prints usage and exits 2
+    parser.error(message)  # prints the error line and the usage, and exits 2
+
+
+def _error_message(error: SidecarError, target: str, defaulted: bool = False) -> str:
+    """The `error:` line's text: the server's message, or what the CLI learnt about the target."""
+    hint = f" (the default; pass --server ADDR or set {SERVER_ENV})" if defaulted else ""
+    if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        # No ErrorInfo: no negotiator answered.
+        return f"cannot reach the negotiator at {target}{hint}: {error.message}"
+    if not error.reason and error.code is grpc.StatusCode.UNIMPLEMENTED:
+        wrong = cli_common.wrong_service_message(target, cli_common.NEGOTIATOR_SERVICE, "negotiator")
+        if wrong is not None:
+            return wrong
+    return error.message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _json_style
     parser = build_parser()
-    args = parser.parse_args(argv)
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(tokens)
+    own = subcommand_parsers(parser).get(args.command, parser)
+    if extra and args.command in tokens and tokens.index(extra[0]) < tokens.index(args.command):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        # argparse reports a subcommand's unknown flags with the top-level usage; name the subcommand's.
+        own.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "serve":
             return run_serve(args)
+        resolve_client_options(args, os.environ)
+        _json_style = args.json_style
         return run_client_command(args)
     except UsageError as exc:
-        _fail_usage(parser, str(exc))
+        _fail_usage(own, str(exc))
     except SidecarError as error:
-        if is_refusal(error):
-            print(json.dumps(error_json(error), ensure_ascii=False), file=sys.stderr)
-            return EXIT_REFUSED
-        print(f"error: {error.message}", file=sys.stderr)
-        print(json.dumps(error_json(error), ensure_ascii=False), file=sys.stderr)
-        return EXIT_FAILED
+        message = _error_message(error, args.server, getattr(args, "server_defaulted", False))
+        cli_common.print_error(message, error_json(error, message), sys.stderr)
+        return EXIT_REFUSED if is_refusal(error) else EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

@@ -4,9 +4,18 @@ Subcommands, positional arguments, flags and JSON output are SkillSpec's
 (`store add update list search inspect verify prefer remove scan`). Additions:
 
 * `--server ADDR` (or `$SEEDSTORE_SERVER`): go through a running seedstore
-  service (`unix:PATH` or `HOST:PORT`) instead of the local files. Both paths
-  print identical JSON: responses are converted back to the same core values
-  and rendered by the same functions.
+  service (`unix:PATH` or `HOST:PORT`; `unix:run/seedstore.sock` is the socket
+  `agentsidecar-pair` serves) instead of the local files, which stay the
+  default, as in SkillSpec. Both paths print identical JSON: responses are
+  converted back to the same core values and rendered by the same functions.
+  `--server` goes before the subcommand or after it, once: before it, the
+  top-level parser takes it (full name only, the value attached with `=` or
+  the next token when that does not start with `-`); after it, it is one of
+  the subcommand's own options, parsed by clap's rules like every other. A
+  server that is not a seedstore is named as such.
+* `--json-style pretty|compact` (before or after the subcommand, as
+  `--server`): pretty, the default, is SkillSpec's output byte for byte;
+  compact prints the result on one line. `-V`/`--version` prints the version.
 * `search --broaden [--equivalents FILE]`: when the first search is empty,
   search equivalent capabilities and domains, and say what was tried
   (`broadening` key). Through `--server` the service's own table is used.
@@ -21,8 +30,11 @@ Subcommands, positional arguments, flags and JSON output are SkillSpec's
 * Files that could not be used are listed under `problems` in the JSON and
   as `warning: <path>:<line>: <reason>` lines on stderr.
 
-Exit codes: 0 success (also when verify finds a failing seed), 1 for an
-error (`error: <message>` on stderr), 2 for a usage error.
+Exit codes: 0 success (also when verify records a failed seed, unless
+`--strict`), 1 for an error, 2 for a usage error. An error prints
+`error: <message>` on stderr (SkillSpec's line), then the error as one JSON
+line, the negotiator CLI's shape (sidecar_runtime.cli_common); the local and
+the service paths print the same object. A usage error prints clap's text.
 """
 
 from __future__ import annotations
@@ -30,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import sys
@@ -78,6 +89,7 @@ from seedstore_service.runner import DEFAULT_PATH
 from seedstore_service.server import Settings, add_serve_arguments, serve
 from seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
 from seedstore_service.verification import plan_checks
+from sidecar_runtime import cli_common
 from sidecar_runtime.lifecycle import log_json
 
 SERVER_ENV = "SEEDSTORE_SERVER"
@@ -247,10 +259,14 @@ class RemoteFrontend:
 
 PROG = "seedstore"
 PROGRESS_MODES = ("auto", "json", "none")
-SERVER_HELP = f"Use the seedstore service at ADDR (unix:PATH or HOST:PORT; default ${SERVER_ENV})"
-EXIT_CODES_HELP = (
-    "Exit codes: 0 success (also when verify records a failed seed, unless --strict), 1 error, 2 usage error."
+SERVER_HELP = (
+    f"Use the seedstore service at ADDR (unix:PATH or HOST:PORT, e.g. unix:run/seedstore.sock, "
+    f"the run command's); default ${SERVER_ENV}, else the local store"
 )
+EXIT_CODES_HELP = cli_common.exit_codes_help(
+    refused=False, success_note=" (also when verify records a failed seed, unless --strict)"
+)
+JSON_STYLE_HELP = "Print the result pretty (SkillSpec's output; the default) or compact (one line)"
 
 
 def _positive_float(text: str) -> float:
@@ -276,6 +292,17 @@ def _server_option() -> Opt:
     return Opt("server", SERVER_HELP, "ADDR")
 
 
+def _json_style_option() -> Opt:
+    return Opt("json-style", JSON_STYLE_HELP, "STYLE", choices=cli_common.JSON_STYLES)
+
+
+def _with_common(command: Command) -> Command:
+    """`command` taking `--json-style` too (as each takes `--server`), its help ending in the exit codes."""
+    options = (*command.options, _json_style_option())
+    after_help = command.after_help or EXIT_CODES_HELP
+    return Command(command.name, command.about, options, command.positionals, after_help)
+
+
 def _many(long: str, value_name: str, help_text: str) -> Opt:
     return Opt(long, help_text + " Repeatable.", value_name, multiple=True)
 
@@ -289,7 +316,7 @@ _ID = Positional("ID", "id", "Seed id.")
 _PRIORITY_HELP = "Default priority, 0 to 100; adds priority/10 (rounded down) to the score."
 
 COMMANDS: dict[str, Command] = {
-    command.name: command
+    command.name: _with_common(command)
     for command in (
         Command("store", "Print the seed store directory.", (_server_option(),)),
         Command(
@@ -413,7 +440,7 @@ COMMANDS: dict[str, Command] = {
                 _JSON,
                 Opt("timeout", "Seconds each check may run (default 10).", "SECONDS", parser=_positive_float),
                 Opt("concurrency", "Seeds verified at once (default 4).", "N", parser=_positive_int),
-                Opt("strict", "Exit 3 unless every seed verified (SkillSpec exits 0 for a failed seed)."),
+                Opt("strict", "Exit 1 unless every seed verified (SkillSpec exits 0 for a failed seed)."),
                 Opt(
                     "progress",
                     "Progress while checks run: auto (a live display on a terminal), json (events as "
@@ -424,7 +451,8 @@ COMMANDS: dict[str, Command] = {
                 _server_option(),
             ),
             (Positional("ID", "ids", "Seed ids to verify.", required=False, multiple=True),),
-            after_help="Exit codes: 0 success, 1 error, 2 usage error, 3 a seed did not verify (--strict).",
+            after_help="Exit codes: 0 success (also for a failed seed), 1 error or, with --strict, a seed "
+            "that did not verify, 2 usage error.",
         ),
         Command(
             "prefer",
@@ -442,6 +470,8 @@ COMMANDS: dict[str, Command] = {
     )
 }
 SERVE_ABOUT = "Run the seedstore gRPC service."
+GLOBAL_OPTIONS = (_server_option(), _json_style_option())
+"""Options taken before the subcommand as well as after it (never both)."""
 
 
 def top_help() -> str:
@@ -457,8 +487,10 @@ def top_help() -> str:
         *(f"  {name.ljust(width)}  {about}" for name, about in rows),
         "",
         "Options:",
-        f"      --server <ADDR>  {SERVER_HELP}",
-        "  -h, --help           Print help",
+        f"      --server <ADDR>        {SERVER_HELP}",
+        f"      --json-style <STYLE>   {JSON_STYLE_HELP} [possible values: pretty, compact]",
+        "  -h, --help                 Print help",
+        "  -V, --version              Print version",
         "",
         EXIT_CODES_HELP,
     ]
@@ -485,6 +517,13 @@ def _flag_like(token: str) -> bool:
 def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     """The command line as clap would take it (`serve` aside).
 
+    The global options (`--server`, `--json-style`) are this CLI's additions.
+    Before the subcommand they are read here by clap's rules for a long option
+    (full name only, once, the value attached with `=` or the next token unless
+    it starts with `-`); after it, each is one of the subcommand's own options
+    and `parse_command` reads it with the rest. Given in both places, it is
+    "cannot be used multiple times", as clap says of a global argument.
+
     Raises:
         UsageError, HelpRequested: see `cliparse`.
     """
@@ -494,28 +533,38 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
         except UnicodeEncodeError:
             # Bytes that are not UTF-8 reach Python as lone surrogates; clap's String refuses them.
             raise UsageError("invalid UTF-8 was detected in one or more arguments") from None
-    server: str | None = None
+    given: dict[str, str] = {}  # the global options before the subcommand, by dest
     index = 0
     while index < len(argv):
         token = argv[index]
         if token in ("-h", "--help"):
             raise HelpRequested(top_help())
-        if token == "--server" or token.startswith("--server="):
-            if server is not None:
-                raise UsageError("the argument '--server <ADDR>' cannot be used multiple times")
+        if token in ("-V", "--version"):
+            raise HelpRequested(cli_common.version_text(PROG) + "\n")
+        option = next((o for o in GLOBAL_OPTIONS if token.partition("=")[0] == f"--{o.long}"), None)
+        if option is not None:
+            if option.dest in given:
+                raise UsageError(f"the argument '{option.display}' cannot be used multiple times")
             if "=" in token:
-                server = token.partition("=")[2]
+                value = token.partition("=")[2]
             elif index + 1 < len(argv) and not _flag_like(argv[index + 1]):
                 index += 1
-                server = argv[index]
+                value = argv[index]
             else:
-                raise UsageError("a value is required for '--server <ADDR>' but none was supplied")
+                raise UsageError(f"a value is required for '{option.display}' but none was supplied")
+            if option.choices and value not in option.choices:
+                raise UsageError(
+                    f"invalid value '{value}' for '{option.display}'\n"
+                    f"  [possible values: {', '.join(option.choices)}]"
+                )
+            given[option.dest] = value
             index += 1
             continue
         if _flag_like(token):
             shown = token.partition("=")[0] if token.startswith("--") else token[:2]
             usage = f"Usage: {PROG} [OPTIONS] <COMMAND>"
-            tip = similar(shown.lstrip("-"), ["server"]) if token.startswith("--") else None
+            names = [o.long for o in GLOBAL_OPTIONS] + ["help", "version"]
+            tip = similar(shown.lstrip("-"), names) if token.startswith("--") else None
             tips = [f"a similar argument exists: '--{tip}'"] if tip else []
             raise UsageError(f"unexpected argument '{shown}' found", tips=tips, usage=usage)
         break
@@ -524,7 +573,8 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     name, rest = argv[index], argv[index + 1 :]
     if name == "serve":
         args = build_parser().parse_args(["serve", *rest])
-        args.server = server
+        args.server = given.get("server")
+        args.json_style = given.get("json_style") or cli_common.DEFAULT_JSON_STYLE
         return args
     command = COMMANDS.get(name)
     if command is None:
@@ -534,9 +584,12 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
             f"unrecognized subcommand '{name}'", tips=tips, usage=f"Usage: {PROG} [OPTIONS] <COMMAND>"
         )
     values = parse_command(command, rest, PROG)
-    if values["server"] is not None and server is not None:
-        raise UsageError("the argument '--server <ADDR>' cannot be used multiple times")
-    values["server"] = values["server"] if values["server"] is not None else server
+    for option in GLOBAL_OPTIONS:
+        if values[option.dest] is not None and option.dest in given:
+            raise UsageError(f"the argument '{option.display}' cannot be used multiple times")
+        if values[option.dest] is None:
+            values[option.dest] = given.get(option.dest)
+    values["json_style"] = values["json_style"] or cli_common.DEFAULT_JSON_STYLE
     if name == "prefer":
         values["for_capability"] = values.pop("for")
     return argparse.Namespace(subcommand=name, **values)
@@ -771,7 +824,18 @@ def _error_text(error: SidecarError, target: str) -> str:
     if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         # No ErrorInfo: the service itself was never reached.
         return f"cannot reach the seedstore service at {target}: {error.message}"
+    if not error.reason and error.code is grpc.StatusCode.UNIMPLEMENTED:
+        wrong = cli_common.wrong_service_message(target, cli_common.SEEDSTORE_SERVICE, "seedstore")
+        if wrong is not None:
+            return wrong
     return error.message
+
+
+def _local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
+    """The JSON error of a local failure: the status the service would send for it."""
+    from seedstore_service.status import to_rich_error
+
+    return cli_common.status_error_object(to_rich_error(error), message)
 
 
 def _serve(args: argparse.Namespace, env: Mapping[str, str], stderr: TextIO) -> int:
@@ -831,13 +895,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         output, problems = run_command(frontend, args, stdout, stderr)
     except SeedStoreError as error:
         message = respelling.text(error.message) if respelling is not None else error.message
-        print(f"error: {message}", file=stderr)
+        cli_common.print_error(message, _local_error_object(error, message), stderr)
         return 1
     except SidecarError as error:
-        print(f"error: {_error_text(error, target or '')}", file=stderr)
+        message = _error_text(error, target or "")
+        cli_common.print_error(message, cli_common.status_error_object(error, message), stderr)
         return 1
     except KeyboardInterrupt:
-        print("error: interrupted", file=stderr)
+        cli_common.print_error("interrupted", cli_common.error_object("CANCELLED", "", "interrupted"), stderr)
         return 130
     finally:
         if remote is not None:
@@ -848,13 +913,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for problem in problems:
         print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)
     if args.subcommand == "verify" and args.progress == "json":
-        print(json.dumps({"result": output}, ensure_ascii=False, separators=(",", ":")), file=stdout)
+        print(cli_common.dumps_line({"result": output}), file=stdout)
     else:
-        print(json.dumps(output, indent=2, ensure_ascii=False), file=stdout)
+        print(cli_common.dumps(output, args.json_style), file=stdout)
     if args.subcommand == "verify" and args.strict:
         unverified = _unverified(output)
         if unverified:
-            print(f"error: not verified: {', '.join(unverified)}", file=stderr)
+            message = f"not verified: {', '.join(unverified)}"
+            not_verified = cli_common.error_object(
+                "FAILED_PRECONDITION", "SEED_NOT_VERIFIED", message, {"seeds": ",".join(unverified)}
+            )
+            cli_common.print_error(message, not_verified, stderr)
             return 1
     return 0
 

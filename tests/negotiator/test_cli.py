@@ -145,7 +145,9 @@ async def test_refusal_prints_gaps_on_stderr_and_exits_3(
     )
     assert code == 3
     assert out == ""
-    error = json.loads(err)["error"]
+    first, _, rest = err.partition("\n")
+    assert first.startswith('error: adapter "scripted-fw" cannot honour this call')
+    error = json.loads(rest)["error"]
     assert error["code"] == "FAILED_PRECONDITION"
     assert error["reason"] == "UNSUPPORTED_CAPABILITY"
     assert error["adapter"] == "scripted-fw"
@@ -316,7 +318,7 @@ async def test_allow_unknown_lets_the_call_run(
         capsys, "--server", server, "invoke", "--adapter", "fake", "p", "--max-depth", "2"
     )
     assert code == 3
-    assert json.loads(err)["error"]["gaps"][0]["capability"] == "depth_limit"
+    assert json.loads(err.splitlines()[-1])["error"]["gaps"][0]["capability"] == "depth_limit"
     assert fake.calls == []
 
     code, out, _ = await run_cli(
@@ -364,13 +366,23 @@ async def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], server: s
     assert "usage:" in err
 
 
-async def test_no_server_is_a_usage_error(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+async def test_without_server_the_run_commands_socket_is_used(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, server: str
 ) -> None:
     monkeypatch.delenv("NEGOTIATOR_SERVER", raising=False)
-    code, _, err = await run_cli(capsys, "adapters")
-    assert code == 2
-    assert "NEGOTIATOR_SERVER" in err
+    monkeypatch.chdir(tmp_path)
+    code, _, err = await run_cli(capsys, "adapters", "--timeout", "2")
+    assert code == 1
+    assert err.startswith(
+        "error: cannot reach the negotiator at unix:run/negotiator.sock "
+        "(the default; pass --server ADDR or set NEGOTIATOR_SERVER)"
+    )
+    # run/negotiator.sock, as agentsidecar-pair makes it, is where the CLI goes by default.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "negotiator.sock").symlink_to(server.removeprefix("unix:"))
+    code, out, err = await run_cli(capsys, "adapters")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["adapters"]
 
 
 async def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -403,7 +415,7 @@ async def test_installed_console_script_refuses_with_exit_3(server: str) -> None
     result = await asyncio.to_thread(run)
     assert result.returncode == 3
     assert result.stdout == ""
-    error: dict[str, Any] = json.loads(result.stderr)["error"]
+    error: dict[str, Any] = json.loads(result.stderr.splitlines()[-1])["error"]
     assert error["reason"] == "UNSUPPORTED_CAPABILITY"
     assert error["gaps"][0]["request_field"] == "options.persona"
 

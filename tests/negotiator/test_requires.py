@@ -214,7 +214,7 @@ async def test_the_cli_require_flag(
         "invoke", "--adapter", "no-codemode", "p", "--require", "hooks", "--require", "codemode"
     )
     assert code == 3
-    assert json.loads(err)["error"]["gaps"] == [
+    assert json.loads(err.splitlines()[-1])["error"]["gaps"] == [
         {
             "capability": "codemode",
             "set": None,

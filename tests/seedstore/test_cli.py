@@ -78,7 +78,7 @@ def ok(result: CliResult) -> Any:
 
 
 ANSI_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
-REVISION = re.compile(r'("revision": "|has revision )[0-9a-f]{16}')
+REVISION = re.compile(r'("revision": "|has revision |"actual":")[0-9a-f]{16}')
 
 
 def without_timestamps(text: str, earliest: int, latest: int) -> str:
@@ -378,7 +378,12 @@ def test_local_and_server_paths_print_identical_output(
 
     codes = [result.code for result in local]
     assert codes == [0] * 16 + [1, 0] + [1] * 9 + [2] * 3
-    errors = [result.stderr.strip() for result in local[16:27]]
+    # SkillSpec's `error:` line first, then the same error as one JSON line (the service's status).
+    errors = [result.stderr.strip().partition("\n")[0] for result in local[16:27]]
+    for result, line in zip(local[16:27], errors, strict=True):
+        if line:
+            error = json.loads(result.stderr.splitlines()[-1])["error"]
+            assert error["message"] == line.removeprefix("error: ")
     assert errors[0] == PARITY_ERRORS["inspect nope"]
     assert errors[1] == ""  # the second twin is a plain overwrite of the audio one
     assert errors[2] == PARITY_ERRORS["inspect twin"]

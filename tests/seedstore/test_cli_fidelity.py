@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -270,11 +271,18 @@ def test_verify_strict_exits_1_unless_every_seed_verified(two_seeds: None) -> No
     code, out, err = run("verify", "bad", "--strict")
     assert code == 1
     assert '"status": "failed"' in out
-    assert err == "error: not verified: misc/bad\n"
+    first, _, rest = err.partition("\n")
+    assert first == "error: not verified: misc/bad"
+    error = json.loads(rest)["error"]
+    assert (error["code"], error["reason"], error["metadata"]) == (
+        "FAILED_PRECONDITION",
+        "SEED_NOT_VERIFIED",
+        {"seeds": "misc/bad"},
+    )
     code, _, err = run("verify", "good", "--strict")
     assert (code, err) == (0, "")
     code, _, err = run("verify", "--all", "--domain", "misc", "--strict")
-    assert (code, err) == (1, "error: not verified: misc/bad\n")
+    assert (code, err.partition("\n")[0]) == (1, "error: not verified: misc/bad")
 
 
 # --- seeds SkillSpec writes are read ----------------------------------------------------------
@@ -373,13 +381,14 @@ def test_update_reports_an_unknown_seed_before_its_flag_values(cli: Cli, home: P
     # then the seed is loaded, then each add-/remove- value as the patch reaches it.
     (home / "capabilities" / "misc").mkdir(parents=True)
     cli.sync()
-    assert (
-        cli.run("update", "nope", "--add-provides", "BAD").stderr == 'error: unknown capability seed "nope"\n'
-    )
-    assert (
-        cli.run("update", "nope", "--priority", "101").stderr == "error: priority must be between 0 and 100\n"
-    )
-    assert cli.run("update", "nope", "--add-tie", "x").stderr == 'error: tie breaker "x" must use key=value\n'
+
+    # The `error:` line is SkillSpec's; the JSON error line after it is this CLI's addition.
+    def first_line(*argv: str) -> str:
+        return cli.run(*argv).stderr.partition("\n")[0]
+
+    assert first_line("update", "nope", "--add-provides", "BAD") == 'error: unknown capability seed "nope"'
+    assert first_line("update", "nope", "--priority", "101") == "error: priority must be between 0 and 100"
+    assert first_line("update", "nope", "--add-tie", "x") == 'error: tie breaker "x" must use key=value'
 
 
 def test_store_and_paths_are_printed_as_spelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

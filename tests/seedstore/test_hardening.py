@@ -78,10 +78,9 @@ def test_an_identifier_over_the_limit_is_invalid_argument_and_writes_nothing(
 def test_cli_add_refuses_a_long_id_with_skillspecs_exit_code(cli: Cli) -> None:
     result = cli.run("add", "a" * 240, "--domain", "voice", "--kind", "cli", "--provides", "x")
     assert result.code == 1
-    assert result.stderr.startswith('error: invalid identifier "aaaa')
-    assert result.stderr.rstrip().endswith(
-        f"in capability id: longer than {MAX_IDENTIFIER_LENGTH} characters"
-    )
+    first = result.stderr.partition("\n")[0]  # SkillSpec's line; the JSON error line follows it
+    assert first.startswith('error: invalid identifier "aaaa')
+    assert first.endswith(f"in capability id: longer than {MAX_IDENTIFIER_LENGTH} characters")
 
 
 # --- NUL bytes in commands ----------------------------------------------------------
