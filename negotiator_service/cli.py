@@ -320,11 +320,17 @@ def build_parser() -> argparse.ArgumentParser:
     probe = commands.add_parser(
         "probe", help="probe an openai adapter's upstream for one model (sends requests that cost tokens)"
     )
-    probe.add_argument("shortname", metavar="ADAPTER")
+    probe.add_argument("shortname", metavar="ADAPTER", help="the adapter to probe")
     probe.add_argument(
         "--model", default="", help="the model to probe (default: the adapter's default model)"
     )
-    probe.add_argument("--timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS")
+    probe.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"deadline for the whole probe run (default {DEFAULT_CALL_TIMEOUT:g})",
+    )
 
     call_options = _call_options_parser()
     negotiate = commands.add_parser(
