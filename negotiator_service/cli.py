@@ -118,6 +118,8 @@ from sidecar_runtime.lifecycle import log_json
 from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
 
 SERVER_ENV = "NEGOTIATOR_SERVER"
+# A file holding the bearer token to send (a negotiator run with --token-file asks for one).
+TOKEN_FILE_ENV = "NEGOTIATOR_TOKEN_FILE"
 DEFAULT_SERVER = "unix:run/negotiator.sock"
 DEFAULT_CALL_TIMEOUT = 300.0
 DEFAULT_ADMIN_TIMEOUT = 30.0
@@ -666,7 +668,11 @@ def _client(args: argparse.Namespace) -> NegotiatorClient:
         parse_address(args.server)
     except ValueError as exc:
         raise UsageError(f"--server: {exc}") from exc
-    return NegotiatorClient(args.server, timeout=args.timeout)
+    token_file = os.environ.get(TOKEN_FILE_ENV) or None
+    try:
+        return NegotiatorClient(args.server, timeout=args.timeout, token_file=token_file)
+    except OSError as exc:
+        raise UsageError(f"{TOKEN_FILE_ENV}: cannot read {exc.filename}: {exc.strerror}") from exc
 
 
 def _watch(client: NegotiatorClient) -> Iterator[dict[str, Any]]:

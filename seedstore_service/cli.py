@@ -93,6 +93,8 @@ from sidecar_runtime import cli_common
 from sidecar_runtime.lifecycle import log_json
 
 SERVER_ENV = "SEEDSTORE_SERVER"
+# A file holding the bearer token to send with --server (a seedstore run with --token-file asks for one).
+TOKEN_FILE_ENV = "SEEDSTORE_TOKEN_FILE"
 
 ProgressListener = Callable[[str, VerifyProgress], None]
 """Called with the seed store and each verify event."""
@@ -189,8 +191,8 @@ class LocalFrontend:
 class RemoteFrontend:
     """A seedstore service; every response is turned back into the core value the local path returns."""
 
-    def __init__(self, target: str) -> None:
-        self._client = SeedStoreClient(target)
+    def __init__(self, target: str, token_file: str | None = None) -> None:
+        self._client = SeedStoreClient(target, token_file=token_file)
 
     def close(self) -> None:
         self._client.close()
@@ -885,9 +887,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             respelling = None
     if target is not None:
         try:
-            remote = RemoteFrontend(target)
+            remote = RemoteFrontend(target, env.get(TOKEN_FILE_ENV) or None)
         except ValueError as error:
             return _usage_error(str(error), args.subcommand)
+        except OSError as error:
+            return _usage_error(
+                f"{TOKEN_FILE_ENV}: cannot read {error.filename}: {error.strerror}", args.subcommand
+            )
         frontend = remote
     else:
         frontend = LocalFrontend(env, getattr(args, "equivalents", None))
