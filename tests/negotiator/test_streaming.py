@@ -17,6 +17,9 @@ from mock_openai import MockOpenAI
 from negotiator_testkit import call_error
 from test_tools_openai import LocalToolBox
 
+from clients import NegotiatorClient
+from clients.aio import AsyncNegotiatorClient
+from clients.errors import UnsupportedCapabilityError
 from negotiator_service.adapters import build_adapter
 from negotiator_service.adapters.openai import OpenAIAdapter
 from negotiator_service.model import (
@@ -193,7 +196,9 @@ async def test_a_streamed_conversation_turn_commits_after_the_final_message(
     ]
 
 
-async def test_tool_calls_inside_a_stream_run_through_the_toolbox(llm: OpenAIAdapter, mock: MockOpenAI) -> None:
+async def test_tool_calls_inside_a_stream_run_through_the_toolbox(
+    llm: OpenAIAdapter, mock: MockOpenAI
+) -> None:
     mock.tool_rounds = [[{"id": "call_1", "name": "lookup", "arguments": {"key": "a"}}]]
     toolbox = LocalToolBox("lookup")
     call = AdapterCall(prompt="use the tool", options=CallOptions(stream_events=True), tools=toolbox)
@@ -210,3 +215,49 @@ async def test_tool_calls_inside_a_stream_run_through_the_toolbox(llm: OpenAIAda
     followup = mock.requests[1].body["messages"]
     assert followup[1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"key": "a"}'}
     assert followup[2] == {"role": "tool", "tool_call_id": "call_1", "content": '{"n": 1}'}
+
+
+async def test_breaking_out_of_the_sync_clients_iterator_cancels_the_call(
+    registered: OpenAIAdapter, negotiator: RunningNegotiator, mock: MockOpenAI
+) -> None:
+    mock.stream_chunks = [f"part {n} " for n in range(20)]
+    mock.chunk_interval = 0.2
+
+    def read() -> list[str]:
+        seen = []
+        with NegotiatorClient(negotiator.bound[0]) as client:
+            for message in client.invoke_stream(adapter="llm", prompt="hi"):
+                seen.append(str(message.WhichOneof("kind")))
+                if message.WhichOneof("kind") == "delta":
+                    break
+        return seen
+
+    assert await asyncio.to_thread(read) == ["decision", "delta"]
+    assert await asyncio.to_thread(mock.stream_closed.wait, 2.0)
+    assert len(mock.chunk_times) < 5
+
+
+async def test_breaking_out_of_the_aio_clients_iterator_cancels_the_call(
+    registered: OpenAIAdapter, negotiator: RunningNegotiator, mock: MockOpenAI
+) -> None:
+    mock.stream_chunks = [f"part {n} " for n in range(20)]
+    mock.chunk_interval = 0.2
+    seen = []
+    async with AsyncNegotiatorClient(negotiator.bound[0]) as client:
+        async for message in client.invoke_stream(adapter="llm", prompt="hi"):
+            seen.append(message.WhichOneof("kind"))
+            if message.WhichOneof("kind") == "delta":
+                break
+        assert await asyncio.to_thread(mock.stream_closed.wait, 2.0)
+    assert seen == ["decision", "delta"]
+    assert len(mock.chunk_times) < 5
+
+
+async def test_the_clients_map_a_refusal_mid_iteration(
+    registered: OpenAIAdapter, negotiator: RunningNegotiator
+) -> None:
+    async with AsyncNegotiatorClient(negotiator.bound[0]) as client:
+        stream = client.invoke_stream(adapter="llm", prompt="hi", options=pb.CallOptions(persona="a pirate"))
+        with pytest.raises(UnsupportedCapabilityError):
+            async for _ in stream:
+                pass
