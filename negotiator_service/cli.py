@@ -8,7 +8,7 @@
     negotiator [--server ADDR] deregister SHORTNAME
     negotiator [--server ADDR] negotiate (--adapter X | --agent Y) [--schema FILE_OR_JSON] PROMPT [options]
     negotiator [--server ADDR] produce (--adapter X | --agent Y) --schema FILE_OR_JSON PROMPT [options]
-    negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [options]
+    negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [--stream] [options]
     negotiator [--server ADDR] bootstrap CAPABILITY [--domain D] [--local-only] [--seed DOMAIN/ID]
                      [--approve GATE]... [--run [--prompt PROMPT]]
 
@@ -47,6 +47,8 @@ Output: JSON on stdout.
                           "verdicts": [VERDICT], "events": [{"type", "text"}]}
     invoke               {"adapter", "declaration_version", "model", "text", "verdicts": [VERDICT],
                           "events": [...]}
+    invoke --stream      one {"delta": TEXT} or {"event": {"type", "text"}} per line as they arrive,
+                         then the invoke object (its "events" empty: they were streamed)
     bootstrap            the BootstrapResponse in proto JSON with the proto's field names:
                          {"candidates": [...], "selected", "ask_policy", "run": {"seed", "argv",
                           "exit_code", "output", "evidence"}} ("ask_policy" and "run" only when set)
@@ -219,7 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     negotiate.add_argument("--schema", metavar="FILE_OR_JSON", help="judge a Produce call with this schema")
     produce = commands.add_parser("produce", parents=[call_options], help="structured output")
     produce.add_argument("--schema", required=True, metavar="FILE_OR_JSON")
-    commands.add_parser("invoke", parents=[call_options], help="plain text")
+    invoke = commands.add_parser("invoke", parents=[call_options], help="plain text")
+    invoke.add_argument(
+        "--stream",
+        action="store_true",
+        help="InvokeStream: print each text delta (and event) as a JSON line as it arrives, then the result",
+    )
     bootstrap = commands.add_parser(
         "bootstrap", help="seeds that may provide a capability no adapter declares; --run runs one"
     )
@@ -529,6 +536,15 @@ def run_client_command(args: argparse.Namespace) -> int:
             return EXIT_OK if decision.accepted else EXIT_REFUSED
         elif command == "produce":
             _print(produce_json(client.produce(produce_request(args))))
+        elif command == "invoke" and args.stream:
+            for message in client.invoke_stream(invoke_request(args)):
+                kind = message.WhichOneof("kind")
+                if kind == "delta":
+                    _print({"delta": message.delta})
+                elif kind == "event":
+                    _print({"event": {"type": message.event.type, "text": message.event.text}})
+                elif kind == "final":
+                    _print(invoke_json(message.final))
         elif command == "invoke":
             _print(invoke_json(client.invoke(invoke_request(args))))
         elif command == "bootstrap":

@@ -14,7 +14,7 @@ import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from mock_openai import MockOpenAI
-from negotiator_testkit import call_error
+from negotiator_testkit import NEGOTIATOR_BIN, call_error
 from test_tools_openai import LocalToolBox
 
 from clients import NegotiatorClient
@@ -261,3 +261,32 @@ async def test_the_clients_map_a_refusal_mid_iteration(
         with pytest.raises(UnsupportedCapabilityError):
             async for _ in stream:
                 pass
+
+
+async def test_the_cli_prints_each_delta_as_it_arrives(
+    registered: OpenAIAdapter, negotiator: RunningNegotiator, mock: MockOpenAI
+) -> None:
+    mock.stream_chunks = ["one ", "two ", "three"]
+    mock.chunk_interval = 0.2
+    process = await asyncio.create_subprocess_exec(
+        str(NEGOTIATOR_BIN),
+        "--server",
+        negotiator.bound[0],
+        "invoke",
+        "--adapter",
+        "llm",
+        "--stream",
+        "hi",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    lines: list[tuple[float, Any]] = []
+    while line := await process.stdout.readline():
+        lines.append((time.monotonic(), json.loads(line)))
+    assert await process.wait() == 0
+    assert [value for _, value in lines[:3]] == [{"delta": "one "}, {"delta": "two "}, {"delta": "three"}]
+    for (printed, _), sent in zip(lines[:3], mock.chunk_times, strict=True):
+        assert printed - sent < 0.1
+    final = lines[3][1]
+    assert (final["adapter"], final["text"], final["events"]) == ("llm", "one two three", [])
+    assert len(lines) == 4
