@@ -603,6 +603,7 @@ class OpenAIAdapter:
                 received = 0
                 lines = response.aiter_lines()
                 data: list[str] = []
+                done = False
                 while True:
                     try:
                         line = await _until(anext(lines), when)
@@ -611,6 +612,9 @@ class OpenAIAdapter:
                     received += len(line) + 1
                     if received > cap:
                         raise self._too_large(f"streamed more than {cap} bytes")
+                    if done:
+                        # Read to the body's end, so the connection goes back to the pool.
+                        continue
                     if line.startswith("data:"):
                         data.append(line[6:] if line.startswith("data: ") else line[5:])
                         continue
@@ -619,7 +623,8 @@ class OpenAIAdapter:
                     text = "\n".join(data)
                     data.clear()
                     if text == "[DONE]":
-                        break
+                        done = True
+                        continue
                     delta = assembly.add(shortname, text)
                     if delta:
                         yield delta

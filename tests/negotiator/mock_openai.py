@@ -282,7 +282,6 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.send_header("Cache-Control", "no-cache")
             self.end_headers()
-            self.close_connection = True
             try:
                 self._event(chunk({"role": "assistant", "content": ""}))
                 if message.get("tool_calls"):
@@ -304,6 +303,7 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
                         pieces = [content[:third], content[third : 2 * third], content[2 * third :]]
                     for number, piece in enumerate(pieces):
                         if number and not self._wait(mock.chunk_interval):
+                            self.close_connection = True
                             return
                         self._event(chunk({"content": piece}))
                         mock.chunk_times.append(time.monotonic())
@@ -315,6 +315,9 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
             except OSError:
                 mock.closed_at = time.monotonic()
                 mock.stream_closed.set()
+            finally:
+                # Kept alive only after a stream written to its end.
+                self.close_connection = mock.stream_closed.is_set() or self.close_connection
 
         def _event(self, payload: dict[str, Any]) -> None:
             self._write_chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")

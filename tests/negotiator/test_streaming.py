@@ -290,3 +290,12 @@ async def test_the_cli_prints_each_delta_as_it_arrives(
     final = lines[3][1]
     assert (final["adapter"], final["text"], final["events"]) == ("llm", "one two three", [])
     assert len(lines) == 4
+
+
+async def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next_call(
+    registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
+) -> None:
+    for _ in range(2):
+        [m async for m in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi"))]
+    first, second = (request.client_port for request in mock.requests)
+    assert first == second
