@@ -474,19 +474,35 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             )
             decision: Decision | None = None
             reply: AdapterReply | None = None
-            async with contextlib.aclosing(stream):
-                async for item in stream:
-                    if isinstance(item, StreamDelta):
-                        await context.write(wrap(delta=item.text))
-                    elif isinstance(item, StreamEvent):
-                        await context.write(
-                            wrap(event=negotiator_pb2.StreamEvent(type=item.type, text=item.text))
-                        )
-                    elif isinstance(item, Decision):
-                        decision = item
-                        await context.write(wrap(decision=convert.decision_to_proto(item)))
-                    else:
-                        reply = item
+            # The decision is written while the adapter starts its upstream work, so the first
+            # delta waits for that write only if it arrives before the write completes.
+            sending: asyncio.Future[None] | None = None
+            try:
+                async with contextlib.aclosing(stream):
+                    async for item in stream:
+                        if isinstance(item, Decision):
+                            decision = item
+                            sending = asyncio.ensure_future(
+                                context.write(wrap(decision=convert.decision_to_proto(item)))
+                            )
+                            continue
+                        if sending is not None:
+                            await sending
+                            sending = None
+                        if isinstance(item, StreamDelta):
+                            await context.write(wrap(delta=item.text))
+                        elif isinstance(item, StreamEvent):
+                            await context.write(
+                                wrap(event=negotiator_pb2.StreamEvent(type=item.type, text=item.text))
+                            )
+                        else:
+                            reply = item
+            finally:
+                if sending is not None:
+                    # Sent before any error status; a write that failed (the caller left) says no more.
+                    await asyncio.wait({sending})
+                    if not sending.cancelled():
+                        sending.exception()
             assert reply is not None
             assert decision is not None
             return reply, decision
