@@ -292,14 +292,17 @@ class Broker:
         items: AsyncIterator[StreamItem] = stream_method(adapter_call, kind)
         try:
             while True:
-                deadline = asyncio.timeout_at(when)
+                deadline = asyncio.timeout_at(when) if when is not None else None
                 try:
-                    async with deadline:
+                    if deadline is None:
                         item = await anext(items)
+                    else:
+                        async with deadline:
+                            item = await anext(items)
                 except StopAsyncIteration:
                     raise AdapterInternal(shortname, "the stream ended without a final reply") from None
                 except TimeoutError as exc:
-                    if deadline.expired():
+                    if deadline is not None and deadline.expired():
                         raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded") from exc
                     raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
                 except NegotiatorError:

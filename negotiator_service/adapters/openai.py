@@ -61,10 +61,12 @@ Options:
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import email.utils
 import json
 import os
+import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass, field, replace
@@ -601,33 +603,28 @@ class OpenAIAdapter:
                         yield answer.text
                     return
                 received = 0
-                lines = response.aiter_lines()
-                data: list[str] = []
+                chunks = response.aiter_bytes()
+                events = SseReader()
                 done = False
-                while True:
+                while not done:
                     try:
-                        line = await _until(anext(lines), when)
+                        chunk = await _until(anext(chunks), when)
                     except StopAsyncIteration:
-                        break
-                    received += len(line) + 1
-                    if received > cap:
-                        raise self._too_large(f"streamed more than {cap} bytes")
-                    if done:
-                        # Read to the body's end, so the connection goes back to the pool.
-                        continue
-                    if line.startswith("data:"):
-                        data.append(line[6:] if line.startswith("data: ") else line[5:])
-                        continue
-                    if line or not data:
-                        continue  # a comment, another field, or a blank line between events
-                    text = "\n".join(data)
-                    data.clear()
-                    if text == "[DONE]":
+                        payloads = events.finish()
                         done = True
-                        continue
-                    delta = assembly.add(shortname, text)
-                    if delta:
-                        yield delta
+                    else:
+                        received += len(chunk)
+                        if received > cap:
+                            raise self._too_large(f"streamed more than {cap} bytes")
+                        payloads = events.feed(chunk)
+                    for payload in payloads:
+                        if payload == "[DONE]":
+                            # Read on to the body's end, so the connection goes back to the pool.
+                            events.ignore_rest()
+                            break
+                        delta = assembly.add(shortname, payload)
+                        if delta:
+                            yield delta
             finally:
                 await response.aclose()
         except TimeoutError as exc:
@@ -844,6 +841,59 @@ def _result_event(model_call: ModelToolCall, message: dict[str, JsonValue]) -> s
         else None
     )
     return json.dumps({"id": model_call.id, "name": model_call.name, "denied": denied, "error": error})
+
+
+class SseReader:
+    """Server-sent events from a byte stream: the `data` of each complete event. Pure.
+
+    Lines end in LF, CR LF or CR; an event ends at a blank line; its `data:`
+    lines are joined with LF (one space after the colon dropped); comments
+    and other fields are skipped, as the SSE format defines.
+    """
+
+    __slots__ = ("_data", "_decoder", "_ignoring", "_rest")
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._rest = ""
+        self._data: list[str] = []
+        self._ignoring = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        if self._ignoring:
+            return []
+        text = self._rest + self._decoder.decode(chunk)
+        # A CR at the end may be the first half of a CR LF: it ends no line until the next chunk.
+        held = "\r" if text.endswith("\r") else ""
+        *lines, rest = _LINE_BREAK.split(text[: len(text) - len(held)])
+        self._rest = rest + held
+        return self._events(lines)
+
+    def finish(self) -> list[str]:
+        """The events still pending at the end of the stream (an unterminated last one included)."""
+        if self._ignoring:
+            return []
+        rest = self._rest + self._decoder.decode(b"", final=True)
+        self._rest = ""
+        return self._events([rest, ""] if rest else [""])
+
+    def ignore_rest(self) -> None:
+        """Yield nothing more (the stream's end marker was read)."""
+        self._ignoring = True
+
+    def _events(self, lines: list[str]) -> list[str]:
+        events: list[str] = []
+        data = self._data
+        for line in lines:
+            if line.startswith("data:"):
+                data.append(line[6:] if line.startswith("data: ") else line[5:])
+            elif not line and data:
+                events.append("\n".join(data))
+                data.clear()
+        return events
+
+
+_LINE_BREAK = re.compile("\r\n|\r|\n")
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from clients import NegotiatorClient
 from clients.aio import AsyncNegotiatorClient
 from clients.errors import UnsupportedCapabilityError
 from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.openai import OpenAIAdapter
+from negotiator_service.adapters.openai import OpenAIAdapter, SseReader
 from negotiator_service.model import (
     AdapterCall,
     AdapterReply,
@@ -299,3 +299,17 @@ async def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next_call(
         [m async for m in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi"))]
     first, second = (request.client_port for request in mock.requests)
     assert first == second
+
+
+def test_the_sse_reader_splits_events_as_the_format_defines_wherever_chunks_break() -> None:
+    stream = b': keep-alive\r\ndata: {"a":\r\ndata:1}\r\n\r\nevent: x\ndata: two\n\ndata: [DONE]\r\n\r\n'
+    whole = SseReader().feed(stream)
+    assert whole == ['{"a":\n1}', "two", "[DONE]"]
+    for size in (1, 2, 3, 7):
+        reader = SseReader()
+        pieces = [reader.feed(stream[i : i + size]) for i in range(0, len(stream), size)]
+        assert [event for piece in pieces for event in piece] + reader.finish() == whole
+    unterminated = SseReader()
+    assert unterminated.feed("data: caf\u00e9".encode()[:-1]) == []
+    assert unterminated.feed("data: caf\u00e9".encode()[-1:]) == []
+    assert unterminated.finish() == ["caf\u00e9"]
