@@ -74,6 +74,10 @@ READ_METHODS = frozenset(
     for method in ("ListAdapters", "GetAdapter", "WatchAdapters", "Negotiate", "Bootstrap")
 )
 
+# Brokered calls that stream their progress end by themselves: `--default-timeout` bounds them
+# as it bounds Produce and Invoke.
+BOUNDED_STREAMS = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("ProduceStream", "InvokeStream"))
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -275,6 +279,7 @@ async def create_server(
             read_methods=READ_METHODS,
             call_log=shared_log,
             name="negotiator",
+            bounded_streams=BOUNDED_STREAMS,
         )
     except BaseException:
         await registry.close()

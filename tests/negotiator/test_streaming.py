@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
@@ -22,6 +23,7 @@ from clients.aio import AsyncNegotiatorClient
 from clients.errors import UnsupportedCapabilityError
 from negotiator_service.adapters import build_adapter
 from negotiator_service.adapters.openai import OpenAIAdapter, SseReader
+from negotiator_service.conversations import ConversationStore
 from negotiator_service.model import (
     AdapterCall,
     AdapterReply,
@@ -32,7 +34,9 @@ from negotiator_service.model import (
     StreamEvent,
 )
 from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator
+from negotiator_service.server import RunningNegotiator, Settings, create_server
+from sidecar_runtime import limits
+from sidecar_runtime.server import ServerOptions
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_STREAM_KEY"
@@ -313,3 +317,52 @@ def test_the_sse_reader_splits_events_as_the_format_defines_wherever_chunks_brea
     assert unterminated.feed("data: caf\u00e9".encode()[:-1]) == []
     assert unterminated.feed("data: caf\u00e9".encode()[-1:]) == []
     assert unterminated.finish() == ["caf\u00e9"]
+
+
+async def test_a_stream_without_a_deadline_is_bounded_by_the_default_timeout(
+    socket_dir: Path, config_file: Path, state_home: Path, llm: OpenAIAdapter, mock: MockOpenAI
+) -> None:
+    mock.stream_chunks = [f"part {n} " for n in range(20)]
+    mock.chunk_interval = 0.2
+    settings = Settings(
+        listen=(f"unix:{socket_dir / 'limits.sock'}",),
+        config_path=config_file,
+        grace_seconds=0.5,
+        server_options=ServerOptions(listen=(), default_timeout=0.5),
+    )
+    running = await create_server(settings, conversation_store=ConversationStore(state_home / "c"))
+    running.registry.add(RegisteredAdapter(adapter=llm, source="config"))
+    received: list[str] = []
+    try:
+        async with grpc.aio.insecure_channel(running.bound[0]) as channel:
+            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+
+            async def read() -> None:
+                async for message in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi")):
+                    received.append(str(message.WhichOneof("kind")))
+
+            error = await call_error(read())
+    finally:
+        await running.stop()
+    assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert (error.domain, error.reason) == (limits.DOMAIN, limits.DEFAULT_TIMEOUT_EXCEEDED)
+    assert received[:2] == ["decision", "delta"]
+    assert "final" not in received
+    assert await asyncio.to_thread(mock.stream_closed.wait, 2.0)
+
+
+async def test_the_callers_deadline_bounds_the_whole_stream(
+    registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
+) -> None:
+    mock.stream_chunks = [f"part {n} " for n in range(20)]
+    mock.chunk_interval = 0.2
+    started = time.monotonic()
+
+    async def read() -> None:
+        async for _ in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi"), timeout=0.5):
+            pass
+
+    error = await call_error(read())
+    assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 1.0
+    assert await asyncio.to_thread(mock.stream_closed.wait, 2.0)
