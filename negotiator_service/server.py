@@ -66,7 +66,7 @@ DEFAULT_GRACE_SECONDS = 10.0
 # `--open-reads` leaves these open: they read declarations and run no adapter.
 # Bootstrap is here for its candidates; with `run` set it executes a seed's
 # command, and the servicer asks for the token itself. RegisterAdapter and
-# DeregisterAdapter (writes), Produce, Invoke and ToolSession (run adapters)
+# DeregisterAdapter (writes), Produce, Invoke, their streams and ToolSession (run adapters)
 # and WatchAudit (its records carry callers and conversation ids) always
 # need it.
 READ_METHODS = frozenset(
