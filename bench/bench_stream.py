@@ -7,7 +7,9 @@ content delta is in hand; the rest of the stream is drained before the next call
 * warm: closed loop, one caller, windows alternating direct / negotiator (`harness.compare`):
   p50 and p99 of each, their ratio, and the negotiator's added p50 (goal ≤ 1 ms);
 * cold: the first call of a fresh negotiator process (its HTTP client connects to the mock on
-  that call) vs the first request of a fresh httpx client, alternated, median of the repeats.
+  that call) vs the first request of a fresh Python process doing the direct SSE request
+  (`bench_stream.py --cold-direct URL`: the same first-time code paths), alternated, median of
+  the repeats.
 
 The direct side uses httpx as the adapter does (no per-phase timeouts, the same request body
 with `stream: true` and `stream_options.include_usage`, lines read with `aiter_lines`), so the
@@ -137,8 +139,7 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         cold_direct: list[float] = []
         cold_negotiator: list[float] = []
         for attempt in range(settings.startup_repeats):
-            async with httpx.AsyncClient(follow_redirects=False, timeout=None) as client:
-                cold_direct.append(await direct_first_delta(client, url)())
+            cold_direct.append(await _cold_direct(url))
             async with fresh_negotiator(f"cold{attempt}") as cold_stub:
                 cold_negotiator.append(await negotiator_first_delta(cold_stub)())
         direct_ms = statistics.median(cold_direct) * 1000
@@ -177,7 +178,25 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         )
 
 
-if __name__ == "__main__":
+async def _cold_direct(url: httpx.URL) -> float:
+    """The first direct SSE request of a fresh Python process, timed inside it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--cold-direct", str(url), stdout=asyncio.subprocess.PIPE
+    )
+    output, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"the cold direct request exited with {process.returncode}")
+    return float(output)
+
+
+async def _one_direct(url: str) -> None:
+    async with httpx.AsyncClient(follow_redirects=False, timeout=None) as client:
+        print(await direct_first_delta(client, httpx.URL(url))())
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--cold-direct"]:
+    asyncio.run(_one_direct(sys.argv[2]))
+elif __name__ == "__main__":
     import tempfile
 
     from bench.report import render_table
