@@ -6,6 +6,9 @@ content delta is in hand; the rest of the stream is drained before the next call
 
 * warm: closed loop, one caller, windows alternating direct / negotiator (`harness.compare`):
   p50 and p99 of each, their ratio, and the negotiator's added p50 (goal ≤ 1 ms);
+* floor: the same stream through `floor_server.py --forward` (a bare gRPC-to-SSE forwarder, no
+  negotiation), so the gap splits into what grpc.aio and httpx cost any Python service here and
+  what the negotiator adds;
 * cold: the first call of a fresh negotiator process (its HTTP client connects to the mock on
   that call) vs the first request of a fresh Python process doing the direct SSE request
   (`bench_stream.py --cold-direct URL`: the same first-time code paths), alternated, median of
@@ -30,7 +33,15 @@ from pathlib import Path
 import httpx
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
-from bench.bench_negotiator import API_KEY_ENV, MODEL, OPENAI, PROMPT, negotiator_argv, negotiator_env
+from bench.bench_negotiator import (
+    API_KEY_ENV,
+    MODEL,
+    OPENAI,
+    PROMPT,
+    floor_server_argv,
+    negotiator_argv,
+    negotiator_env,
+)
 from bench.harness import BENCH_DIR, Settings, compare, open_channel, self_timed_window, start_server_process
 from bench.report import Row, compared_overhead, info_row
 
@@ -103,6 +114,25 @@ def negotiator_first_delta(
     return timed
 
 
+def forwarder_first_delta(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+) -> Callable[[], Awaitable[float]]:
+    """The floor: the same call to `floor_server.py --forward` (no negotiation at all)."""
+    request = negotiator_pb2.InvokeRequest(prompt=PROMPT)
+
+    async def timed() -> float:
+        started = time.perf_counter()
+        first: float | None = None
+        async for message in stub.InvokeStream(request):
+            if first is None and message.WhichOneof("kind") == "delta":
+                first = time.perf_counter() - started
+        if first is None:
+            raise RuntimeError("the forwarder streamed no delta")
+        return first
+
+    return timed
+
+
 async def run(settings: Settings, rows: list[Row]) -> None:
     workdir = settings.workdir / "stream"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -154,13 +184,28 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         )
 
         stub = await stack.enter_async_context(fresh_negotiator("warm"))
+        forwarder = await start_server_process(
+            floor_server_argv(f"unix:{workdir / 'forwarder.sock'}", forward=str(url)),
+            log_path=workdir / "forwarder.log",
+        )
+        stack.push_async_callback(forwarder.stop)
+        forwarder_channel = await open_channel(forwarder.target)
+        stack.push_async_callback(forwarder_channel.close, None)
+        forwarder_stub = negotiator_pb2_grpc.NegotiatorServiceStub(forwarder_channel)
         async with httpx.AsyncClient(follow_redirects=False, timeout=None) as client:
             direct = direct_first_delta(client, url)
             via = negotiator_first_delta(stub)
+            floor_via = forwarder_first_delta(forwarder_stub)
             await direct()
             await via()
+            await floor_via()
             comparison = await compare(
                 self_timed_window(direct, settings), self_timed_window(via, settings), rounds=settings.rounds
+            )
+            floor = await compare(
+                self_timed_window(direct, settings),
+                self_timed_window(floor_via, settings),
+                rounds=settings.rounds,
             )
         rows.append(
             compared_overhead(
@@ -174,6 +219,24 @@ async def run(settings: Settings, rows: list[Row]) -> None:
                 f"{comparison.baseline.p50_ms:.3f} / {comparison.baseline.p99_ms:.3f} ms",
                 f"{comparison.subject.p50_ms / comparison.baseline.p50_ms:.2f}x / "
                 f"{comparison.subject.p99_ms / comparison.baseline.p99_ms:.2f}x",
+            )
+        )
+        floor_overhead = floor.subject.p50_ms - floor.baseline.p50_ms
+        negotiator_overhead = comparison.subject.p50_ms - comparison.baseline.p50_ms
+        rows.append(
+            info_row(
+                "floor: first delta through a bare gRPC-to-SSE forwarder, p50 minus direct SSE p50",
+                f"{floor.subject.p50_ms:.3f} ms",
+                f"{floor.baseline.p50_ms:.3f} ms",
+                f"{floor_overhead:+.3f} ms",
+            )
+        )
+        rows.append(
+            info_row(
+                "stream: the negotiator's own share (its overhead minus the bare forwarder's)",
+                f"{negotiator_overhead:+.3f} ms",
+                f"{floor_overhead:+.3f} ms",
+                f"{negotiator_overhead - floor_overhead:+.3f} ms",
             )
         )
 
