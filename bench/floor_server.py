@@ -12,7 +12,10 @@
 * with `--forward URL`, each call posts the prompt to that chat-completions
   URL with httpx, as the openai adapter does (one pooled AsyncClient, no
   per-phase timeouts, the URL parsed once), and answers with the reply's
-  content: the least work any Python gRPC-to-HTTP forwarder does.
+  content: the least work any Python gRPC-to-HTTP forwarder does; its
+  `InvokeStream` posts with `stream: true` and writes an (empty) decision,
+  each SSE content delta as it arrives, then the final text: the least any
+  Python gRPC-to-SSE forwarder does.
 
 Measured in the same run as the echo baseline and the negotiator, they split
 each gap to a goal into what grpc.aio, protobuf (and httpx) cost any Python
@@ -40,6 +43,10 @@ if TYPE_CHECKING:
     InvokeMethod = Callable[
         [negotiator_pb2.InvokeRequest, InvokeContext], Awaitable[negotiator_pb2.InvokeResponse]
     ]
+    StreamContext = grpc.aio.ServicerContext[
+        negotiator_pb2.InvokeRequest, negotiator_pb2.InvokeStreamResponse
+    ]
+    StreamMethod = Callable[[negotiator_pb2.InvokeRequest, StreamContext], Awaitable[None]]
 
 
 async def _answer_with_prompt(
@@ -62,6 +69,34 @@ def _forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> InvokeM
     return forward
 
 
+def _stream_forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> StreamMethod:
+    async def forward(request: negotiator_pb2.InvokeRequest, context: StreamContext) -> None:
+        await context.write(negotiator_pb2.InvokeStreamResponse(decision=negotiator_pb2.Decision()))
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": request.prompt}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        text = []
+        async with client.stream(
+            "POST", url, json=body, headers={"Authorization": "Bearer floor"}
+        ) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                piece = (choices[0].get("delta") or {}).get("content")
+                if piece:
+                    text.append(piece)
+                    await context.write(negotiator_pb2.InvokeStreamResponse(delta=piece))
+        final = negotiator_pb2.InvokeResponse(text="".join(text))
+        await context.write(negotiator_pb2.InvokeStreamResponse(final=final))
+
+    return forward
+
+
 async def _serve(listen: list[str], forward: str | None, model: str) -> None:
     client = httpx.AsyncClient(follow_redirects=False, timeout=None)
     invoke: InvokeMethod = (
@@ -74,7 +109,14 @@ async def _serve(listen: list[str], forward: str | None, model: str) -> None:
             request_deserializer=negotiator_pb2.InvokeRequest.FromString,
             response_serializer=negotiator_pb2.InvokeResponse.SerializeToString,
         )
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Invoke": handler}),))
+        handlers = {"Invoke": handler}
+        if forward is not None:
+            handlers["InvokeStream"] = grpc.unary_stream_rpc_method_handler(
+                _stream_forwarder(client, httpx.URL(forward), model),
+                request_deserializer=negotiator_pb2.InvokeRequest.FromString,
+                response_serializer=negotiator_pb2.InvokeStreamResponse.SerializeToString,
+            )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
     try:
         running = await start_server(register, (SERVICE,), ServerOptions(listen=listen, grace_seconds=1.0))

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 
-from bench import bench_echo, bench_negotiator, bench_seedstore
+from bench import bench_echo, bench_negotiator, bench_seedstore, bench_stream
 from bench.harness import BENCH_DIR, ServerStartError, Settings
 from bench.report import Row, missing_row, render_table
 
@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "echo": bench_echo.run,
     "seedstore": bench_seedstore.run,
     "negotiator": bench_negotiator.run,
+    "stream": bench_stream.run,
 }
 
 

@@ -213,6 +213,49 @@ class AsyncNegotiatorClient(AsyncClient):
         message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
         return await self._call(self._stub.Invoke, message, timeout, delegation_metadata(delegation_depth))
 
+    def produce_stream(
+        self,
+        request: npb.ProduceRequest | None = None,
+        /,
+        *,
+        adapter: str | None = None,
+        agent: str | None = None,
+        prompt: str = "",
+        output_schema: JsonSchema = "",
+        options: npb.CallOptions | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        delegation_depth: int | None = None,
+    ) -> AsyncGenerator[npb.ProduceStreamResponse, None]:
+        """Produce as it happens: `decision`, `delta`s and `event`s, then `final`; closing it cancels."""
+        message = produce_call(
+            request, adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+        )
+        return mapped_stream(
+            self._stub.ProduceStream(
+                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+            )
+        )
+
+    def invoke_stream(
+        self,
+        request: npb.InvokeRequest | None = None,
+        /,
+        *,
+        adapter: str | None = None,
+        agent: str | None = None,
+        prompt: str = "",
+        options: npb.CallOptions | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        delegation_depth: int | None = None,
+    ) -> AsyncGenerator[npb.InvokeStreamResponse, None]:
+        """Invoke as it happens: `decision`, `delta`s and `event`s, then `final`; closing it cancels."""
+        message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
+        return mapped_stream(
+            self._stub.InvokeStream(
+                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+            )
+        )
+
     @overload
     async def tool_session(
         self,

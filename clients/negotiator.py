@@ -481,6 +481,58 @@ class NegotiatorClient(SyncClient):
         message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
         return self._call(self._stub.Invoke, message, timeout, delegation_metadata(delegation_depth))
 
+    def produce_stream(
+        self,
+        request: pb.ProduceRequest | None = None,
+        /,
+        *,
+        adapter: str | None = None,
+        agent: str | None = None,
+        prompt: str = "",
+        output_schema: JsonSchema = "",
+        options: pb.CallOptions | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        delegation_depth: int | None = None,
+    ) -> Generator[pb.ProduceStreamResponse, None, None]:
+        """Produce as it happens: `decision`, then `delta`s and `event`s, then `final` (validated).
+
+        Errors are mapped as for `produce`, also mid-stream. Leaving the loop
+        early, or closing the generator, cancels the call (and with it the
+        adapter's upstream work).
+        """
+        message = produce_call(
+            request, adapter=adapter, agent=agent, prompt=prompt, output_schema=output_schema, options=options
+        )
+        return mapped_stream(
+            self._stub.ProduceStream(
+                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+            )
+        )
+
+    def invoke_stream(
+        self,
+        request: pb.InvokeRequest | None = None,
+        /,
+        *,
+        adapter: str | None = None,
+        agent: str | None = None,
+        prompt: str = "",
+        options: pb.CallOptions | None = None,
+        timeout: Timeout = CLIENT_TIMEOUT,
+        delegation_depth: int | None = None,
+    ) -> Generator[pb.InvokeStreamResponse, None, None]:
+        """Invoke as it happens: `decision`, then `delta`s and `event`s, then `final`.
+
+        Errors are mapped as for `invoke`, also mid-stream. Leaving the loop
+        early, or closing the generator, cancels the call.
+        """
+        message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
+        return mapped_stream(
+            self._stub.InvokeStream(
+                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+            )
+        )
+
     # -- tools, audit, bootstrap ------------------------------------------
 
     @overload

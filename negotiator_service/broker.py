@@ -16,9 +16,10 @@ audit record (audit.py): a dry run "accepted" or "refused"; a brokered call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +53,9 @@ from negotiator_service.model import (
     Decision,
     JsonValue,
     Profile,
+    StreamDelta,
+    StreamEvent,
+    StreamItem,
     ToolBox,
     Usage,
 )
@@ -161,36 +165,16 @@ class Broker:
         )
         dispatched = False
         try:
-            decision, schema, expanded = self._decide(request, operation=operation)
-            audit.decision = decision
-            # Before the capability verdict: no adapter could serve a call this deep.
-            check_depth(delegation_depth, expanded.options, self.max_depth)
-            if not decision.accepted:
-                record_refusals(gap.requirement.capability.value for gap in decision.gaps)
-                raise UnsupportedCapability(decision)
-            if expanded.options.mcp_servers:
-                check_servers(expanded.options.mcp_servers, self.mcp_policy)
-
-            entry = self.registry.get(decision.adapter)
-            adapter_call = AdapterCall(
-                prompt=expanded.prompt,
-                options=expanded.options,
-                output_schema=schema,
-                time_budget=time_budget,
-                delegation_depth=delegation_depth,
-                conversation_state=conversation_state,
-                tools=tools,
+            decision, schema, adapter, adapter_call = self._prepare(
+                request, operation, audit, time_budget, delegation_depth, conversation_state, tools
             )
             dispatched = True
-            reply = await self._run(entry.adapter, decision.adapter, request.kind, adapter_call)
-            if reply.usage is not None:
-                audit.usage = reply.usage
-                label = model_label(entry.adapter.declaration, expanded.options.model)
-                count_tokens(decision.adapter, label, reply.usage)
+            reply = await self._run(adapter, decision.adapter, request.kind, adapter_call)
+            self._count_usage(audit, adapter, decision, adapter_call, reply)
             if not request.options.stream_events and reply.events:
                 # Events were not negotiated; returning them anyway would be an
                 # undeclared surface.
-                reply = AdapterReply(text=reply.text, conversation_state=reply.conversation_state)
+                reply = replace(reply, events=())
             if schema is not None:
                 check_output(decision.adapter, schema, reply.text)
             if check_reply is not None:
@@ -200,6 +184,159 @@ class Broker:
             raise
         audit.emit(AuditOutcome.SUCCEEDED)
         return reply, decision
+
+    async def stream(
+        self,
+        request: CallRequest,
+        *,
+        time_budget: float | None,
+        delegation_depth: int = 0,
+        conversation_state: JsonValue = None,
+        tools: ToolBox | None = None,
+        caller: str = "",
+        audit_operation: str | None = None,
+        check_reply: Callable[[AdapterReply, Decision], None] | None = None,
+    ) -> AsyncGenerator[Decision | StreamDelta | StreamEvent | AdapterReply, None]:
+        """`call` as it happens: the Decision, then deltas and events, then the final AdapterReply.
+
+        The same judgement, checks, audit and error mapping as `call`; a
+        refusal raises before anything is yielded (and before any adapter code
+        runs). An adapter with a `stream` method (model.StreamingAdapter) is
+        read as it yields; any other is run by its unary method and its
+        events and reply follow. Events are yielded only with
+        `options.stream_events`. The final reply's text is validated against
+        the output schema, and `check_reply` run, before it is yielded: a
+        violation is the stream's error. `time_budget` bounds the whole
+        stream. Closing the iterator (the caller went away) closes the
+        adapter's stream at once and audits the call as cancelled.
+        """
+        operation: str = request.kind._value_
+        audit = _AuditDraft(
+            self, audit_operation or operation, caller, request, delegation_depth=delegation_depth
+        )
+        dispatched = False
+        try:
+            decision, schema, adapter, adapter_call = self._prepare(
+                request, operation, audit, time_budget, delegation_depth, conversation_state, tools
+            )
+            yield decision
+            dispatched = True
+            want_events = request.options.stream_events
+            reply: AdapterReply | None = None
+            items = self._stream_adapter(adapter, decision.adapter, request.kind, adapter_call)
+            # Closed as soon as this stream is: the adapter's upstream must not outlive the caller.
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    if isinstance(item, AdapterReply):
+                        reply = item
+                    elif isinstance(item, StreamDelta) or want_events:
+                        yield item
+            assert reply is not None  # _stream_adapter ends with the reply or raises
+            reply = replace(reply, events=())
+            self._count_usage(audit, adapter, decision, adapter_call, reply)
+            if schema is not None:
+                check_output(decision.adapter, schema, reply.text)
+            if check_reply is not None:
+                check_reply(reply, decision)
+        except BaseException as error:
+            audit.ended(error, dispatched=dispatched)
+            raise
+        audit.emit(AuditOutcome.SUCCEEDED)
+        yield reply
+
+    @staticmethod
+    def _count_usage(
+        audit: _AuditDraft, adapter: Adapter, decision: Decision, call: AdapterCall, reply: AdapterReply
+    ) -> None:
+        """The tokens a reply reports, into its audit record and the token counter (spent even when
+        the output then fails validation)."""
+        if reply.usage is None:
+            return
+        audit.usage = reply.usage
+        count_tokens(decision.adapter, model_label(adapter.declaration, call.options.model), reply.usage)
+
+    def _prepare(
+        self,
+        request: CallRequest,
+        operation: str,
+        audit: _AuditDraft,
+        time_budget: float | None,
+        delegation_depth: int,
+        conversation_state: JsonValue,
+        tools: ToolBox | None,
+    ) -> tuple[Decision, Mapping[str, Any] | None, Adapter, AdapterCall]:
+        """Judge a brokered call and hold it to the rules that refuse before dispatch; what to run."""
+        decision, schema, expanded = self._decide(request, operation=operation)
+        audit.decision = decision
+        # Before the capability verdict: no adapter could serve a call this deep.
+        check_depth(delegation_depth, expanded.options, self.max_depth)
+        if not decision.accepted:
+            record_refusals(gap.requirement.capability.value for gap in decision.gaps)
+            raise UnsupportedCapability(decision)
+        if expanded.options.mcp_servers:
+            check_servers(expanded.options.mcp_servers, self.mcp_policy)
+
+        entry = self.registry.get(decision.adapter)
+        adapter_call = AdapterCall(
+            prompt=expanded.prompt,
+            options=expanded.options,
+            output_schema=schema,
+            time_budget=time_budget,
+            delegation_depth=delegation_depth,
+            conversation_state=conversation_state,
+            tools=tools,
+        )
+        return decision, schema, entry.adapter, adapter_call
+
+    async def _stream_adapter(
+        self, adapter: Adapter, shortname: str, kind: CallKind, adapter_call: AdapterCall
+    ) -> AsyncGenerator[StreamItem, None]:
+        """The adapter's stream under the call's deadline and error mapping; ends with its AdapterReply."""
+        stream_method = getattr(adapter, "stream", None)
+        if stream_method is None:
+            reply = await self._run(adapter, shortname, kind, adapter_call)
+            for event in reply.events:
+                yield event
+            yield reply
+            return
+        time_budget = adapter_call.time_budget
+        if time_budget is not None and time_budget <= 0:
+            raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded before dispatch")
+        loop = asyncio.get_running_loop()
+        # One deadline for the whole stream, applied to each wait for the adapter's next item.
+        when = None if time_budget is None else loop.time() + time_budget
+        items: AsyncIterator[StreamItem] = stream_method(adapter_call, kind)
+        try:
+            while True:
+                deadline = asyncio.timeout_at(when) if when is not None else None
+                try:
+                    if deadline is None:
+                        item = await anext(items)
+                    else:
+                        async with deadline:
+                            item = await anext(items)
+                except StopAsyncIteration:
+                    raise AdapterInternal(shortname, "the stream ended without a final reply") from None
+                except TimeoutError as exc:
+                    if deadline is not None and deadline.expired():
+                        raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded") from exc
+                    raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
+                except NegotiatorError:
+                    raise
+                except Exception as exc:
+                    raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
+                if isinstance(item, AdapterReply):
+                    yield item
+                    return
+                if not isinstance(item, StreamDelta | StreamEvent):
+                    raise AdapterInternal(
+                        shortname, f"streamed {type(item).__name__}, not a delta, event or reply"
+                    )
+                yield item
+        finally:
+            closer = getattr(items, "aclose", None)
+            if closer is not None:
+                await closer()
 
     def audit_refusal(
         self,

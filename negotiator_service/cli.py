@@ -11,7 +11,7 @@
     negotiator [--server ADDR] probe ADAPTER [--model M]
     negotiator [--server ADDR] negotiate (--adapter X | --agent Y) [--schema FILE_OR_JSON] PROMPT [options]
     negotiator [--server ADDR] produce (--adapter X | --agent Y) --schema FILE_OR_JSON PROMPT [options]
-    negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [options]
+    negotiator [--server ADDR] invoke (--adapter X | --agent Y) PROMPT [--stream] [options]
     negotiator [--server ADDR] bootstrap CAPABILITY [--domain D] [--local-only] [--seed DOMAIN/ID]
                      [--approve GATE]... [--run [--prompt PROMPT]]
 
@@ -57,6 +57,8 @@ Output: JSON on stdout, pretty (2-space indent) unless `--json-style compact`;
                           "verdicts": [VERDICT], "events": [{"type", "text"}]}
     invoke               {"adapter", "declaration_version", "model", "text", "verdicts": [VERDICT],
                           "events": [...]}
+    invoke --stream      one {"delta": TEXT} or {"event": {"type", "text"}} per line as they arrive,
+                         then the invoke object (its "events" empty: they were streamed)
     bootstrap            the BootstrapResponse in proto JSON with the proto's field names:
                          {"candidates": [...], "selected", "ask_policy", "run": {"seed", "argv",
                           "exit_code", "output", "evidence"}} ("ask_policy" and "run" only when set)
@@ -346,7 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE_OR_JSON",
         help="the output's JSON Schema: JSON text, a file, or - for stdin",
     )
-    commands.add_parser("invoke", parents=[call_options, client], help="plain text")
+    invoke = commands.add_parser("invoke", parents=[call_options, client], help="plain text")
+    invoke.add_argument(
+        "--stream",
+        action="store_true",
+        help="InvokeStream: print each text delta (and event) as a JSON line as it arrives, then the result",
+    )
     bootstrap = commands.add_parser(
         "bootstrap",
         parents=[client],
@@ -711,6 +718,16 @@ def run_client_command(args: argparse.Namespace) -> int:
             return EXIT_OK if decision.accepted else EXIT_REFUSED
         elif command == "produce":
             _print(produce_json(client.produce(produce_request(args))))
+        elif command == "invoke" and args.stream:
+            for message in client.invoke_stream(invoke_request(args)):
+                kind = message.WhichOneof("kind")
+                # A stream: one line per value, whatever --json-style says about documents.
+                if kind == "delta":
+                    _print_line({"delta": message.delta})
+                elif kind == "event":
+                    _print_line({"event": {"type": message.event.type, "text": message.event.text}})
+                elif kind == "final":
+                    _print_line(invoke_json(message.final))
         elif command == "invoke":
             _print(invoke_json(client.invoke(invoke_request(args))))
         elif command == "bootstrap":

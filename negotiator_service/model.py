@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -478,6 +478,33 @@ class AdapterReply:
     conversation_state: JsonValue = None
     # Tokens the upstream reported, summed over the call's requests; None when it reported none.
     usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """Text an adapter produced since its previous delta (for Produce, a piece of the JSON text)."""
+
+    text: str
+
+
+# What a streaming adapter yields: deltas and events as they happen, then one AdapterReply, last.
+StreamItem = StreamDelta | StreamEvent | AdapterReply
+
+
+class StreamingAdapter(Protocol):
+    """An adapter that reports its work as it happens (declares stream_events).
+
+    `stream` yields StreamDelta and StreamEvent values while the call runs
+    and ends with exactly one AdapterReply, the same reply `produce` or
+    `invoke` would have returned (its `events` are ignored: they were
+    yielded). It receives calls only after `check_call`-style judgement, as
+    `produce`/`invoke` do, and yields events only when
+    `call.options.stream_events` is set. Closing the iterator early (the
+    caller cancelled) must stop the upstream work at once. Adapters without
+    `stream` are served by their unary method: its events, then its reply.
+    """
+
+    def stream(self, call: AdapterCall, kind: CallKind) -> AsyncIterator[StreamItem]: ...
 
 
 class Adapter(Protocol):

@@ -67,13 +67,17 @@ DEFAULT_GRACE_SECONDS = 10.0
 # `--open-reads` leaves these open: they read declarations and run no adapter.
 # Bootstrap is here for its candidates; with `run` set it executes a seed's
 # command, and the servicer asks for the token itself. RegisterAdapter and
-# DeregisterAdapter (writes), Produce, Invoke and ToolSession (run adapters)
+# DeregisterAdapter (writes), Produce, Invoke, their streams and ToolSession (run adapters)
 # and WatchAudit (its records carry callers and conversation ids) always
 # need it.
 READ_METHODS = frozenset(
     f"/{SERVICE_NAME}/{method}"
     for method in ("ListAdapters", "GetAdapter", "WatchAdapters", "Negotiate", "Bootstrap")
 )
+
+# Brokered calls that stream their progress end by themselves: `--default-timeout` bounds them
+# as it bounds Produce and Invoke.
+BOUNDED_STREAMS = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("ProduceStream", "InvokeStream"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +285,7 @@ async def create_server(
             read_methods=READ_METHODS,
             call_log=shared_log,
             name="negotiator",
+            bounded_streams=BOUNDED_STREAMS,
         )
     except BaseException:
         await registry.close()

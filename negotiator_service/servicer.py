@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import replace
@@ -58,6 +59,8 @@ from negotiator_service.model import (
     CallRequest,
     Decision,
     JsonValue,
+    StreamDelta,
+    StreamEvent,
     ToolBox,
 )
 from negotiator_service.prober import Prober
@@ -315,6 +318,28 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         except Exception as error:
             await self._fail(context, "Invoke", error)
 
+    # grpc.aio serves a server-streaming method that writes with `context.write` and returns None;
+    # the generated stub types only the generator form.
+    async def ProduceStream(  # type: ignore[override]
+        self, request: negotiator_pb2.ProduceRequest, context: Context
+    ) -> None:
+        try:
+            call = with_conversation_id(convert.produce_request(request))
+            await self._streamed(
+                call, context, convert.produce_response, negotiator_pb2.ProduceStreamResponse
+            )
+        except Exception as error:
+            await self._fail(context, "ProduceStream", error)
+
+    async def InvokeStream(  # type: ignore[override]
+        self, request: negotiator_pb2.InvokeRequest, context: Context
+    ) -> None:
+        try:
+            call = with_conversation_id(convert.invoke_request(request))
+            await self._streamed(call, context, convert.invoke_response, negotiator_pb2.InvokeStreamResponse)
+        except Exception as error:
+            await self._fail(context, "InvokeStream", error)
+
     async def ToolSession(
         self, request_iterator: AsyncIterator[negotiator_pb2.ToolSessionRequest], context: Context
     ) -> AsyncIterator[negotiator_pb2.ToolSessionResponse]:
@@ -448,6 +473,75 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         refused = self._conversation_refused(call.kind.value, call, context, depth)
         await self._conversations.run(call, depth, dispatch, refused=refused, owner=self._owner(context))
         return sized.message()
+
+    async def _streamed(
+        self,
+        call: CallRequest,
+        context: Context,
+        respond: Callable[[AdapterReply, Decision], _Message],
+        wrap: Callable[..., Any],
+    ) -> None:
+        """A ProduceStream/InvokeStream: the broker's stream written as it comes, the final message last.
+
+        The handler writes rather than yields, so a caller's cancellation
+        lands inside the broker's stream, which closes the adapter's
+        upstream before the handler ends. The final message is built and its
+        size checked inside the broker stream, and sent only after the
+        conversation (if any) committed, as for the unary calls.
+        """
+        sized = _sized(respond, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+        depth = _delegation_depth(context)
+
+        async def dispatch(turn: Turn) -> tuple[AdapterReply, Decision]:
+            stream = self._broker.stream(
+                call,
+                time_budget=self._time_budget(context),
+                delegation_depth=turn.delegation_depth,
+                conversation_state=turn.state,
+                caller=self._caller(context),
+                check_reply=sized.check,
+            )
+            decision: Decision | None = None
+            reply: AdapterReply | None = None
+            # The decision is written while the adapter starts its upstream work, so the first
+            # delta waits for that write only if it arrives before the write completes.
+            sending: asyncio.Future[None] | None = None
+            try:
+                async with contextlib.aclosing(stream):
+                    async for item in stream:
+                        if isinstance(item, Decision):
+                            decision = item
+                            sending = asyncio.ensure_future(
+                                context.write(wrap(decision=convert.decision_to_proto(item)))
+                            )
+                            continue
+                        if sending is not None:
+                            await sending
+                            sending = None
+                        if isinstance(item, StreamDelta):
+                            await context.write(wrap(delta=item.text))
+                        elif isinstance(item, StreamEvent):
+                            await context.write(
+                                wrap(event=negotiator_pb2.StreamEvent(type=item.type, text=item.text))
+                            )
+                        else:
+                            reply = item
+            finally:
+                if sending is not None:
+                    # Sent before any error status; a write that failed (the caller left) says no more.
+                    await asyncio.wait({sending})
+                    if not sending.cancelled():
+                        sending.exception()
+            assert reply is not None
+            assert decision is not None
+            return reply, decision
+
+        if call.options.conversation_id is None:
+            await dispatch(Turn(None, None, depth))
+        else:
+            refused = self._conversation_refused(call.kind.value, call, context, depth)
+            await self._conversations.run(call, depth, dispatch, refused=refused, owner=self._owner(context))
+        await context.write(wrap(final=sized.message()))
 
     def _owner(self, context: Context) -> str:
         """Whose conversations a call reaches: with tokens configured, its bearer token's."""

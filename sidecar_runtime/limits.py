@@ -9,8 +9,9 @@
 * `DefaultTimeout`: a call that arrives without a deadline gets
   one. Servicers see it through `context.time_remaining()` (the negotiator
   passes it on to adapters), and a call still running when it expires ends
-  with DEADLINE_EXCEEDED (reason DEFAULT_TIMEOUT_EXCEEDED). Only calls with a
-  single response are bounded: streams are meant to stay open.
+  with DEADLINE_EXCEEDED (reason DEFAULT_TIMEOUT_EXCEEDED). Calls with a
+  single response are bounded, and the server streams a service names as
+  ending by themselves (`bounded_streams`); other streams are meant to stay open.
 
 The maximum message size is not here: grpc enforces it on both directions
 (`grpc.max_receive_message_length` / `grpc.max_send_message_length`) and
@@ -137,15 +138,19 @@ class DefaultTimeout:
     default timeout behind it (small records, no tasks).
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, bounded_streams: Collection[str] = ()) -> None:
+        """`bounded_streams`: full names of server streams bounded like unary calls."""
         if not seconds > 0:
             raise ValueError("the default timeout must be positive")
         self.seconds = seconds
+        self._bounded_streams = frozenset(bounded_streams)
         self._queue: collections.deque[_Bounded] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
 
     def wrap(self, method: MethodInfo, inner: Behavior) -> Behavior:
-        if method.response_streaming:
+        if method.response_streaming and (
+            method.request_streaming or method.full_name not in self._bounded_streams
+        ):
             return inner  # streams are meant to stay open
         seconds, queue = self.seconds, self._queue
 

@@ -150,9 +150,16 @@ class RunningServer:
 
 
 def build_layers(
-    options: ServerOptions, read_methods: Collection[str], call_log: CallLog | None
+    options: ServerOptions,
+    read_methods: Collection[str],
+    call_log: CallLog | None,
+    bounded_streams: Collection[str] = (),
 ) -> tuple[CallObserver | None, TokenCheck | None, list[Layer]]:
-    """The runtime's layers for `options`, outermost first, with the two the interceptor also needs."""
+    """The runtime's layers for `options`, outermost first, with the two the interceptor also needs.
+
+    `bounded_streams` (full method names) are server streams that end by themselves, which the
+    default deadline bounds as it does unary calls.
+    """
     layers: list[Layer] = []
     observer = None
     if call_log is not None or options.metrics_listen is not None:
@@ -165,7 +172,7 @@ def build_layers(
     if options.max_concurrent_calls is not None:
         layers.append(CallLimit(options.max_concurrent_calls))
     if options.default_timeout is not None:
-        layers.append(DefaultTimeout(options.default_timeout))
+        layers.append(DefaultTimeout(options.default_timeout, bounded_streams))
     return observer, token_check, layers
 
 
@@ -174,12 +181,13 @@ def build_interceptors(
     read_methods: Collection[str],
     call_log: CallLog | None,
     tracing: Tracing | None = None,
+    bounded_streams: Collection[str] = (),
 ) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
     """The runtime's interceptors for `options`, outermost first: OpenTelemetry, then the runtime's own."""
     chain: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
     if tracing is not None:
         chain.append(tracing.interceptor)
-    observer, token_check, layers = build_layers(options, read_methods, call_log)
+    observer, token_check, layers = build_layers(options, read_methods, call_log, bounded_streams)
     chain.append(
         RuntimeInterceptor(
             layers,
@@ -259,6 +267,7 @@ async def start_server(
     read_methods: Collection[str] = (),
     call_log: CallLog | None = None,
     name: str | None = None,
+    bounded_streams: Collection[str] = (),
 ) -> RunningServer:
     """Create, bind and start a grpc.aio server with health and reflection.
 
@@ -270,7 +279,9 @@ async def start_server(
     stream shares it, so lines keep their order); the server owns it from
     then on and closes it when it stops or fails to start. `name` (say
     "negotiator") is the OpenTelemetry service name `otel` defaults to; else
-    the first of `service_names`, else "sidecar".
+    the first of `service_names`, else "sidecar". `bounded_streams` are server streams
+    (full names) that `options.default_timeout` bounds like unary calls: brokered calls
+    that stream their progress, unlike watches, end by themselves.
 
     Raises RuntimeError when an address cannot be bound (a TCP port
     clash fails fast: SO_REUSEPORT is off; SocketInUseError for a Unix
@@ -298,7 +309,7 @@ async def start_server(
     try:
         if options.otel:
             tracing = start_tracing(name or next(iter(service_names), "sidecar"))
-        chain = build_interceptors(options, read_methods, call_log, tracing)
+        chain = build_interceptors(options, read_methods, call_log, tracing, bounded_streams)
         server = grpc.aio.server(
             interceptors=[*chain, *interceptors],
             options=[

@@ -57,9 +57,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from negotiator_service import errors
 from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
@@ -84,7 +85,9 @@ from negotiator_service.model import (
     CapabilityState,
     Declaration,
     JsonValue,
+    StreamDelta,
     StreamEvent,
+    StreamItem,
 )
 from sidecar_runtime import proctree
 
@@ -92,6 +95,7 @@ PROMPT_PLACEHOLDER = "{prompt}"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 DEFAULT_OUTPUT_CAP_BYTES = 1 << 20
 STDERR_TAIL_BYTES = 500
+_T = TypeVar("_T")
 _INHERITED_ENV = ("PATH", "HOME", "LANG")
 _READ_CHUNK = 64 * 1024
 # The supervisor exits only once the whole tree is gone, so the pipes are at EOF by then; this
@@ -357,39 +361,117 @@ class CommandAdapter:
 
     async def _call(self, call: AdapterCall) -> AdapterReply:
         shortname = self._declaration.shortname
-        harness = self._options.harness
         settings = self._run_settings(call.options.settings)
         deadline = call_deadline(
             shortname, call.time_budget, settings.timeout_seconds, settings.timeout_source
         )
-        head, in_head = build_argv(self._options.argv, call.prompt)
-        in_tail = any(PROMPT_PLACEHOLDER in element for element in harness.tail)
         scratch = tempfile.mkdtemp(prefix="negotiator-cmd-") if self._needs_scratch(call) else None
         try:
-            values = self._prepare_files(call, scratch)
-            try:
-                mapped = harness.arguments(
-                    CallArguments(
-                        prompt=call.prompt,
-                        options=call.options,
-                        settings=call.options.settings,
-                        delegation_depth=call.delegation_depth,
-                        values=MappingProxyType(values),
-                    )
-                )
-            except CallNotPassable as exc:
-                raise errors.AdapterRefused(shortname, str(exc)) from exc
-            argv = (*head, *mapped)
-            if any("\0" in element for element in argv):
-                raise errors.AdapterRefused(
-                    shortname, "the call holds a NUL byte (prompt or option), which no argument can carry"
-                )
-            stdin = None if in_head or in_tail else call.prompt.encode()
+            argv, stdin, values = self._command(call, scratch)
             stdout = (await self._run(argv, stdin, settings, deadline)).decode("utf-8", errors="replace")
             return self._reply(call, stdout, values.get("output_file"))
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+
+    async def stream(self, call: AdapterCall, kind: CallKind) -> AsyncGenerator[StreamItem, None]:
+        """The run with its stdout read as it comes: one delta per line, or its events in event mode.
+
+        In event mode (an `events` map and options.stream_events) each
+        JSON-lines record is yielded as the events it stands for as soon as
+        its line is complete; otherwise each line (with its newline) is a
+        text delta. The reply is the one `invoke`/`produce` would return for
+        the same output. One deadline bounds the run, checked on every read;
+        closing this iterator stops the whole process tree (proctree) at once.
+        """
+        check_call(self._declaration, call, kind, implemented=self._implemented)
+        shortname = self._declaration.shortname
+        if kind is CallKind.PRODUCE and self._options.harness.output_schema is None:
+            raise errors.AdapterRefused(shortname, "a command cannot enforce structured output")
+        settings = self._run_settings(call.options.settings)
+        deadline = call_deadline(
+            shortname, call.time_budget, settings.timeout_seconds, settings.timeout_source
+        )
+        events = self._options.harness.events
+        event_format = events.format if events is not None and call.options.stream_events else None
+        cap = self._options.output_cap_bytes
+        scratch = tempfile.mkdtemp(prefix="negotiator-cmd-") if self._needs_scratch(call) else None
+        try:
+            argv, stdin, values = self._command(call, scratch)
+            run = await self._start(argv, stdin, settings)
+            when = None if deadline.seconds is None else asyncio.get_running_loop().time() + deadline.seconds
+            process = run.process
+            assert process.stdout is not None  # PIPE
+            assert process.stderr is not None  # PIPE
+            stderr = _Capture(STDERR_TAIL_BYTES, keep_tail=True)
+            tasks = [asyncio.create_task(stderr.drain(process.stderr))]
+            if stdin is not None:
+                assert process.stdin is not None  # PIPE
+                tasks.append(asyncio.create_task(_feed(process.stdin, stdin)))
+            output = bytearray()
+            pending = b""
+            try:
+                while True:
+                    chunk = await _until(process.stdout.read(_READ_CHUNK), when, deadline, shortname)
+                    output += chunk
+                    if len(output) > cap:
+                        raise errors.AdapterInternal(shortname, f"output exceeded output_cap_bytes={cap}")
+                    pending += chunk
+                    # At EOF the unterminated rest counts as a last line.
+                    lines = pending.split(b"\n") if chunk else [pending, b""]
+                    pending = lines.pop()
+                    for line in lines:
+                        if not line and not chunk:
+                            continue
+                        text = line.decode("utf-8", errors="replace") + ("\n" if chunk else "")
+                        if event_format is None:
+                            yield StreamDelta(text)
+                        else:
+                            for event in parse_events(event_format, text).events:
+                                yield event
+                    if not chunk:
+                        break
+                await _until(run.exited.wait(), when, deadline, shortname)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await run.finish()
+            self._check_exit(run.returncode, stderr.kept())
+            reply = self._reply(call, output.decode("utf-8", errors="replace"), values.get("output_file"))
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        yield reply
+
+    def _command(
+        self, call: AdapterCall, scratch: str | None
+    ) -> tuple[tuple[str, ...], bytes | None, dict[str, str]]:
+        """The argv of a call, its stdin (None: the prompt is in argv), and its placeholder values."""
+        shortname = self._declaration.shortname
+        harness = self._options.harness
+        head, in_head = build_argv(self._options.argv, call.prompt)
+        in_tail = any(PROMPT_PLACEHOLDER in element for element in harness.tail)
+        values = self._prepare_files(call, scratch)
+        try:
+            mapped = harness.arguments(
+                CallArguments(
+                    prompt=call.prompt,
+                    options=call.options,
+                    settings=call.options.settings,
+                    delegation_depth=call.delegation_depth,
+                    values=MappingProxyType(values),
+                )
+            )
+        except CallNotPassable as exc:
+            raise errors.AdapterRefused(shortname, str(exc)) from exc
+        argv = (*head, *mapped)
+        if any("\0" in element for element in argv):
+            raise errors.AdapterRefused(
+                shortname, "the call holds a NUL byte (prompt or option), which no argument can carry"
+            )
+        stdin = None if in_head or in_tail else call.prompt.encode()
+        return argv, stdin, values
 
     def _needs_scratch(self, call: AdapterCall) -> bool:
         harness = self._options.harness
@@ -514,13 +596,11 @@ class CommandAdapter:
                 raise self._refuse("env", f"the value of {name} contains a NUL byte")
         return dict(value)
 
-    async def _run(
-        self, argv: tuple[str, ...], stdin: bytes | None, settings: RunSettings, deadline: Deadline
-    ) -> bytes:
+    async def _start(self, argv: tuple[str, ...], stdin: bytes | None, settings: RunSettings) -> proctree.Run:
         shortname = self._declaration.shortname
         program = self._options.program
         try:
-            run = await start_process(program, argv, stdin is not None, settings)
+            return await start_process(program, argv, stdin is not None, settings)
         except FileNotFoundError as exc:
             raise errors.AdapterMisconfigured(
                 shortname, f'cannot run "{program}": not found ({exc})'
@@ -530,6 +610,11 @@ class CommandAdapter:
         except OSError as exc:
             raise errors.AdapterMisconfigured(shortname, f'cannot run "{program}": {exc}') from exc
 
+    async def _run(
+        self, argv: tuple[str, ...], stdin: bytes | None, settings: RunSettings, deadline: Deadline
+    ) -> bytes:
+        shortname = self._declaration.shortname
+        run = await self._start(argv, stdin, settings)
         try:
             result = await collect(
                 run,
@@ -543,13 +628,22 @@ class CommandAdapter:
             raise errors.AdapterInternal(
                 shortname, f"output exceeded output_cap_bytes={self._options.output_cap_bytes}"
             ) from exc
-
-        returncode = result.returncode
-        if returncode != 0:
-            how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with {returncode}"
-            tail = result.stderr_tail.decode("utf-8", errors="replace").strip()
-            raise errors.AdapterInternal(shortname, f"{how}: {tail}" if tail else how)
+        self._check_exit(result.returncode, result.stderr_tail)
         return result.stdout
+
+    def _check_exit(self, returncode: int | None, stderr_tail: bytes) -> None:
+        """AdapterInternal for a run that did not exit with 0, quoting the end of its stderr."""
+        if returncode == 0:
+            return
+        how = (
+            "did not exit"
+            if returncode is None
+            else f"was killed by signal {-returncode}"
+            if returncode < 0
+            else f"exited with {returncode}"
+        )
+        tail = stderr_tail.decode("utf-8", errors="replace").strip()
+        raise errors.AdapterInternal(self._declaration.shortname, f"{how}: {tail}" if tail else how)
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,3 +767,14 @@ async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
         await stdin.wait_closed()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the command does not read its stdin; its exit status tells the rest
+
+
+async def _until(awaitable: Awaitable[_T], when: float | None, deadline: Deadline, adapter: str) -> _T:
+    """`awaitable`, bounded by the loop time `when` (None: unbounded); the deadline's timeout past it."""
+    if when is None:
+        return await awaitable
+    try:
+        async with asyncio.timeout_at(when):
+            return await awaitable
+    except TimeoutError as exc:
+        raise deadline.expired(adapter) from exc

@@ -68,15 +68,17 @@ Options:
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import email.utils
 import json
 import os
+import re
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -101,6 +103,9 @@ from negotiator_service.model import (
     CapabilityState,
     Declaration,
     JsonValue,
+    StreamDelta,
+    StreamEvent,
+    StreamItem,
     ToolOutcome,
     ToolSpec,
     Usage,
@@ -130,6 +135,8 @@ IMPLEMENTED = frozenset(
         Capability.PERSONA,  # a leading system (or developer) message
         # MCP servers are run by the negotiator's own client (mcp_tools.py) in the tool loop.
         Capability.MCP,
+        # Completions are read as server-sent events (`stream: true`); see `stream`.
+        Capability.STREAM_EVENTS,
     }
 )
 MCP_TRANSPORTS_IMPLEMENTED = frozenset({"stdio", "http", "sse"})
@@ -137,6 +144,8 @@ MCP_TRANSPORTS_IMPLEMENTED = frozenset({"stdio", "http", "sse"})
 # with no sign of it in the reply: UNKNOWN until config states them for a server or model.
 UPSTREAM_DEPENDENT = frozenset({Capability.EFFORT, Capability.SETTINGS, Capability.PERSONA})
 _QUOTE_LIMIT = 500  # characters of a provider's body quoted in an error
+
+_T = TypeVar("_T")
 
 # Rounds of tool calls one call may take before it counts as a runaway loop.
 MAX_TOOL_ROUNDS = 16
@@ -599,11 +608,157 @@ class OpenAIAdapter:
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
+        if call.options.stream_events:
+            return await collect_stream(self.stream(call, CallKind.INVOKE))
         return await self._complete(call, produce=False)
 
     async def produce(self, call: AdapterCall) -> AdapterReply:
         check_call(self._declaration, call, CallKind.PRODUCE, implemented=IMPLEMENTED)
+        if call.options.stream_events:
+            return await collect_stream(self.stream(call, CallKind.PRODUCE))
         return await self._complete(call, produce=True)
+
+    async def stream(self, call: AdapterCall, kind: CallKind) -> AsyncGenerator[StreamItem, None]:
+        """The call as server-sent events: content deltas as the provider sends them, then the reply.
+
+        Each completion is requested with `stream: true` and
+        `stream_options.include_usage`. Tool calls arrive in pieces and are
+        assembled per index; a round that ends in tool calls runs them
+        through the call's ToolBox (as the unary loop does) and streams the
+        next completion. Events (with stream_events): `tool_call` (JSON
+        `{id, name, arguments}`) before a tool runs, `tool_result` (JSON
+        `{id, name, denied, error}`) after. One deadline bounds the whole
+        exchange, checked on every read; closing this iterator closes the
+        open HTTP response, which drops its connection.
+        """
+        produce = kind is CallKind.PRODUCE
+        check_call(self._declaration, call, kind, implemented=IMPLEMENTED)
+        shortname = self._declaration.shortname
+        if self._closed:
+            raise errors.AdapterUnavailable(shortname, "the adapter is closed")
+        # Before any MCP server starts; a tool_choice naming an MCP tool is checked once they are listed.
+        self._refuse_settings(call, tools_known=not call.options.mcp_servers)
+        headers = self._headers()
+        in_conversation = call.options.conversation_id is not None
+        prior = history(shortname, call.conversation_state) if in_conversation else []
+        followups: list[dict[str, JsonValue]] = []
+        budget = call_deadline(shortname, call.time_budget, self._options.timeout_seconds)
+        when = None if budget.seconds is None else asyncio.get_running_loop().time() + budget.seconds
+        async with contextlib.AsyncExitStack() as stack:
+            if call.options.mcp_servers:
+                call = await self._with_mcp_tools(call, stack)
+                self._refuse_settings(call, tools_known=True)
+            rounds = 0
+            usage: Usage | None = None  # summed over the tool rounds, as the unary path sums it
+            while True:
+                if isinstance(call.tools, CallToolBox):
+                    await call.tools.refresh()
+                model_options = self._options.for_model(call.options.model or self._options.model)
+                body = stream_body(
+                    request_body(
+                        call,
+                        self._options.model,
+                        produce=produce,
+                        prior=prior,
+                        followups=followups,
+                        strict=model_options.strict_schema,
+                        model_options=model_options,
+                    )
+                )
+                assembly = StreamAssembly()
+                completion = self._stream_completion(body, headers, budget, when, assembly, produce=produce)
+                # Closed with this iterator: its finally closes the HTTP response.
+                async with contextlib.aclosing(completion):
+                    async for delta in completion:
+                        yield StreamDelta(delta)
+                usage = _summed(usage, read_usage(assembly.usage))
+                answer = assembly.answer(shortname, produce=produce)
+                if isinstance(answer, AdapterReply):
+                    answer = replace(answer, usage=usage)
+                    break
+                rounds += 1
+                if rounds > MAX_TOOL_ROUNDS:
+                    raise errors.AdapterInternal(
+                        shortname, f"no final answer after {MAX_TOOL_ROUNDS} rounds of tool calls"
+                    )
+                followups.append(answer.assistant_message)
+                for model_call in answer.calls:
+                    if call.options.stream_events:
+                        yield StreamEvent("tool_call", _call_event(model_call))
+                    [message] = await self._run_tools(call, (model_call,))
+                    followups.append(message)
+                    if call.options.stream_events:
+                        yield StreamEvent("tool_result", _result_event(model_call, message))
+        if not in_conversation:
+            yield answer
+            return
+        turn = [*prior, {"role": "user", "content": call.prompt}, *followups]
+        state = {"messages": [*turn, {"role": "assistant", "content": answer.text}]}
+        yield AdapterReply(text=answer.text, conversation_state=state, usage=answer.usage)
+
+    async def _stream_completion(
+        self,
+        body: dict[str, JsonValue],
+        headers: dict[str, str],
+        budget: Deadline,
+        when: float | None,
+        assembly: StreamAssembly,
+        *,
+        produce: bool,
+    ) -> AsyncGenerator[str, None]:
+        """One streamed completion: its content deltas, with the rest gathered into `assembly`."""
+        shortname = self._declaration.shortname
+        request = self._client.build_request("POST", self._endpoint, json=body, headers=headers)
+        cap = self._options.max_response_bytes
+        try:
+            response = await _until(self._client.send(request, stream=True), when)
+            try:
+                content_type = response.headers.get("content-type", "")
+                if response.status_code != 200 or not content_type.startswith("text/event-stream"):
+                    # An error, or a server that answered the whole completion at once.
+                    content = await _until(self._read_capped(response), when)
+                    answer = read_response(
+                        shortname, response.status_code, response.headers, content, produce=produce
+                    )
+                    assembly.whole(answer)
+                    if isinstance(answer, AdapterReply) and answer.text:
+                        yield answer.text
+                    return
+                received = 0
+                chunks = response.aiter_bytes()
+                events = SseReader()
+                done = False
+                while not done:
+                    try:
+                        chunk = await _until(anext(chunks), when)
+                    except StopAsyncIteration:
+                        payloads = events.finish()
+                        done = True
+                    else:
+                        received += len(chunk)
+                        if received > cap:
+                            raise self._too_large(f"streamed more than {cap} bytes")
+                        payloads = events.feed(chunk)
+                    for payload in payloads:
+                        if payload == "[DONE]":
+                            # Read on to the body's end, so the connection goes back to the pool.
+                            events.ignore_rest()
+                            break
+                        delta = assembly.add(shortname, payload)
+                        if delta:
+                            yield delta
+            finally:
+                await response.aclose()
+        except TimeoutError as exc:
+            raise budget.expired(shortname) from exc
+        except httpx.TimeoutException as exc:
+            raise budget.expired(shortname) from exc
+        except httpx.TransportError as exc:
+            raise errors.AdapterUnavailable(shortname, f"cannot reach {self._url}: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise errors.AdapterInternal(
+                shortname, f"HTTP exchange with {self._url} failed: {exc!r}"
+            ) from exc
 
     async def close(self) -> None:
         self._closed = True
@@ -791,3 +946,209 @@ class OpenAIAdapter:
             f"the provider's response {what}, over max_response_bytes "
             f"({self._options.max_response_bytes}); nothing more was read",
         )
+
+
+def stream_body(body: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """A chat-completions request body asking for server-sent events, usage in the last chunk."""
+    return {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def collect_stream(items: AsyncGenerator[StreamItem, None]) -> AdapterReply:
+    """A stream's reply with the events it yielded (deltas dropped: the reply holds the whole text)."""
+    events: list[StreamEvent] = []
+    async with contextlib.aclosing(items):
+        async for item in items:
+            if isinstance(item, StreamEvent):
+                events.append(item)
+            elif isinstance(item, AdapterReply):
+                return AdapterReply(
+                    text=item.text, events=tuple(events), conversation_state=item.conversation_state
+                )
+    raise AssertionError("OpenAIAdapter.stream ends with its reply")
+
+
+async def _until(awaitable: Awaitable[_T], when: float | None) -> _T:
+    """`awaitable`, bounded by the loop time `when` (None: unbounded); TimeoutError past it."""
+    if when is None:
+        return await awaitable
+    async with asyncio.timeout_at(when):
+        return await awaitable
+
+
+def _call_event(model_call: ModelToolCall) -> str:
+    return json.dumps({"id": model_call.id, "name": model_call.name, "arguments": model_call.arguments})
+
+
+def _result_event(model_call: ModelToolCall, message: dict[str, JsonValue]) -> str:
+    content = message.get("content")
+    text = content if isinstance(content, str) else ""
+    denied = text.startswith("denied: ")
+    error = (
+        text.removeprefix("denied: ").removeprefix("error: ")
+        if denied or text.startswith("error: ")
+        else None
+    )
+    return json.dumps({"id": model_call.id, "name": model_call.name, "denied": denied, "error": error})
+
+
+class SseReader:
+    """Server-sent events from a byte stream: the `data` of each complete event. Pure.
+
+    Lines end in LF, CR LF or CR; an event ends at a blank line; its `data:`
+    lines are joined with LF (one space after the colon dropped); comments
+    and other fields are skipped, as the SSE format defines.
+    """
+
+    __slots__ = ("_data", "_decoder", "_ignoring", "_rest")
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._rest = ""
+        self._data: list[str] = []
+        self._ignoring = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        if self._ignoring:
+            return []
+        text = self._rest + self._decoder.decode(chunk)
+        # A CR at the end may be the first half of a CR LF: it ends no line until the next chunk.
+        held = "\r" if text.endswith("\r") else ""
+        *lines, rest = _LINE_BREAK.split(text[: len(text) - len(held)])
+        self._rest = rest + held
+        return self._events(lines)
+
+    def finish(self) -> list[str]:
+        """The events still pending at the end of the stream (an unterminated last one included)."""
+        if self._ignoring:
+            return []
+        rest = self._rest + self._decoder.decode(b"", final=True)
+        self._rest = ""
+        return self._events([rest, ""] if rest else [""])
+
+    def ignore_rest(self) -> None:
+        """Yield nothing more (the stream's end marker was read)."""
+        self._ignoring = True
+
+    def _events(self, lines: list[str]) -> list[str]:
+        events: list[str] = []
+        data = self._data
+        for line in lines:
+            if line.startswith("data:"):
+                data.append(line[6:] if line.startswith("data: ") else line[5:])
+            elif not line and data:
+                events.append("\n".join(data))
+                data.clear()
+        return events
+
+
+_LINE_BREAK = re.compile("\r\n|\r|\n")
+
+
+@dataclass(slots=True)
+class _PartialToolCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StreamAssembly:
+    """What the chunks of one streamed completion add up to. Pure: fed parsed `data:` payloads.
+
+    `content` and `refusal` are concatenated, tool calls assembled per
+    `index` (their id and name from the first piece that carries them, the
+    argument pieces joined), `finish_reason` kept from the chunk that sets
+    it, `usage` from the final chunk (`stream_options.include_usage`).
+    """
+
+    content: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    tool_calls: dict[int, _PartialToolCall] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: dict[str, JsonValue] | None = None
+    chunks: int = 0
+    _whole: AdapterReply | ToolRound | None = None
+
+    def whole(self, answer: AdapterReply | ToolRound) -> None:
+        """The completion arrived whole (a server that ignored `stream: true`)."""
+        self._whole = answer
+
+    def add(self, adapter: str, payload: str) -> str:
+        """Fold one chunk in; the content text it adds ("" for none)."""
+        try:
+            chunk = json.loads(payload)
+        except ValueError as exc:
+            raise errors.AdapterInternal(
+                adapter, f"malformed stream chunk, not JSON ({exc}): {_quote(payload.encode())}"
+            ) from exc
+        if not isinstance(chunk, dict):
+            raise errors.AdapterInternal(adapter, f"malformed stream chunk: {_quote(payload.encode())}")
+        self.chunks += 1
+        error = chunk.get("error")
+        if error is not None:
+            detail = error.get("message") if isinstance(error, dict) else error
+            raise errors.AdapterUnavailable(adapter, f"the provider ended the stream with an error: {detail}")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return ""
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return ""
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return ""
+        if isinstance(delta.get("refusal"), str):
+            self.refusal.append(delta["refusal"])
+        for piece in delta.get("tool_calls") or ():
+            if not isinstance(piece, dict):
+                continue
+            index = piece.get("index", 0)
+            partial = self.tool_calls.setdefault(index if isinstance(index, int) else 0, _PartialToolCall())
+            if isinstance(piece.get("id"), str) and piece["id"]:
+                partial.id = piece["id"]
+            function = piece.get("function")
+            if isinstance(function, dict):
+                if isinstance(function.get("name"), str) and function["name"]:
+                    partial.name = function["name"]
+                if isinstance(function.get("arguments"), str):
+                    partial.arguments.append(function["arguments"])
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self.content.append(text)
+            return text
+        return ""
+
+    def answer(self, adapter: str, *, produce: bool) -> AdapterReply | ToolRound:
+        """The completion as `read_response` would have read it whole."""
+        if self._whole is not None:
+            return self._whole
+        if self.refusal:
+            raise errors.AdapterRefused(adapter, f"the model refused: {''.join(self.refusal)}")
+        if self.finish_reason == "content_filter":
+            raise errors.AdapterRefused(adapter, "the provider's content filter stopped the output")
+        content = "".join(self.content)
+        if self.tool_calls:
+            message: dict[str, JsonValue] = {
+                "content": content or None,
+                "tool_calls": [
+                    {
+                        "id": partial.id,
+                        "type": "function",
+                        "function": {"name": partial.name, "arguments": "".join(partial.arguments)},
+                    }
+                    for _, partial in sorted(self.tool_calls.items())
+                ],
+            }
+            return _tool_round(adapter, message)
+        if self.chunks == 0:
+            raise errors.AdapterInternal(adapter, "the stream ended before any chunk")
+        if self.finish_reason is None:
+            raise errors.AdapterUnavailable(adapter, "the stream ended before the completion finished")
+        if produce and self.finish_reason == "length":
+            raise errors.AdapterInternal(adapter, "output truncated by max tokens")
+        return AdapterReply(text=content)

@@ -33,6 +33,16 @@ does. With `call_required_tools`, a request with `tool_choice: "required"` is
 answered with a call of its first tool with `required_tool_arguments`.
 `usage` is the `usage` object of every completion (None: the field is left out).
 
+Streaming: a request with `stream: true` (mode ok) is answered with
+server-sent events, as the real API streams: a role chunk, one content chunk
+per entry of `stream_chunks` (default: the reply's text in three pieces),
+`chunk_interval` seconds apart, a finish chunk, a usage chunk when
+`stream_options.include_usage` is set, then `data: [DONE]`. A tool round is
+streamed as tool_calls pieces (id and name first, the arguments in two
+parts). `chunk_times` holds the `time.monotonic()` at which each content
+chunk was written; between chunks the handler watches its socket, and when
+the client hangs up it stops and sets `stream_closed` (`closed_at` holds when).
+
 Every request is recorded (method, path, lower-cased headers, parsed JSON body,
 client port) in `requests`.
 """
@@ -41,6 +51,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -101,6 +113,11 @@ class MockOpenAI:
         # `report_usage = False` leaves usage out of the reply, as some servers do.
         self.usage: dict[str, Any] | None = None
         self.report_usage = True
+        self.stream_chunks: list[str] | None = None
+        self.chunk_interval = 0.0
+        self.chunk_times: list[float] = []
+        self.stream_closed = threading.Event()
+        self.closed_at: float | None = None
         self.huge_bytes = 200 * 1024 * 1024
         self.listed_models: list[str] = ["gpt-4o-mini"]
         self.reasoning_models: set[str] = set()
@@ -301,8 +318,90 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
                 completion = mock.completion(body)
                 completion["choices"] = []
                 self._send_json(200, completion)
+            elif isinstance(body, dict) and body.get("stream") is True:
+                self._send_stream(body)
             else:
                 self._send_json(200, mock.completion(body))
+
+        def _send_stream(self, body: dict[str, Any]) -> None:
+            completion = mock.completion(body)
+            choice = completion["choices"][0]
+            message = choice["message"]
+            base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
+            base["object"] = "chat.completion.chunk"
+
+            def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+                return {
+                    **base,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                }
+
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            try:
+                self._event(chunk({"role": "assistant", "content": ""}))
+                if message.get("tool_calls"):
+                    for index, call in enumerate(message["tool_calls"]):
+                        arguments = call["function"]["arguments"]
+                        half = len(arguments) // 2
+                        first = {"index": index, "id": call["id"], "type": "function"}
+                        first["function"] = {"name": call["function"]["name"], "arguments": ""}
+                        self._event(chunk({"tool_calls": [first]}))
+                        for part in (arguments[:half], arguments[half:]):
+                            self._event(
+                                chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+                            )
+                else:
+                    content = message.get("content") or ""
+                    pieces = mock.stream_chunks
+                    if pieces is None:
+                        third = max(1, len(content) // 3)
+                        pieces = [content[:third], content[third : 2 * third], content[2 * third :]]
+                    for number, piece in enumerate(pieces):
+                        if number and not self._wait(mock.chunk_interval):
+                            self.close_connection = True
+                            return
+                        self._event(chunk({"content": piece}))
+                        mock.chunk_times.append(time.monotonic())
+                self._event(chunk({}, choice["finish_reason"]))
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    self._event({**base, "choices": [], "usage": completion["usage"]})
+                self._write_chunk(b"data: [DONE]\n\n")
+                self._write_chunk(b"")
+            except OSError:
+                mock.closed_at = time.monotonic()
+                mock.stream_closed.set()
+            finally:
+                # Kept alive only after a stream written to its end.
+                self.close_connection = mock.stream_closed.is_set() or self.close_connection
+
+        def _event(self, payload: dict[str, Any]) -> None:
+            self._write_chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+        def _write_chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _wait(self, seconds: float) -> bool:
+            """Sleep `seconds` unless the client hangs up first (then False, `stream_closed` set)."""
+            end = time.monotonic() + seconds
+            sock = self.connection
+            while (left := end - time.monotonic()) > 0:
+                readable, _, _ = select.select([sock], [], [], left)
+                if readable:
+                    try:
+                        peeked = sock.recv(1, socket.MSG_PEEK)
+                    except OSError:
+                        peeked = b""
+                    if not peeked:
+                        mock.closed_at = time.monotonic()
+                        mock.stream_closed.set()
+                        return False
+                    time.sleep(min(left, 0.005))
+            return True
 
         def _send_huge(self, *, chunked: bool) -> None:
             """A JSON string `huge_bytes` long, sent until the client hangs up."""

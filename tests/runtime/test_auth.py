@@ -291,8 +291,8 @@ def test_read_method_lists_name_real_methods() -> None:
         "AddSeed", "UpdateSeed", "PreferSeed", "RemoveSeed", "VerifySeeds",
     }  # fmt: skip
     assert always_guarded(negotiator_server, NEGOTIATOR) == {
-        "RegisterAdapter", "DeregisterAdapter", "Produce", "Invoke", "ToolSession", "WatchAudit",
-        "ProbeAdapter",
+        "RegisterAdapter", "DeregisterAdapter", "Produce", "Invoke", "ProduceStream", "InvokeStream",
+        "ToolSession", "WatchAudit", "ProbeAdapter",
     }  # fmt: skip
 
 
