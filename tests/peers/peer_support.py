@@ -152,8 +152,13 @@ class RecordingProxy:
                 )
                 body = answer.content
                 if self.path.endswith("/chat/completions"):
+                    # A streamed answer (text/event-stream) is kept as its text.
+                    is_json = "json" in answer.headers.get("content-type", "")
+                    parsed = (
+                        (json.loads(body) if is_json else body.decode("utf-8", "replace")) if body else None
+                    )
                     with proxy._lock:
-                        proxy.answers.append(json.loads(body) if body else None)
+                        proxy.answers.append(parsed)
                 self.send_response(answer.status_code)
                 self.send_header("content-type", answer.headers.get("content-type", "application/json"))
                 self.send_header("content-length", str(len(body)))
