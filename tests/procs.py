@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,14 +15,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 def start_process(argv: list[str], env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """Start a process (in the repository, with this environment plus `env`) that prints a READY line
-    first; return it and that line."""
+    first; return it and that line.
+
+    Unless `env` says otherwise, the process gets a fresh XDG_STATE_HOME of its own, so what a
+    negotiator keeps in its default state directory (conversations, runtime registrations) never
+    reaches the user's, nor another test's.
+    """
+    state_home = tempfile.mkdtemp(prefix="agentsidecar-state-")
     process = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env={**os.environ, "XDG_STATE_HOME": state_home, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert process.stdout is not None
     line = process.stdout.readline()

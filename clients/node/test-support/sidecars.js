@@ -51,7 +51,8 @@ export async function startSidecar(name, extraArgs = []) {
   ];
   const child = spawn(pythonExecutable(), args, {
     cwd: REPO_DIR,
-    env: { ...process.env, SKILLSPEC_HOME: home, PYTHONUNBUFFERED: '1' },
+    // A state directory of its own: the negotiator keeps runtime registrations there across restarts.
+    env: { ...process.env, SKILLSPEC_HOME: home, XDG_STATE_HOME: path.join(workDir, 'state'), PYTHONUNBUFFERED: '1' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let stdout = '';
