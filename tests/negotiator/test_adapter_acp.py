@@ -269,6 +269,7 @@ async def test_closing_an_invoke_stream_cancels_the_turn_and_stops_the_agent(
 ) -> None:
     call = stub.InvokeStream(invoke("hang"))
     first = await call.read()
+    assert isinstance(first, pb.InvokeStreamResponse)
     assert first.WhichOneof("kind") == "decision"
     (prompt,) = await wait_logged(agent_files, "session/prompt")
     call.cancel()
