@@ -28,8 +28,11 @@ session tells (model, effort, modes) is UNKNOWN. Config may narrow the declarati
 One agent process per call, contained by `sidecar_runtime.proctree` (killed with everything it
 started when the call ends, on timeout or cancellation, and when the negotiator dies): it is
 initialized, gets `session/new` (or `session/resume` / `session/load` inside a conversation)
-with the call's cwd and MCP servers, then `session/prompt` with the prompt. Text chunks of the
-agent's messages are the reply; every update is an event. On the caller's cancellation or the
+with the call's cwd and MCP servers, then `session/prompt` with the prompt. `stream` yields each
+text chunk of the agent's messages as a delta the moment it arrives and every other update as an
+event; the deltas together are the reply. `invoke` collects that stream (every update, message
+chunks included, is then an event of the reply). On the caller's cancellation (closing the
+stream, or cancelling invoke) or the
 deadline the adapter sends `session/cancel` and waits up to CANCEL_GRACE_SECONDS for the turn to
 end before the process is stopped. An agent that exits or closes its output mid-call is
 ADAPTER_UNAVAILABLE with the tail of its stderr.
@@ -64,9 +67,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import tempfile
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -123,7 +127,9 @@ from negotiator_service.model import (
     Declaration,
     JsonValue,
     McpServer,
+    StreamDelta,
     StreamEvent,
+    StreamItem,
     ToolBox,
 )
 from sidecar_runtime import proctree
@@ -132,6 +138,8 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 30.0
 DEFAULT_OUTPUT_CAP_BYTES = 1 << 20
 DEFAULT_PERMISSION_TOOL = "acp_permission"
+# The event type of a text chunk of the agent's message (its session/update kind).
+MESSAGE_CHUNK = "agent_message_chunk"
 # How long a cancelled turn may take to end after session/cancel before the process is stopped.
 CANCEL_GRACE_SECONDS = 3.0
 # How long the stderr of an agent that went away may take to reach EOF.
@@ -392,16 +400,17 @@ class OutputTooLarge(Exception):
 
 
 class _CallClient:
-    """The client half of one call: collects updates, answers permissions and file requests."""
+    """The client half of one call: queues updates, answers permissions and file requests."""
 
-    def __init__(self, options: AcpOptions, tools: ToolBox | None, cwd: str) -> None:
+    def __init__(self, options: AcpOptions, tools: ToolBox | None, cwd: str, *, events: bool = False) -> None:
         self._options = options
         self._tools = tools
         self._cwd = cwd
+        self._events = events  # updates other than message text are queued only when asked for
         self.session_id: str | None = None  # updates of other sessions (none expected) are ignored
         self.collecting = False  # false while a loaded session replays its history
-        self.text: list[str] = []
-        self.events: list[StreamEvent] = []
+        # Message text as deltas, other updates as events, in the order the agent sent them.
+        self.items: asyncio.Queue[StreamDelta | StreamEvent] = asyncio.Queue()
         self._size = 0
         self.overflowed = False
 
@@ -412,10 +421,12 @@ class _CallClient:
         self._size += len(event.text.encode()) + len(event.type)
         if self._size > self._options.output_cap_bytes:
             self.overflowed = True
+            self.items.put_nowait(event)  # wakes the stream, which then fails the call
             return
-        self.events.append(event)
-        if isinstance(update, AgentMessageChunk):
-            self.text.append(event.text)
+        if isinstance(update, AgentMessageChunk) and event.text:
+            self.items.put_nowait(StreamDelta(event.text))
+        elif self._events:
+            self.items.put_nowait(event)
 
     async def request_permission(
         self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **kwargs: Any
@@ -612,6 +623,31 @@ class AcpAdapter:
         raise errors.AdapterRefused(self._declaration.shortname, "ACP has no output schema")
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
+        """The streamed call, collected: the deltas are the text, every update is an event."""
+        events: list[StreamEvent] = []
+        reply: AdapterReply | None = None
+        items = self.stream(call, CallKind.INVOKE)
+        try:
+            async for item in items:
+                if isinstance(item, StreamDelta):
+                    events.append(StreamEvent(type=MESSAGE_CHUNK, text=item.text))
+                elif isinstance(item, StreamEvent):
+                    events.append(item)
+                else:
+                    reply = item
+        finally:
+            await items.aclose()
+        assert reply is not None  # the stream ends with its reply or raises
+        return dataclasses.replace(reply, events=tuple(events) if call.options.stream_events else ())
+
+    async def stream(self, call: AdapterCall, kind: CallKind) -> AsyncGenerator[StreamItem, None]:
+        """One agent turn as it happens: message text as deltas, other updates as events, the reply.
+
+        Closing this iterator (or cancelling its consumer) sends session/cancel, gives the turn
+        CANCEL_GRACE_SECONDS to end and stops the agent's process tree.
+        """
+        if kind is CallKind.PRODUCE:
+            await self.produce(call)  # refused: ACP has no output schema
         check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
         shortname = self._declaration.shortname
         if call.tools is not None:
@@ -632,7 +668,92 @@ class AcpAdapter:
         with contextlib.ExitStack() as stack:
             if cwd is None:
                 cwd = _scratch(stack, "acp-session-")
-            return await self._call(call, cwd, env, deadline)
+            client = _CallClient(self._options, call.tools, cwd, events=call.options.stream_events)
+            try:
+                agent = await _start_agent(self._options, env, cwd, client)
+            except (OSError, ValueError) as exc:
+                raise errors.AdapterMisconfigured(
+                    shortname, f'cannot run "{self._options.program}": {exc}'
+                ) from exc
+            texts: list[str] = []
+            try:
+                work = asyncio.ensure_future(self._converse(agent, client, call, cwd))
+                loop = asyncio.get_running_loop()
+                when = None if deadline.seconds is None else loop.time() + deadline.seconds
+                try:
+                    while not (work.done() and client.items.empty()):
+                        item = await self._next_item(client, work, when)
+                        if client.overflowed:
+                            await self._cancel_turn(agent, client, work)
+                            raise errors.AdapterInternal(
+                                shortname,
+                                "the agent's output exceeded "
+                                f"output_cap_bytes={self._options.output_cap_bytes}",
+                            )
+                        if item is None and not work.done():
+                            raise await self._timed_out(agent, client, work, deadline)
+                        if item is not None:
+                            if isinstance(item, StreamDelta):
+                                texts.append(item.text)
+                            yield item
+                except (asyncio.CancelledError, GeneratorExit):
+                    await self._cancel_turn(agent, client, work)
+                    raise
+                try:
+                    stop_reason, session_id = work.result()
+                except (ConnectionError, asyncio.IncompleteReadError, BrokenPipeError) as exc:
+                    raise errors.AdapterUnavailable(shortname, await agent.gone()) from exc
+                except RequestError as exc:
+                    raise self._agent_error(exc) from exc
+            finally:
+                await agent.close()
+        if stop_reason == "refusal":
+            raise errors.AdapterRefused(shortname, "the agent refused to continue (stop reason: refusal)")
+        state = (
+            {"session_id": session_id}
+            if self._declaration.state(Capability.STATEFUL_HISTORY) is CapabilityState.SUPPORTED
+            else None
+        )
+        yield AdapterReply(text="".join(texts), conversation_state=state)
+
+    async def _next_item(
+        self, client: _CallClient, work: asyncio.Future[Any], when: float | None
+    ) -> StreamDelta | StreamEvent | None:
+        """The next queued update; None when the turn ended with nothing queued, or at `when`.
+
+        Updates the agent sent before its prompt answer are queued before that answer resolves
+        `work` (the connection reads its input in order), so a done `work` with an empty queue
+        has delivered every update of the turn.
+        """
+        if not client.items.empty():
+            return client.items.get_nowait()
+        if work.done():
+            return None
+        getter = asyncio.ensure_future(client.items.get())
+        try:
+            remaining = None if when is None else max(0.0, when - asyncio.get_running_loop().time())
+            await asyncio.wait({getter, work}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        return client.items.get_nowait() if not client.items.empty() else None
+
+    async def _timed_out(
+        self, agent: _Agent, client: _CallClient, work: asyncio.Future[Any], deadline: Deadline
+    ) -> errors.AdapterTimeout:
+        prompted = client.collecting
+        stopped = await self._cancel_turn(agent, client, work)
+        if not prompted:
+            how = "the agent had not started the turn yet"
+        elif stopped:
+            how = "the agent ended its turn on session/cancel"
+        else:
+            how = f"the agent did not end its turn within {CANCEL_GRACE_SECONDS:g} s of session/cancel"
+        return errors.AdapterTimeout(
+            self._declaration.shortname, f"no answer within {deadline.seconds:g} s ({deadline.limit}); {how}"
+        )
 
     async def close(self) -> None:
         return None
@@ -700,63 +821,6 @@ class AcpAdapter:
                 )
             timeout, source = float(value), "the call's timeout setting"
         return cwd, minimal_env(self._options.env, call_env), timeout, source
-
-    async def _call(
-        self, call: AdapterCall, cwd: str, env: Mapping[str, str], deadline: Deadline
-    ) -> AdapterReply:
-        shortname = self._declaration.shortname
-        client = _CallClient(self._options, call.tools, cwd)
-        try:
-            agent = await _start_agent(self._options, env, cwd, client)
-        except (OSError, ValueError) as exc:
-            raise errors.AdapterMisconfigured(
-                shortname, f'cannot run "{self._options.program}": {exc}'
-            ) from exc
-        try:
-            work = asyncio.ensure_future(self._converse(agent, client, call, cwd))
-            try:
-                done, _ = await asyncio.wait({work}, timeout=deadline.seconds)
-            except asyncio.CancelledError:
-                await self._cancel_turn(agent, client, work)
-                raise
-            if not done:
-                prompted = client.collecting
-                stopped = await self._cancel_turn(agent, client, work)
-                if not prompted:
-                    how = "the agent had not started the turn yet"
-                elif stopped:
-                    how = "the agent ended its turn on session/cancel"
-                else:
-                    how = (
-                        f"the agent did not end its turn within {CANCEL_GRACE_SECONDS:g} s of session/cancel"
-                    )
-                raise errors.AdapterTimeout(
-                    shortname, f"no answer within {deadline.seconds:g} s ({deadline.limit}); {how}"
-                )
-            try:
-                stop_reason, session_id = work.result()
-            except (ConnectionError, asyncio.IncompleteReadError, BrokenPipeError) as exc:
-                raise errors.AdapterUnavailable(shortname, await agent.gone()) from exc
-            except RequestError as exc:
-                raise self._agent_error(exc) from exc
-        finally:
-            await agent.close()
-        if client.overflowed:
-            raise errors.AdapterInternal(
-                shortname, f"the agent's output exceeded output_cap_bytes={self._options.output_cap_bytes}"
-            )
-        if stop_reason == "refusal":
-            raise errors.AdapterRefused(shortname, "the agent refused to continue (stop reason: refusal)")
-        state = (
-            {"session_id": session_id}
-            if self._declaration.state(Capability.STATEFUL_HISTORY) is CapabilityState.SUPPORTED
-            else None
-        )
-        return AdapterReply(
-            text="".join(client.text),
-            events=tuple(client.events) if call.options.stream_events else (),
-            conversation_state=state,
-        )
 
     def _agent_error(self, exc: RequestError) -> errors.AdapterFailure:
         shortname = self._declaration.shortname

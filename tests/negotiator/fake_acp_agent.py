@@ -11,6 +11,8 @@ What a prompt makes it do:
     history          "turn N" where N counts this session's prompts, across processes
     permission       asks the client's permission to run `rm -rf build`; replies with the outcome
     read:PATH        reads PATH through the client's fs/read_text_file; replies with its text
+    slow:N           N message chunks 200 ms apart, each "chunk I at T\n" (T: its monotonic time),
+                     with a tool call update after the first
     hang             waits for session/cancel, then ends the turn as cancelled
     ignore-cancel    waits forever, even through session/cancel
     crash            writes a line to stderr and exits with status 3
@@ -23,6 +25,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from acp import (
@@ -200,6 +203,15 @@ class FakeAgent:
             half = len(message) // 2
             await say(message[:half])
             await say(message[half:])
+        elif text.startswith("slow:"):
+            for index in range(int(text.removeprefix("slow:"))):
+                if index:
+                    await asyncio.sleep(0.2)
+                await say(f"chunk {index} at {time.monotonic()}\n")
+                if index == 0:
+                    await self._conn.session_update(
+                        session_id, start_tool_call("tool-3", "Working", kind="edit", status="in_progress")
+                    )
         elif text == "history":
             await say(f"turn {known[session_id]}")
         elif text == "permission":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import MappingProxyType
@@ -237,6 +238,51 @@ async def test_a_caller_cancel_reaches_the_agent(stub: Stub, agent_files: dict[s
     call.cancel()
     (cancel,) = await wait_logged(agent_files, "session/cancel")
     assert cancel["session_id"] == prompt["session_id"]
+
+
+async def test_invoke_stream_delivers_each_chunk_as_the_agent_sends_it(stub: Stub) -> None:
+    arrivals: list[tuple[float, pb.InvokeStreamResponse]] = []
+    async for message in stub.InvokeStream(invoke("slow:4", stream_events=True)):
+        arrivals.append((time.monotonic(), message))
+    kinds = [message.WhichOneof("kind") for _, message in arrivals]
+    assert kinds == ["decision", "delta", "event", "delta", "delta", "delta", "final"]
+    deltas = [(at, message.delta) for at, message in arrivals if message.WhichOneof("kind") == "delta"]
+    sent = [float(text.split(" at ")[1]) for _, text in deltas]
+    # Chunks are sent 200 ms apart: each reaches the caller well before the next is sent.
+    for (arrived, _), written in zip(deltas, sent, strict=True):
+        assert arrived - written < 0.1
+    assert deltas[0][0] < sent[-1]
+    event = next(message.event for _, message in arrivals if message.WhichOneof("kind") == "event")
+    assert (event.type, event.text) == ("tool_call", "Working in_progress")
+    final = arrivals[-1][1].final
+    assert final.text == "".join(text for _, text in deltas)
+    assert not final.events
+
+
+async def test_invoke_stream_without_stream_events_sends_only_text(stub: Stub) -> None:
+    kinds = [message.WhichOneof("kind") async for message in stub.InvokeStream(invoke("echo:hi there"))]
+    assert kinds == ["decision", "delta", "delta", "final"]
+
+
+async def test_closing_an_invoke_stream_cancels_the_turn_and_stops_the_agent(
+    stub: Stub, agent_files: dict[str, Path]
+) -> None:
+    call = stub.InvokeStream(invoke("hang"))
+    first = await call.read()
+    assert isinstance(first, pb.InvokeStreamResponse)
+    assert first.WhichOneof("kind") == "decision"
+    (prompt,) = await wait_logged(agent_files, "session/prompt")
+    call.cancel()
+    (cancel,) = await wait_logged(agent_files, "session/cancel")
+    assert cancel["session_id"] == prompt["session_id"]
+    # The fake agent's session ids end with its process id.
+    pid = int(prompt["session_id"].rsplit("-", 1)[1])
+    for _ in range(100):
+        if not await asyncio.to_thread(Path(f"/proc/{pid}").exists):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the agent process {pid} is still running")
 
 
 class Caller:

@@ -129,6 +129,20 @@ async def test_a_prompt_is_streamed_back_and_the_model_reaches_the_provider(
     assert request.body["stream"] is True
 
 
+async def test_invoke_stream_streams_the_agents_reply(
+    stub: Stub, provider: MockResponses, work: Path
+) -> None:
+    provider.reply_text = "Hello from the local provider."
+    request = invoke("say hello", work, model="gpt-5.4-mini", effort="low", stream_events=True)
+    messages = [message async for message in stub.InvokeStream(request)]
+    assert messages[0].WhichOneof("kind") == "decision"
+    assert messages[-1].WhichOneof("kind") == "final"
+    deltas = [message.delta for message in messages if message.WhichOneof("kind") == "delta"]
+    assert deltas
+    assert "".join(deltas) == messages[-1].final.text == "Hello from the local provider."
+    assert not messages[-1].final.events
+
+
 async def test_an_mcp_stdio_server_given_in_the_session_is_launched(
     stub: Stub, work: Path, tmp_path: Path
 ) -> None:

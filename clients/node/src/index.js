@@ -204,7 +204,8 @@ function wrapMethods(rawClient, methods, defaultUnaryTimeoutMs) {
  * Returns an object with one method per RPC in lowerCamelCase: unary RPCs
  * return promises (default deadline 30 s, override per call with
  * `{timeoutMs}`; `null` for none), server-streaming RPCs (VerifySeeds,
- * WatchSeeds, WatchAdapters) return async iterators. Also `waitForReady(ms)`,
+ * WatchSeeds, WatchAdapters, InvokeStream, ProduceStream) return async
+ * iterators; leaving the loop early cancels the call. Also `waitForReady(ms)`,
  * `close()`, `raw` (the grpc-js client) and `target`.
  */
 export function connect(target, { service, credentials, channelOptions, defaultUnaryTimeoutMs } = {}) {

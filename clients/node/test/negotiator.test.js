@@ -90,6 +90,60 @@ for (const transport of ['tcp', 'uds']) {
       assert.equal(response.decision.adapter, 'shell-echo');
     });
 
+    test('invokeStream yields the decision, deltas as they come, then the whole text', async () => {
+      const kinds = [];
+      let text = '';
+      let final;
+      for await (const message of client.invokeStream({ agent: 'shell-echo', prompt: 'one\ntwo' })) {
+        kinds.push(message.kind);
+        if (message.kind === 'delta') text += message.delta;
+        if (message.kind === 'final') final = message.final;
+      }
+      assert.equal(kinds[0], 'decision');
+      assert.equal(kinds.at(-1), 'final');
+      assert.ok(kinds.includes('delta'), `no delta in ${kinds}`);
+      assert.equal(text, final.text);
+      assert.equal(final.text.trim(), 'one\ntwo');
+    });
+
+    test('produceStream ends with the validated output', async () => {
+      const messages = [];
+      for await (const message of client.produceStream({
+        adapter: 'demo',
+        prompt: 'summarise',
+        outputSchema: OBJECT_SCHEMA,
+      })) {
+        messages.push(message);
+      }
+      assert.equal(messages[0].kind, 'decision');
+      assert.equal(messages[0].decision.adapter, 'demo');
+      const { final } = messages.at(-1);
+      assert.deepEqual(JSON.parse(final.outputJson), { summary: 'scripted reply', ok: true });
+    });
+
+    test('breaking out of invokeStream cancels the call', async () => {
+      const stream = client.invokeStream({ agent: 'shell-echo', prompt: 'hi' });
+      const status = new Promise((resolve) => stream.call.once('status', resolve));
+      for await (const message of stream) {
+        assert.equal(message.kind, 'decision');
+        break;
+      }
+      assert.equal((await status).code, grpc.status.CANCELLED);
+    });
+
+    test('a refused invokeStream throws its status from the loop', async () => {
+      const stream = client.invokeStream({ agent: 'shell-echo', prompt: 'hi', options: { requires: ['telepathy'] } });
+      const error = await rejectionOf(
+        (async () => {
+          for await (const _ of stream);
+        })(),
+        'invokeStream with an unknown requirement',
+      );
+      const status = decodeStatus(error);
+      assert.equal(status.code, grpc.status.INVALID_ARGUMENT);
+      assert.ok(status.errorInfo.reason, 'the status carries an ErrorInfo');
+    });
+
     test('Produce to the command harness is refused: it cannot do structured output', async () => {
       const error = await rejectionOf(
         client.produce({ agent: 'shell-echo', prompt: 'hi', outputSchema: OBJECT_SCHEMA }),
