@@ -101,7 +101,7 @@ def negotiator_first_delta(
         started = time.perf_counter()
         first: float | None = None
         final = ""
-        async for message in stub.InvokeStream(request):
+        async for message in stub.InvokeStream(negotiator_pb2.InvokeStreamRequest(invoke=request)):
             kind = message.WhichOneof("kind")
             if first is None and kind == "delta":
                 first = time.perf_counter() - started
@@ -123,7 +123,7 @@ def forwarder_first_delta(
     async def timed() -> float:
         started = time.perf_counter()
         first: float | None = None
-        async for message in stub.InvokeStream(request):
+        async for message in stub.InvokeStream(negotiator_pb2.InvokeStreamRequest(invoke=request)):
             if first is None and message.WhichOneof("kind") == "delta":
                 first = time.perf_counter() - started
         if first is None:

@@ -44,9 +44,9 @@ if TYPE_CHECKING:
         [negotiator_pb2.InvokeRequest, InvokeContext], Awaitable[negotiator_pb2.InvokeResponse]
     ]
     StreamContext = grpc.aio.ServicerContext[
-        negotiator_pb2.InvokeRequest, negotiator_pb2.InvokeStreamResponse
+        negotiator_pb2.InvokeStreamRequest, negotiator_pb2.InvokeStreamResponse
     ]
-    StreamMethod = Callable[[negotiator_pb2.InvokeRequest, StreamContext], Awaitable[None]]
+    StreamMethod = Callable[[negotiator_pb2.InvokeStreamRequest, StreamContext], Awaitable[None]]
 
 
 async def _answer_with_prompt(
@@ -70,11 +70,11 @@ def _forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> InvokeM
 
 
 def _stream_forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> StreamMethod:
-    async def forward(request: negotiator_pb2.InvokeRequest, context: StreamContext) -> None:
+    async def forward(request: negotiator_pb2.InvokeStreamRequest, context: StreamContext) -> None:
         await context.write(negotiator_pb2.InvokeStreamResponse(decision=negotiator_pb2.Decision()))
         body = {
             "model": model,
-            "messages": [{"role": "user", "content": request.prompt}],
+            "messages": [{"role": "user", "content": request.invoke.prompt}],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -113,7 +113,7 @@ async def _serve(listen: list[str], forward: str | None, model: str) -> None:
         if forward is not None:
             handlers["InvokeStream"] = grpc.unary_stream_rpc_method_handler(
                 _stream_forwarder(client, httpx.URL(forward), model),
-                request_deserializer=negotiator_pb2.InvokeRequest.FromString,
+                request_deserializer=negotiator_pb2.InvokeStreamRequest.FromString,
                 response_serializer=negotiator_pb2.InvokeStreamResponse.SerializeToString,
             )
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

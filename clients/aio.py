@@ -232,7 +232,9 @@ class AsyncNegotiatorClient(AsyncClient):
         )
         return mapped_stream(
             self._stub.ProduceStream(
-                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+                npb.ProduceStreamRequest(produce=message),
+                timeout=self._timeout(timeout),
+                metadata=delegation_metadata(delegation_depth),
             )
         )
 
@@ -252,7 +254,9 @@ class AsyncNegotiatorClient(AsyncClient):
         message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
         return mapped_stream(
             self._stub.InvokeStream(
-                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+                npb.InvokeStreamRequest(invoke=message),
+                timeout=self._timeout(timeout),
+                metadata=delegation_metadata(delegation_depth),
             )
         )
 

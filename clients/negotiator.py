@@ -505,7 +505,9 @@ class NegotiatorClient(SyncClient):
         )
         return mapped_stream(
             self._stub.ProduceStream(
-                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+                pb.ProduceStreamRequest(produce=message),
+                timeout=self._timeout(timeout),
+                metadata=delegation_metadata(delegation_depth),
             )
         )
 
@@ -529,7 +531,9 @@ class NegotiatorClient(SyncClient):
         message = invoke_call(request, adapter=adapter, agent=agent, prompt=prompt, options=options)
         return mapped_stream(
             self._stub.InvokeStream(
-                message, timeout=self._timeout(timeout), metadata=delegation_metadata(delegation_depth)
+                pb.InvokeStreamRequest(invoke=message),
+                timeout=self._timeout(timeout),
+                metadata=delegation_metadata(delegation_depth),
             )
         )
 

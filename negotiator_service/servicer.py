@@ -23,7 +23,7 @@ import asyncio
 import base64
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterator
 from dataclasses import replace
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -321,22 +321,26 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     # grpc.aio serves a server-streaming method that writes with `context.write` and returns None;
     # the generated stub types only the generator form.
     async def ProduceStream(  # type: ignore[override]
-        self, request: negotiator_pb2.ProduceRequest, context: Context
+        self, request: negotiator_pb2.ProduceStreamRequest, context: Context
     ) -> None:
         try:
-            call = with_conversation_id(convert.produce_request(request))
-            await self._streamed(
-                call, context, convert.produce_response, negotiator_pb2.ProduceStreamResponse
-            )
+            with _nested("produce", request.HasField("produce")):
+                call = with_conversation_id(convert.produce_request(request.produce))
+                await self._streamed(
+                    call, context, convert.produce_response, negotiator_pb2.ProduceStreamResponse
+                )
         except Exception as error:
             await self._fail(context, "ProduceStream", error)
 
     async def InvokeStream(  # type: ignore[override]
-        self, request: negotiator_pb2.InvokeRequest, context: Context
+        self, request: negotiator_pb2.InvokeStreamRequest, context: Context
     ) -> None:
         try:
-            call = with_conversation_id(convert.invoke_request(request))
-            await self._streamed(call, context, convert.invoke_response, negotiator_pb2.InvokeStreamResponse)
+            with _nested("invoke", request.HasField("invoke")):
+                call = with_conversation_id(convert.invoke_request(request.invoke))
+                await self._streamed(
+                    call, context, convert.invoke_response, negotiator_pb2.InvokeStreamResponse
+                )
         except Exception as error:
             await self._fail(context, "InvokeStream", error)
 
@@ -785,6 +789,17 @@ def caller_identity(context: Context) -> str:
             name = next(iter(names))
             return f"x509:{name.decode() if isinstance(name, bytes) else name}"
     return peer_identity(context)
+
+
+@contextlib.contextmanager
+def _nested(field: str, present: bool) -> Iterator[None]:
+    """Field paths of a call nested in its request's `field`, pointed at from the top of that request."""
+    if not present:
+        raise InvalidRequest([(field, "is required: the call to stream")])
+    try:
+        yield
+    except InvalidRequest as error:
+        raise InvalidRequest([(f"{field}.{f}", d) for f, d in error.violations]) from error
 
 
 def peer_identity(context: Context) -> str:

@@ -242,7 +242,9 @@ async def test_a_caller_cancel_reaches_the_agent(stub: Stub, agent_files: dict[s
 
 async def test_invoke_stream_delivers_each_chunk_as_the_agent_sends_it(stub: Stub) -> None:
     arrivals: list[tuple[float, pb.InvokeStreamResponse]] = []
-    async for message in stub.InvokeStream(invoke("slow:4", stream_events=True)):
+    async for message in stub.InvokeStream(
+        pb.InvokeStreamRequest(invoke=invoke("slow:4", stream_events=True))
+    ):
         arrivals.append((time.monotonic(), message))
     kinds = [message.WhichOneof("kind") for _, message in arrivals]
     assert kinds == ["decision", "delta", "event", "delta", "delta", "delta", "final"]
@@ -260,14 +262,17 @@ async def test_invoke_stream_delivers_each_chunk_as_the_agent_sends_it(stub: Stu
 
 
 async def test_invoke_stream_without_stream_events_sends_only_text(stub: Stub) -> None:
-    kinds = [message.WhichOneof("kind") async for message in stub.InvokeStream(invoke("echo:hi there"))]
+    kinds = [
+        message.WhichOneof("kind")
+        async for message in stub.InvokeStream(pb.InvokeStreamRequest(invoke=invoke("echo:hi there")))
+    ]
     assert kinds == ["decision", "delta", "delta", "final"]
 
 
 async def test_closing_an_invoke_stream_cancels_the_turn_and_stops_the_agent(
     stub: Stub, agent_files: dict[str, Path]
 ) -> None:
-    call = stub.InvokeStream(invoke("hang"))
+    call = stub.InvokeStream(pb.InvokeStreamRequest(invoke=invoke("hang")))
     first = await call.read()
     assert isinstance(first, pb.InvokeStreamResponse)
     assert first.WhichOneof("kind") == "decision"

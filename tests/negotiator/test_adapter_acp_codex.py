@@ -134,7 +134,7 @@ async def test_invoke_stream_streams_the_agents_reply(
 ) -> None:
     provider.reply_text = "Hello from the local provider."
     request = invoke("say hello", work, model="gpt-5.4-mini", effort="low", stream_events=True)
-    messages = [message async for message in stub.InvokeStream(request)]
+    messages = [message async for message in stub.InvokeStream(pb.InvokeStreamRequest(invoke=request))]
     assert messages[0].WhichOneof("kind") == "decision"
     assert messages[-1].WhichOneof("kind") == "final"
     deltas = [message.delta for message in messages if message.WhichOneof("kind") == "delta"]

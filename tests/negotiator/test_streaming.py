@@ -82,7 +82,9 @@ async def test_the_first_delta_reaches_the_caller_as_the_upstream_sends_it(
     mock.stream_chunks = ["Hel", "lo, ", "world"]
     mock.chunk_interval = 0.2
     arrivals: list[tuple[float, Any]] = []
-    async for message in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi")):
+    async for message in stub.InvokeStream(
+        pb.InvokeStreamRequest(invoke=pb.InvokeRequest(adapter="llm", prompt="hi"))
+    ):
         arrivals.append((time.monotonic(), message))
     messages = [m for _, m in arrivals]
     assert kinds(messages) == ["decision", "delta", "delta", "delta", "final"]
@@ -104,7 +106,7 @@ async def test_cancelling_mid_stream_closes_the_upstream_connection(
 ) -> None:
     mock.stream_chunks = [f"part {n} " for n in range(20)]
     mock.chunk_interval = 0.2
-    call = stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi"))
+    call = stub.InvokeStream(pb.InvokeStreamRequest(invoke=pb.InvokeRequest(adapter="llm", prompt="hi")))
     seen = []
     async for message in call:
         seen.append(message.WhichOneof("kind"))
@@ -128,13 +130,28 @@ async def test_a_refusal_ends_the_stream_before_anything_is_sent(
     received: list[Any] = []
 
     async def read() -> None:
-        async for message in stub.InvokeStream(request):
+        async for message in stub.InvokeStream(pb.InvokeStreamRequest(invoke=request)):
             received.append(message)
 
     error = await call_error(read())
     assert error.code is grpc.StatusCode.FAILED_PRECONDITION
     assert error.reason == "UNSUPPORTED_CAPABILITY"
     assert received == []
+    assert mock.requests == []
+
+
+async def test_a_streams_errors_point_into_the_call_it_holds(
+    registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
+) -> None:
+    async def read(request: Any) -> None:
+        async for _ in stub.InvokeStream(request):
+            pass
+
+    missing = await call_error(read(pb.InvokeStreamRequest()))
+    assert (missing.code, missing.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    assert [field for field, _ in missing.field_violations] == ["invoke"]
+    empty_prompt = await call_error(read(pb.InvokeStreamRequest(invoke=pb.InvokeRequest(adapter="llm"))))
+    assert [field for field, _ in empty_prompt.field_violations] == ["invoke.prompt"]
     assert mock.requests == []
 
 
@@ -146,7 +163,7 @@ async def test_a_schema_violation_is_the_streams_error_never_an_empty_final(
     received: list[Any] = []
 
     async def read() -> None:
-        async for message in stub.ProduceStream(request):
+        async for message in stub.ProduceStream(pb.ProduceStreamRequest(produce=request)):
             received.append(message)
 
     error = await call_error(read())
@@ -161,7 +178,7 @@ async def test_produce_stream_ends_with_the_validated_output(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:
     request = pb.ProduceRequest(adapter="llm", prompt="hi", output_schema=json.dumps(SCHEMA))
-    messages = [m async for m in stub.ProduceStream(request)]
+    messages = [m async for m in stub.ProduceStream(pb.ProduceStreamRequest(produce=request))]
     assert kinds(messages)[0] == "decision"
     assert kinds(messages)[-1] == "final"
     assert json.loads(messages[-1].final.output_json) == {"answer": "42"}
@@ -172,7 +189,7 @@ async def test_an_adapter_that_does_not_stream_is_served_by_its_unary_call(stub:
     request = pb.InvokeRequest(
         adapter="scripted-fw", prompt="echo me", options=pb.CallOptions(stream_events=True)
     )
-    messages = [m async for m in stub.InvokeStream(request)]
+    messages = [m async for m in stub.InvokeStream(pb.InvokeStreamRequest(invoke=request))]
     assert kinds(messages) == ["decision", "event", "final"]
     assert (messages[1].event.type, messages[1].event.text) == ("message", "thinking")
     assert messages[2].final.text.endswith("echo me")
@@ -185,13 +202,13 @@ async def test_a_streamed_conversation_turn_commits_after_the_final_message(
     first = pb.InvokeRequest(
         adapter="llm", prompt="remember this", options=pb.CallOptions(generate_conversation_id=True)
     )
-    messages = [m async for m in stub.InvokeStream(first)]
+    messages = [m async for m in stub.InvokeStream(pb.InvokeStreamRequest(invoke=first))]
     conversation = messages[-1].final.conversation_id
     assert conversation
     second = pb.InvokeRequest(
         adapter="llm", prompt="and now?", options=pb.CallOptions(conversation_id=conversation)
     )
-    [m async for m in stub.InvokeStream(second)]
+    [m async for m in stub.InvokeStream(pb.InvokeStreamRequest(invoke=second))]
     sent = mock.requests[1].body["messages"]
     assert [(m["role"], m["content"]) for m in sent] == [
         ("user", "remember this"),
@@ -300,7 +317,12 @@ async def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next_call(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:
     for _ in range(2):
-        [m async for m in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi"))]
+        [
+            m
+            async for m in stub.InvokeStream(
+                pb.InvokeStreamRequest(invoke=pb.InvokeRequest(adapter="llm", prompt="hi"))
+            )
+        ]
     first, second = (request.client_port for request in mock.requests)
     assert first == second
 
@@ -338,7 +360,9 @@ async def test_a_stream_without_a_deadline_is_bounded_by_the_default_timeout(
             stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
 
             async def read() -> None:
-                async for message in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi")):
+                async for message in stub.InvokeStream(
+                    pb.InvokeStreamRequest(invoke=pb.InvokeRequest(adapter="llm", prompt="hi"))
+                ):
                     received.append(str(message.WhichOneof("kind")))
 
             error = await call_error(read())
@@ -359,7 +383,9 @@ async def test_the_callers_deadline_bounds_the_whole_stream(
     started = time.monotonic()
 
     async def read() -> None:
-        async for _ in stub.InvokeStream(pb.InvokeRequest(adapter="llm", prompt="hi"), timeout=0.5):
+        async for _ in stub.InvokeStream(
+            pb.InvokeStreamRequest(invoke=pb.InvokeRequest(adapter="llm", prompt="hi")), timeout=0.5
+        ):
             pass
 
     error = await call_error(read())

@@ -79,7 +79,9 @@ async def test_each_stdout_line_is_a_delta_as_it_is_written(
 ) -> None:
     register(negotiator, tmp_path, 3)
     arrivals: list[tuple[float, Any]] = []
-    async for message in stub.InvokeStream(pb.InvokeRequest(agent="lines", prompt="go")):
+    async for message in stub.InvokeStream(
+        pb.InvokeStreamRequest(invoke=pb.InvokeRequest(agent="lines", prompt="go"))
+    ):
         arrivals.append((time.monotonic(), message))
     kinds = [m.WhichOneof("kind") for _, m in arrivals]
     assert kinds == ["decision", "delta", "delta", "delta", "final"]
@@ -97,7 +99,7 @@ async def test_json_lines_become_events_as_they_are_written(
     register(negotiator, tmp_path, 3)
     request = pb.InvokeRequest(agent="lines", prompt="go", options=pb.CallOptions(stream_events=True))
     arrivals: list[tuple[float, Any]] = []
-    async for message in stub.InvokeStream(request):
+    async for message in stub.InvokeStream(pb.InvokeStreamRequest(invoke=request)):
         arrivals.append((time.monotonic(), message))
     kinds = [m.WhichOneof("kind") for _, m in arrivals]
     assert kinds == ["decision", "event", "event", "final"]
@@ -115,7 +117,7 @@ async def test_cancelling_the_stream_stops_the_whole_process_tree(
     negotiator: RunningNegotiator, stub: Stub, tmp_path: Path
 ) -> None:
     pidfile = register(negotiator, tmp_path, 100)
-    call = stub.InvokeStream(pb.InvokeRequest(agent="lines", prompt="go"))
+    call = stub.InvokeStream(pb.InvokeStreamRequest(invoke=pb.InvokeRequest(agent="lines", prompt="go")))
     async for message in call:
         if message.WhichOneof("kind") == "delta":
             break
@@ -143,7 +145,9 @@ async def test_a_failing_command_is_the_streams_error_after_its_lines(
     received: list[str] = []
 
     async def read() -> None:
-        async for message in stub.InvokeStream(pb.InvokeRequest(agent="fails", prompt="go")):
+        async for message in stub.InvokeStream(
+            pb.InvokeStreamRequest(invoke=pb.InvokeRequest(agent="fails", prompt="go"))
+        ):
             received.append(str(message.WhichOneof("kind")))
 
     error = await call_error(read())

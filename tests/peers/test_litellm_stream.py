@@ -51,7 +51,10 @@ async def test_invoke_stream_reads_litellms_sse_deltas(
     stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
 ) -> None:
     messages = [
-        m async for m in stub.InvokeStream(pb.InvokeRequest(adapter="litellm", prompt="Hi."), timeout=30)
+        m
+        async for m in stub.InvokeStream(
+            pb.InvokeStreamRequest(invoke=pb.InvokeRequest(adapter="litellm", prompt="Hi.")), timeout=30
+        )
     ]
     kinds = [m.WhichOneof("kind") for m in messages]
     assert kinds[0] == "decision"
@@ -68,7 +71,7 @@ async def test_produce_stream_asks_for_sse_with_usage_and_validates_the_whole_ou
     request = pb.ProduceRequest(
         adapter="litellm-recorded", prompt="Answer.", output_schema=json.dumps(STRICT_READY)
     )
-    messages = [m async for m in stub.ProduceStream(request, timeout=30)]
+    messages = [m async for m in stub.ProduceStream(pb.ProduceStreamRequest(produce=request), timeout=30)]
     assert messages[0].WhichOneof("kind") == "decision"
     final = messages[-1].final
     assert json.loads(final.output_json) == {"answer": "from litellm", "tags": []}

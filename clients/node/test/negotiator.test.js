@@ -94,7 +94,7 @@ for (const transport of ['tcp', 'uds']) {
       const kinds = [];
       let text = '';
       let final;
-      for await (const message of client.invokeStream({ agent: 'shell-echo', prompt: 'one\ntwo' })) {
+      for await (const message of client.invokeStream({ invoke: { agent: 'shell-echo', prompt: 'one\ntwo' } })) {
         kinds.push(message.kind);
         if (message.kind === 'delta') text += message.delta;
         if (message.kind === 'final') final = message.final;
@@ -109,9 +109,7 @@ for (const transport of ['tcp', 'uds']) {
     test('produceStream ends with the validated output', async () => {
       const messages = [];
       for await (const message of client.produceStream({
-        adapter: 'demo',
-        prompt: 'summarise',
-        outputSchema: OBJECT_SCHEMA,
+        produce: { adapter: 'demo', prompt: 'summarise', outputSchema: OBJECT_SCHEMA },
       })) {
         messages.push(message);
       }
@@ -122,7 +120,7 @@ for (const transport of ['tcp', 'uds']) {
     });
 
     test('breaking out of invokeStream cancels the call', async () => {
-      const stream = client.invokeStream({ agent: 'shell-echo', prompt: 'hi' });
+      const stream = client.invokeStream({ invoke: { agent: 'shell-echo', prompt: 'hi' } });
       const status = new Promise((resolve) => stream.call.once('status', resolve));
       for await (const message of stream) {
         assert.equal(message.kind, 'decision');
@@ -132,7 +130,9 @@ for (const transport of ['tcp', 'uds']) {
     });
 
     test('a refused invokeStream throws its status from the loop', async () => {
-      const stream = client.invokeStream({ agent: 'shell-echo', prompt: 'hi', options: { requires: ['telepathy'] } });
+      const stream = client.invokeStream({
+        invoke: { agent: 'shell-echo', prompt: 'hi', options: { requires: ['telepathy'] } },
+      });
       const error = await rejectionOf(
         (async () => {
           for await (const _ of stream);
