@@ -593,18 +593,8 @@ class OpenAIAdapter:
             headers=self._headers(),
         )
         deadline = call_deadline(shortname, None, self._options.timeout_seconds)
-        try:
-            async with asyncio.timeout(deadline.seconds):
-                response = await self._client.send(message, stream=True)
-                try:
-                    content = await self._read_capped(response)
-                finally:
-                    await response.aclose()
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            raise deadline.expired(shortname) from exc
-        except httpx.HTTPError as exc:
-            raise errors.AdapterUnavailable(shortname, f"cannot reach {url}: {exc!r}") from exc
-        return response.status_code, content
+        status, _, content = await self._exchange(message, deadline)
+        return status, content
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
@@ -754,10 +744,10 @@ class OpenAIAdapter:
         except httpx.TimeoutException as exc:
             raise budget.expired(shortname) from exc
         except httpx.TransportError as exc:
-            raise errors.AdapterUnavailable(shortname, f"cannot reach {self._url}: {exc!r}") from exc
+            raise errors.AdapterUnavailable(shortname, f"cannot reach {request.url}: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise errors.AdapterInternal(
-                shortname, f"HTTP exchange with {self._url} failed: {exc!r}"
+                shortname, f"HTTP exchange with {request.url} failed: {exc!r}"
             ) from exc
 
     async def close(self) -> None:
@@ -902,8 +892,14 @@ class OpenAIAdapter:
     async def _post(
         self, body: dict[str, JsonValue], headers: dict[str, str], deadline: Deadline
     ) -> tuple[int, Mapping[str, str], bytes]:
-        shortname = self._declaration.shortname
         request = self._client.build_request("POST", self._endpoint, json=body, headers=headers)
+        return await self._exchange(request, deadline)
+
+    async def _exchange(
+        self, request: httpx.Request, deadline: Deadline
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """Send `request` and read its body under the byte cap, within `deadline`; failures mapped."""
+        shortname = self._declaration.shortname
         try:
             async with asyncio.timeout(deadline.seconds):
                 response = await self._client.send(request, stream=True)
@@ -914,10 +910,10 @@ class OpenAIAdapter:
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise deadline.expired(shortname) from exc
         except httpx.TransportError as exc:
-            raise errors.AdapterUnavailable(shortname, f"cannot reach {self._url}: {exc!r}") from exc
+            raise errors.AdapterUnavailable(shortname, f"cannot reach {request.url}: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise errors.AdapterInternal(
-                shortname, f"HTTP exchange with {self._url} failed: {exc!r}"
+                shortname, f"HTTP exchange with {request.url} failed: {exc!r}"
             ) from exc
         return response.status_code, response.headers, content
 
