@@ -7,6 +7,14 @@
 * the openai path: Invoke through the negotiator to the openai adapter,
   which posts to a local mock chat-completions server, minus the same POST
   made directly from the bench with httpx (p50 difference);
+* Negotiate-with-schema and Produce (scripted adapter) with a 20-property
+  output schema, warm (the same schema every call) and cold (a new schema
+  every call, so nothing derived from the schema can be reused), each
+  against the echo of a request of the same size;
+* with `BENCH_NEGOTIATOR_BEFORE=<source tree>` (another checkout's root,
+  e.g. `git archive <commit> | tar -x -C <dir>`), the same calls against a
+  second negotiator run from that tree, paired in the same run: what a
+  change to the call path costs or saves;
 * start-up (spawn → READY, spawn → health SERVING) vs the bare echo server,
   and idle RSS after start-up;
 * for context, the floors under those figures (bench/floor_server.py): the
@@ -19,11 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import grpc
 import httpx
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from google.protobuf import struct_pb2
@@ -50,6 +61,7 @@ from bench.report import (
     info_row,
     missing_row,
     startup_rows,
+    with_rounds,
 )
 
 SCRIPTED = "bench-scripted"
@@ -58,6 +70,8 @@ MODEL = "bench-model"
 API_KEY_ENV = "BENCH_OPENAI_API_KEY"
 PROMPT = "Summarise the benchmark in one word."
 IN_FLIGHT = 16
+SCHEMA_PROPERTIES = 20
+BEFORE_ENV = "BENCH_NEGOTIATOR_BEFORE"
 
 
 def negotiator_executable() -> Path:
@@ -68,10 +82,179 @@ def negotiator_argv(listen: str, config: Path) -> list[str]:
     return [str(negotiator_executable()), "serve", "--listen", listen, "--config", str(config)]
 
 
-def negotiator_env() -> dict[str, str]:
+def negotiator_env(source_tree: str | None = None) -> dict[str, str]:
+    """The negotiator's environment; `source_tree` puts another checkout's packages first."""
     env = dict(os.environ)
     env[API_KEY_ENV] = "bench-not-a-secret"
+    if source_tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_tree, env.get("PYTHONPATH")]))
     return env
+
+
+def output_schema(tag: str) -> str:
+    """A 20-property object schema the scripted reply satisfies; `tag` makes its text unique.
+
+    Strings (one with an email format), integers, arrays and booleans, as a
+    structured-output schema of a model provider's would have.
+    """
+    kinds: list[dict[str, object]] = [
+        {"type": "string", "maxLength": 200},
+        {"type": "integer", "minimum": 0},
+        {"type": "string", "format": "email"},
+        {"type": "array", "items": {"type": "string"}},
+        {"type": "boolean"},
+    ]
+    properties: dict[str, object] = {"summary": {"type": "string"}, "ok": {"type": "boolean"}}
+    for index in range(SCHEMA_PROPERTIES - len(properties)):
+        properties[f"field_{index}_{tag}"] = kinds[index % len(kinds)]
+    schema = {"type": "object", "properties": properties, "required": ["summary", "ok"]}
+    return json.dumps(schema)
+
+
+def produce_request(tag: str) -> negotiator_pb2.ProduceRequest:
+    return negotiator_pb2.ProduceRequest(adapter=SCRIPTED, prompt=PROMPT, output_schema=output_schema(tag))
+
+
+def schema_calls(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+) -> dict[str, Callable[[], Awaitable[object]]]:
+    """The schema-bearing calls by row name: warm reuses one request, cold makes a new schema each call."""
+    warm_produce = produce_request("warm")
+    warm_negotiate = negotiator_pb2.NegotiateRequest(produce=warm_produce)
+    counter = itertools.count()
+
+    async def negotiate_warm() -> object:
+        return await stub.Negotiate(warm_negotiate)
+
+    async def negotiate_cold() -> object:
+        return await stub.Negotiate(
+            negotiator_pb2.NegotiateRequest(produce=produce_request(f"c{next(counter)}"))
+        )
+
+    async def produce_warm() -> object:
+        return await stub.Produce(warm_produce)
+
+    async def produce_cold() -> object:
+        return await stub.Produce(produce_request(f"c{next(counter)}"))
+
+    return {
+        "Negotiate with a 20-property schema, warm": negotiate_warm,
+        "Negotiate with a 20-property schema, cold (a new schema each call)": negotiate_cold,
+        f"Produce ({SCRIPTED}) with a 20-property schema, warm": produce_warm,
+        f"Produce ({SCRIPTED}) with a 20-property schema, cold (a new schema each call)": produce_cold,
+    }
+
+
+async def schema_rows(
+    settings: Settings,
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+    echo_channel: grpc.aio.Channel,
+) -> list[Row]:
+    """Cold and warm rows side by side, each p50 against the echo of a same-sized request."""
+    reply = await stub.Produce(produce_request("check"))
+    if json.loads(reply.output_json).get("ok") is not True:
+        raise RuntimeError(f"{SCRIPTED} did not produce the bench reply: {reply.output_json!r}")
+    echo = echo_call(
+        echo_channel, negotiator_pb2.NegotiateRequest(produce=produce_request("c0000")).SerializeToString()
+    )
+    rows = []
+    for name, call in schema_calls(stub).items():
+        comparison = await compare(window(echo, settings), window(call, settings), rounds=settings.rounds)
+        goal = 1.3 if name.startswith("Produce") else 1.2
+        rows.append(compared_ratio(f"{name}: p50 vs echo p50", comparison, "p50_ms", goal))
+    return rows
+
+
+async def before_rows(
+    settings: Settings,
+    calls: dict[str, Callable[[], Awaitable[object]]],
+    before_calls: dict[str, Callable[[], Awaitable[object]]],
+) -> list[Row]:
+    """Each call against the same call to the negotiator of the other tree, paired (no goal)."""
+    rows = []
+    for name, call in calls.items():
+        comparison = await compare(
+            window(before_calls[name], settings), window(call, settings), rounds=settings.rounds
+        )
+        subject, baseline = comparison.subject.p50_ms, comparison.baseline.p50_ms
+        rows.append(
+            with_rounds(
+                info_row(
+                    f"this tree vs {BEFORE_ENV}: {name}, p50",
+                    f"{subject:.3f} ms",
+                    f"{baseline:.3f} ms",
+                    f"{subject / baseline:.2f}×",
+                ),
+                comparison,
+                "p50_ms",
+            )
+        )
+    return rows
+
+
+def plain_calls(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+) -> dict[str, Callable[[], Awaitable[object]]]:
+    """The schema-less calls the main rows measure, by row name."""
+    invoke_request = scripted_invoke_request()
+    negotiate_request = negotiator_pb2.NegotiateRequest(invoke=invoke_request)
+
+    async def negotiate() -> object:
+        return await stub.Negotiate(negotiate_request)
+
+    async def invoke() -> object:
+        return await stub.Invoke(invoke_request)
+
+    return {"Negotiate (model override, two settings)": negotiate, f"Invoke ({SCRIPTED})": invoke}
+
+
+async def run_calls(settings: Settings, rows: list[Row]) -> None:
+    """Only the call rows (schema cold/warm, and the paired tree when set): a short run for call-path work."""
+    workdir = settings.workdir / "negotiator"
+    workdir.mkdir(parents=True, exist_ok=True)
+    async with contextlib.AsyncExitStack() as stack:
+        config = workdir / "negotiator.yaml"
+        config.write_text(bench_config("http://127.0.0.1:9/v1"))
+        echo = await start_server_process(
+            echo_server_argv(f"unix:{workdir / 'echo.sock'}"), log_path=workdir / "echo.log"
+        )
+        stack.push_async_callback(echo.stop)
+        negotiator = await start_server_process(
+            negotiator_argv(f"unix:{workdir / 'negotiator.sock'}", config),
+            log_path=workdir / "negotiator.log",
+            env=negotiator_env(),
+        )
+        stack.push_async_callback(negotiator.stop)
+        echo_channel = await open_channel(echo.target)
+        stack.push_async_callback(echo_channel.close, None)
+        channel = await open_channel(negotiator.target)
+        stack.push_async_callback(channel.close, None)
+        stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        rows += await schema_rows(settings, stub, echo_channel)
+        rows += await _before_tree_rows(settings, stack, workdir, config, stub)
+
+
+async def _before_tree_rows(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    workdir: Path,
+    config: Path,
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+) -> list[Row]:
+    before_tree = os.environ.get(BEFORE_ENV)
+    if not before_tree:
+        return []
+    before = await start_server_process(
+        negotiator_argv(f"unix:{workdir / 'before.sock'}", config),
+        log_path=workdir / "before.log",
+        env=negotiator_env(before_tree),
+    )
+    stack.push_async_callback(before.stop)
+    before_channel = await open_channel(before.target)
+    stack.push_async_callback(before_channel.close, None)
+    before_stub = negotiator_pb2_grpc.NegotiatorServiceStub(before_channel)
+    calls = plain_calls(stub) | schema_calls(stub)
+    return await before_rows(settings, calls, plain_calls(before_stub) | schema_calls(before_stub))
 
 
 def bench_config(openai_base_url: str) -> str:
@@ -243,6 +426,8 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         )
         rows.append(floor_row(f"Invoke throughput, {IN_FLIGHT} in flight", floor_loaded, "throughput_per_s"))
 
+        rows += await schema_rows(settings, stub, echo_channel)
+        rows += await _before_tree_rows(settings, stack, workdir, config, stub)
         rows += await _openai_rows(settings, stub, forwarder_stub, base_url)
 
 
@@ -338,5 +523,6 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         bench_settings = Settings.for_run(quick="--quick" in sys.argv, workdir=Path(tmp))
         collected: list[Row] = []
-        asyncio.run(run(bench_settings, collected))
+        # --calls: only the schema cold/warm rows and the paired tree's, not start-up or openai.
+        asyncio.run((run_calls if "--calls" in sys.argv else run)(bench_settings, collected))
         print(render_table(collected))
