@@ -121,6 +121,8 @@ def schema_calls(
     """The schema-bearing calls by row name: warm reuses one request, cold makes a new schema each call."""
     warm_produce = produce_request("warm")
     warm_negotiate = negotiator_pb2.NegotiateRequest(produce=warm_produce)
+    # A prefix of its own per call set: another set's cold schemas, already seen, would be warm.
+    prefix = os.urandom(4).hex()
     counter = itertools.count()
 
     async def negotiate_warm() -> object:
@@ -128,14 +130,14 @@ def schema_calls(
 
     async def negotiate_cold() -> object:
         return await stub.Negotiate(
-            negotiator_pb2.NegotiateRequest(produce=produce_request(f"c{next(counter)}"))
+            negotiator_pb2.NegotiateRequest(produce=produce_request(f"{prefix}{next(counter)}"))
         )
 
     async def produce_warm() -> object:
         return await stub.Produce(warm_produce)
 
     async def produce_cold() -> object:
-        return await stub.Produce(produce_request(f"c{next(counter)}"))
+        return await stub.Produce(produce_request(f"{prefix}{next(counter)}"))
 
     return {
         "Negotiate with a 20-property schema, warm": negotiate_warm,
@@ -155,7 +157,8 @@ async def schema_rows(
     if json.loads(reply.output_json).get("ok") is not True:
         raise RuntimeError(f"{SCRIPTED} did not produce the bench reply: {reply.output_json!r}")
     echo = echo_call(
-        echo_channel, negotiator_pb2.NegotiateRequest(produce=produce_request("c0000")).SerializeToString()
+        echo_channel,
+        negotiator_pb2.NegotiateRequest(produce=produce_request("0123abcd0000")).SerializeToString(),
     )
     rows = []
     for name, call in schema_calls(stub).items():

@@ -24,8 +24,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
-from referencing.exceptions import Unresolvable
+import jsonschema_rs
 
 from negotiator_service import negotiation
 from negotiator_service.audit import AuditLog
@@ -579,19 +578,12 @@ def check_output(adapter: str, schema: Mapping[str, Any], text: str) -> Any:
         raise OutputSchemaViolation(
             adapter, [("", "output is not JSON this negotiator reads: too deep or too long a number")]
         ) from exc
-    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     try:
-        violations = sorted(
-            (negotiation.json_pointer(error.absolute_path), error.message)
-            for error in validator.iter_errors(instance)
-        )
-    except RecursionError as exc:
-        raise OutputSchemaViolation(
-            adapter, [("", "output nests too deeply to validate against the schema")]
-        ) from exc
-    except Unresolvable as exc:
-        # validate_request resolves every $ref up front; this is the backstop.
-        raise InvalidRequest([("output_schema", f"cannot be applied: {exc}")]) from exc
+        validator = negotiation.schema_validator(schema)
+    except jsonschema_rs.ValidationError as exc:
+        # validate_request checks the schema and resolves every $ref up front; this is the backstop.
+        raise InvalidRequest([("output_schema", f"cannot be applied: {exc.message}")]) from exc
+    violations = negotiation.schema_violations(validator, instance)
     if violations:
         raise OutputSchemaViolation(adapter, violations)
     return instance

@@ -33,8 +33,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
-from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped, unused-ignore]
+import jsonschema_rs
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
@@ -198,9 +197,9 @@ def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(parsed, dict):
         return (("output_schema", f"must be a JSON object or boolean, not {_json_type_name(parsed)}"),)
     try:
-        Draft202012Validator.check_schema(parsed)
-    except SchemaError as exc:
-        where = json_pointer(exc.absolute_path) or "/"
+        _check_against_metaschema(parsed)
+    except jsonschema_rs.ValidationError as exc:
+        where = json_pointer(exc.instance_path) or "/"
         return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {exc.message}"),)
     base_uri = parsed["$id"] if isinstance(parsed.get("$id"), str) else ""
     registry: Registry[Any] = Registry().with_resource(base_uri, DRAFT202012.create_resource(parsed))
@@ -212,6 +211,41 @@ def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
 
 
 _cached_schema_text_problems = functools.lru_cache(maxsize=SCHEMA_CHECK_CACHE_SIZE)(_schema_text_problems)
+
+
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+
+
+def _check_against_metaschema(schema: Mapping[str, Any]) -> None:
+    """Raise jsonschema_rs.ValidationError where `schema` breaks the draft 2020-12 metaschema.
+
+    Whatever its `$schema` says: the negotiator applies draft 2020-12 to
+    every schema. References are not resolved here (`_ref_problems` names an
+    unresolvable one by where it is).
+    """
+    declared = schema.get("$schema", DRAFT_2020_12)
+    if isinstance(declared, str):
+        jsonschema_rs.meta.validate({**schema, "$schema": DRAFT_2020_12})
+    else:  # not a URI: the metaschema's own error says so
+        schema_validator(schema)
+
+
+def schema_validator(schema: Mapping[str, Any]) -> jsonschema_rs.Validator:
+    """A checked schema compiled for draft 2020-12 with format checks (unknown formats pass).
+
+    Offline: a reference is resolved within the schema or not at all, so
+    compiling never reaches the network. Raises jsonschema_rs.ValidationError
+    for a schema `validate_request` would refuse.
+    """
+    plain = schema if isinstance(schema, dict) else dict(schema)
+    return jsonschema_rs.Draft202012Validator(plain, validate_formats=True, offline=True)
+
+
+def schema_violations(validator: jsonschema_rs.Validator, instance: object) -> list[tuple[str, str]]:
+    """(RFC 6901 pointer into the instance, reason) of every violation, sorted."""
+    return sorted(
+        (json_pointer(error.instance_path), error.message) for error in validator.iter_errors(instance)
+    )
 
 
 def _json_type_name(value: object) -> str:
@@ -699,7 +733,7 @@ def _escape(token: object) -> str:
 
 
 def json_pointer(path: Iterable[object]) -> str:
-    """RFC 6901 pointer of a path such as a jsonschema error's `absolute_path`."""
+    """RFC 6901 pointer of a path such as a validation error's `instance_path`."""
     return "".join(f"/{_escape(part)}" for part in path)
 
 

@@ -376,18 +376,18 @@ async def test_events_are_returned_only_when_requested() -> None:
 @pytest.mark.parametrize(
     ("output", "expected"),
     [
-        ('{"name": 7}', [("/name", "7 is not of type 'string'")]),
-        ('{"email": "a@b.example"}', [("", "'name' is a required property")]),
-        ('{"name": "n", "email": "not-an-email"}', [("/email", "'not-an-email' is not a 'email'")]),
+        ('{"name": 7}', [("/name", '7 is not of type "string"')]),
+        ('{"email": "a@b.example"}', [("", '"name" is a required property')]),
+        ('{"name": "n", "email": "not-an-email"}', [("/email", '"not-an-email" is not a "email"')]),
         (
             '{"name": 1, "tags": ["ok", 2], "extra": true}',
             [
                 ("", "Additional properties are not allowed ('extra' was unexpected)"),
-                ("/name", "1 is not of type 'string'"),
-                ("/tags/1", "2 is not of type 'string'"),
+                ("/name", '1 is not of type "string"'),
+                ("/tags/1", '2 is not of type "string"'),
             ],
         ),
-        ("[]", [("", "[] is not of type 'object'")]),
+        ("[]", [("", '[] is not of type "object"')]),
     ],
 )
 async def test_output_schema_violations_list_every_error(

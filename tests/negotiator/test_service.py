@@ -305,7 +305,7 @@ async def test_output_violating_the_schema_lists_violations(stub: Stub) -> None:
     subjects = sorted(v.subject for v in error.precondition_violations)
     assert subjects == ["/", "/name"]
     assert all(v.type == "OUTPUT_SCHEMA" for v in error.precondition_violations)
-    assert any("not of type 'string'" in v.description for v in error.precondition_violations)
+    assert any('not of type "string"' in v.description for v in error.precondition_violations)
 
 
 # --- deadlines and cancellation ---------------------------------------------------
