@@ -73,7 +73,7 @@ from negotiator_service.errors import (
     DeclarationChanged,
     NegotiatorError,
 )
-from negotiator_service.model import AdapterReply, CallRequest, Decision, JsonValue, per_call
+from negotiator_service.model import AdapterReply, CallRequest, Decision, JsonValue
 
 STATE_SUBDIRECTORY = Path("agentsidecar") / "conversations"
 # How often a call waiting for a conversation held by another process looks again.
@@ -136,7 +136,7 @@ class ConversationRecord:
     updated_at: str  # RFC 3339, UTC
 
 
-@per_call
+@dataclass(frozen=True, slots=True)
 class Turn:
     """What one call starts from; outside a conversation, `conversation_id` is None."""
 

@@ -21,15 +21,17 @@ it and must honour it in the delegation it does itself.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from negotiator_service.errors import DelegationDepthExceeded
-from negotiator_service.model import CallOptions, per_call
+from negotiator_service.model import CallOptions
 
 DEFAULT_MAX_DEPTH = 3
 NEGOTIATOR_LIMIT = "limits.max_depth"
 REQUEST_LIMIT = "options.max_depth.depth"
 
 
-@per_call
+@dataclass(frozen=True, slots=True)
 class DepthLimit:
     max_depth: int
     source: str  # NEGOTIATOR_LIMIT or REQUEST_LIMIT: where a refusal points the caller

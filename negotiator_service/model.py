@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Protocol, TypeVar, dataclass_transform
+from typing import Any, Protocol
 
 JsonValue = Any  # a value that json.dumps accepts
 
@@ -82,25 +82,6 @@ def strict_json(text: str | bytes) -> JsonValue:
 def json_problem(exc: ValueError) -> str:
     """How to describe a `strict_json` failure after a field name."""
     return str(exc) if isinstance(exc, JsonLimitExceeded) else f"is not valid JSON: {exc}"
-
-
-_Class = TypeVar("_Class")
-
-
-@dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def per_call(cls: type[_Class]) -> type[_Class]:
-    """A value built afresh on every call: read-only to the type checker, cheap to build at run time.
-
-    `@dataclass(frozen=True)` enforces immutability at run time by storing
-    each field through `object.__setattr__`: 3.2 µs to build a seven-field
-    instance here, against 0.8 µs for a plain slotted dataclass, and a
-    brokered Invoke builds four such values. A `per_call` class is frozen
-    for mypy (assigning a field is a type error, and CI type-checks) and a
-    plain slotted dataclass at run time; copy one with `dataclasses.replace`.
-    Values cached and shared between calls (options, requirements,
-    decisions, declarations) stay frozen at run time too.
-    """
-    return dataclass(slots=True)(cls)
 
 
 class Capability(enum.Enum):
@@ -316,7 +297,7 @@ class CallKind(enum.Enum):
     INVOKE = "invoke"
 
 
-@per_call
+@dataclass(frozen=True, slots=True)
 class CallRequest:
     """A Produce or Invoke call as the caller sent it."""
 
@@ -426,7 +407,7 @@ class ToolBox(Protocol):
     async def call(self, name: str, arguments: JsonValue) -> ToolOutcome: ...
 
 
-@per_call
+@dataclass(frozen=True, slots=True)
 class AdapterCall:
     """What an adapter receives, only after the decision accepted the call."""
 
@@ -468,7 +449,7 @@ class Usage:
         )
 
 
-@per_call
+@dataclass(frozen=True, slots=True)
 class AdapterReply:
     """An adapter's answer: `text` for Invoke, JSON text for Produce."""
 

@@ -26,10 +26,9 @@ a choice the operator makes in the config:
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +38,6 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from negotiator_service.errors import AdapterKindMismatch, InvalidRequest
-from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     MCP_TRANSPORTS,
     SET_CAPABILITY,
@@ -127,7 +125,7 @@ def validate_request(
             problems.extend(schema_problems)
     elif request.output_schema:
         problems.append(("output_schema", "is only for Produce; Invoke returns plain text"))
-    problems.extend(_known_option_problems(request.options))
+    problems.extend(_option_problems(request.options))
     problems.extend(_profile_problems(request.options, profiles))
     if problems:
         raise InvalidRequest(problems)
@@ -153,18 +151,8 @@ def _target_problems(request: CallRequest) -> list[tuple[str, str]]:
 MAX_SCHEMA_NESTING = 64
 
 
-# Callers send the same few schemas over and over; checking one (metaschema,
-# $ref crawl) costs far more than parsing it, and depends on the text alone.
-# Only texts up to a size are kept, so the cache stays small in memory.
-SCHEMA_CHECK_CACHE_SIZE = 256
-MAX_CACHED_SCHEMA_CHARS = 64 * 1024
-
-
 def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, str]]]:
-    if len(text) <= MAX_CACHED_SCHEMA_CHARS:
-        problems = _cached_schema_text_problems(text)
-    else:
-        problems = _schema_text_problems(text)
+    problems = _schema_text_problems(text)
     if problems:
         return None, list(problems)
     return fresh_schema(text), []
@@ -201,6 +189,8 @@ def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
     except jsonschema_rs.ValidationError as exc:
         where = json_pointer(exc.instance_path) or "/"
         return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {exc.message}"),)
+    if not _may_refer(text):
+        return ()
     base_uri = parsed["$id"] if isinstance(parsed.get("$id"), str) else ""
     registry: Registry[Any] = Registry().with_resource(base_uri, DRAFT202012.create_resource(parsed))
     resolver = registry.crawl().resolver(base_uri=base_uri)
@@ -210,7 +200,20 @@ def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
     return _in_place_problems(parsed, resolver)
 
 
-_cached_schema_text_problems = functools.lru_cache(maxsize=SCHEMA_CHECK_CACHE_SIZE)(_schema_text_problems)
+def _may_refer(text: str) -> bool:
+    """Whether a schema's text may hold a reference or more in-place subschemas than allowed.
+
+    Without `$ref` or `$dynamicRef` (spelt out: an escaped key holds a
+    backslash) the document is a tree, so no reference can fail to resolve
+    or close a cycle, and one value meets at most as many subschemas as the
+    document has objects, which is at most its count of "{".
+    """
+    return (
+        "$ref" in text
+        or "$dynamicRef" in text
+        or "\\u" in text
+        or text.count("{") > MAX_IN_PLACE_APPLICATIONS
+    )
 
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
@@ -256,21 +259,6 @@ def _json_type_name(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     return "a number"
-
-
-# The options' problems depend on the options value alone, and the same
-# CallOptions object recurs call after call (convert shares one per distinct
-# encoding), so they are kept per object.
-MAX_CACHED_OPTION_CHECKS = 1024
-_OPTION_PROBLEMS: IdentityCache[tuple[tuple[str, str], ...]] = IdentityCache(MAX_CACHED_OPTION_CHECKS)
-
-
-def _known_option_problems(options: CallOptions) -> tuple[tuple[str, str], ...]:
-    problems = _OPTION_PROBLEMS.get((options,), None, None)
-    if problems is None:
-        problems = tuple(_option_problems(options))
-        _OPTION_PROBLEMS.put((options,), None, problems)
-    return problems
 
 
 def _option_problems(options: CallOptions) -> list[tuple[str, str]]:
@@ -479,47 +467,16 @@ def expand_profile(
 def relabel(requirements: Sequence[Requirement], fields: Mapping[str, str]) -> tuple[Requirement, ...]:
     """Requirements pointing at the fields the caller wrote (profile fields by their profile)."""
     if not fields:
-        return tuple(requirements)  # the same tuple when given one, which keeps judge's cache hitting
+        return tuple(requirements)
     return tuple(
         replace(r, request_field=fields[r.request_field]) if r.request_field in fields else r
         for r in requirements
     )
 
 
-# Without an output schema, the requirements depend only on which options a
-# call sets (not their values, bar setting names and MCP transports), so
-# calls alike share one derived tuple. Bounded: past the limit it starts over.
-MAX_CACHED_DERIVATIONS = 1024
-_DERIVED: dict[tuple[object, ...], tuple[Requirement, ...]] = {}
-
-
 def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
     """Everything the call needs from the adapter, in request order."""
-    if schema is not None:
-        return _derive_requirements(request, schema)
-    options = request.options
-    max_depth = options.max_depth
-    shape = (
-        options.model is not None,
-        options.effort,
-        tuple(options.settings),
-        options.profile is not None,
-        tuple(server.transport for server in options.mcp_servers),
-        None if max_depth is None else max_depth.provider_managed,
-        options.tool_filter is not None,
-        options.persona is not None,
-        options.stream_events,
-        options.conversation_id is not None,
-        bool(request.tools),
-        options.requires,
-    )
-    requirements = _DERIVED.get(shape)
-    if requirements is None:
-        requirements = _derive_requirements(request, None)
-        if len(_DERIVED) >= MAX_CACHED_DERIVATIONS:
-            _DERIVED.clear()
-        _DERIVED[shape] = requirements
-    return requirements
+    return _derive_requirements(request, schema)
 
 
 def _derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
@@ -737,41 +694,6 @@ def json_pointer(path: Iterable[object]) -> str:
     return "".join(f"/{_escape(part)}" for part in path)
 
 
-# A decision is a pure function of (declaration, requirements, allow_unknown),
-# and a declaration is an immutable value whose `version` hashes its JSON form:
-# both are kept per declaration object instead of being recomputed per call.
-# Bounded: past the limit a cache starts over.
-MAX_CACHED_DECLARATIONS = 64
-MAX_CACHED_DECISIONS = 1024
-
-_JudgementKey = tuple[tuple[Requirement, ...], frozenset[Capability], str | None]
-
-
-@dataclass(slots=True)
-class _DeclarationFacts:
-    declaration: Declaration  # held, so its id() cannot be reused while this entry lives
-    version: str
-    decisions: dict[_JudgementKey, Decision] = field(default_factory=dict)
-    # The same, keyed by the identity of the requirements tuple (derive_requirements
-    # hands out shared tuples), which spares hashing every requirement on each call.
-    by_identity: dict[
-        tuple[int, frozenset[Capability], str | None], tuple[tuple[Requirement, ...], Decision]
-    ] = field(default_factory=dict)
-
-
-_FACTS: dict[int, _DeclarationFacts] = {}
-
-
-def _facts(declaration: Declaration) -> _DeclarationFacts:
-    facts = _FACTS.get(id(declaration))
-    if facts is None or facts.declaration is not declaration:
-        if len(_FACTS) >= MAX_CACHED_DECLARATIONS:
-            _FACTS.clear()
-        facts = _DeclarationFacts(declaration, declaration.version)
-        _FACTS[id(declaration)] = facts
-    return facts
-
-
 def judge(
     declaration: Declaration,
     requirements: Sequence[Requirement],
@@ -783,26 +705,9 @@ def judge(
     `model` is the call's `options.model`: it, or else the declaration's
     default model, selects the per-model entry that judges (`Declaration.for_model`);
     the decision names that entry's model, and carries the version of the
-    whole declaration. The same judgement of the same declaration object
-    is answered from a cache.
+    whole declaration.
     """
-    facts = _facts(declaration)
-    allowed = frozenset(allow_unknown)
-    identity_key = (id(requirements), allowed, model)
-    known = facts.by_identity.get(identity_key)
-    if known is not None and known[0] is requirements:  # the entry holds the tuple: its id() is unique
-        return known[1]
-    key: _JudgementKey = (tuple(requirements), allowed, model)
-    decision = facts.decisions.get(key)
-    if decision is None:
-        decision = _judge(declaration, facts.version, *key)
-    if len(facts.decisions) >= MAX_CACHED_DECISIONS or len(facts.by_identity) >= MAX_CACHED_DECISIONS:
-        facts.decisions.clear()
-        facts.by_identity.clear()
-    facts.decisions[key] = decision
-    if isinstance(requirements, tuple):
-        facts.by_identity[identity_key] = (requirements, decision)
-    return decision
+    return _judge(declaration, declaration.version, tuple(requirements), frozenset(allow_unknown), model)
 
 
 def _judge(

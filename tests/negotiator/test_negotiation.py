@@ -112,6 +112,15 @@ def test_invoke_takes_no_schema() -> None:
         ('{"properties": {"x": {"minLength": -1}}}', "at /properties/x/minLength"),
         ('{"$ref": "#/$defs/missing"}', '$ref "#/$defs/missing" at / does not resolve'),
         ('{"properties": {"x": {"$ref": "https://elsewhere.invalid/s.json"}}}', "at /properties/x"),
+        # A key spelt with escapes is still a reference: the text holds no "$ref".
+        ('{"properties": {"x": {"\\u0024ref": "#/$defs/missing"}}}', "at /properties/x does not resolve"),
+        ('{"$defs": {"a": {"$dyn\\u0061micRef": "#/$defs/a"}}, "$ref": "#/$defs/a"}', "refers back to itself"),
+        ('{"$schema": 5}', "is not a valid draft 2020-12 JSON Schema at /$schema"),
+        # Draft 2020-12 applies whatever `$schema` names: draft-07's array `items` is refused.
+        (
+            '{"$schema": "http://json-schema.org/draft-07/schema#", "items": [{}]}',
+            "is not a valid draft 2020-12 JSON Schema at /items",
+        ),
     ],
 )
 def test_bad_schemas_are_refused(schema: str, fragment: str) -> None:
