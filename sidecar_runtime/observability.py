@@ -241,11 +241,6 @@ def _json_text(value: object) -> str:
     return encode_basestring(value if isinstance(value, str) else str(value))
 
 
-# A few peers (one per connection) recur on every line: their JSON text is kept.
-MAX_CACHED_PEERS = 256
-_PEER_TEXTS: dict[str | None, str] = {}
-
-
 def _milliseconds_text(seconds: float) -> str:
     """`repr(round(seconds * 1000, 3))` (what json.dumps writes for that float), at a third of its cost.
 
@@ -254,15 +249,6 @@ def _milliseconds_text(seconds: float) -> str:
     """
     text = f"{seconds * 1000:.3f}".rstrip("0")
     return text + "0" if text.endswith(".") else text
-
-
-def _peer_text(peer: str | None) -> str:
-    text = _PEER_TEXTS.get(peer)
-    if text is None:
-        if len(_PEER_TEXTS) >= MAX_CACHED_PEERS:
-            _PEER_TEXTS.clear()
-        text = _PEER_TEXTS[peer] = _json_text(peer)
-    return text
 
 
 def _call_line(record: _CallRecord) -> str:
@@ -277,7 +263,7 @@ def _call_line(record: _CallRecord) -> str:
         # `_name_` is what the `name` property reads, minus the enum machinery's descriptor call.
         f'{{"ts":"{_timestamp(ts)}",{fields},"status":"{code._name_}",'
         f'"duration_ms":{_milliseconds_text(duration_s)},'
-        f'"peer":{_peer_text(peer)},"request_id":{_request_id_text(metadata)}'
+        f'"peer":{_json_text(peer)},"request_id":{_request_id_text(metadata)}'
     )
     if code is not grpc.StatusCode.OK:
         line += f',"error_reason":{_json_text(reason)}'
