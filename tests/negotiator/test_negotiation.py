@@ -114,7 +114,10 @@ def test_invoke_takes_no_schema() -> None:
         ('{"properties": {"x": {"$ref": "https://elsewhere.invalid/s.json"}}}', "at /properties/x"),
         # A key spelt with escapes is still a reference: the text holds no "$ref".
         ('{"properties": {"x": {"\\u0024ref": "#/$defs/missing"}}}', "at /properties/x does not resolve"),
-        ('{"$defs": {"a": {"$dyn\\u0061micRef": "#/$defs/a"}}, "$ref": "#/$defs/a"}', "refers back to itself"),
+        (
+            '{"$defs": {"a": {"$dyn\\u0061micRef": "#/$defs/a"}}, "$ref": "#/$defs/a"}',
+            "refers back to itself",
+        ),
         ('{"$schema": 5}', "is not a valid draft 2020-12 JSON Schema at /$schema"),
         # Draft 2020-12 applies whatever `$schema` names: draft-07's array `items` is refused.
         (
