@@ -180,9 +180,7 @@ Emit = Callable[[StreamedMessage], None]
 
 # Runs the prepared call (the broker, possibly inside a conversation) with its ToolBox. With an
 # Emit (a streamed session) it runs as a stream and hands each decision, delta and event to it.
-Dispatch = Callable[
-    [CallRequest, ToolBox | None, Emit | None], Awaitable[tuple[AdapterReply, Decision]]
-]
+Dispatch = Callable[[CallRequest, ToolBox | None, Emit | None], Awaitable[tuple[AdapterReply, Decision]]]
 
 
 # --- the pure part: validating a start -----------------------------------------------

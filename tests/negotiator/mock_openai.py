@@ -40,9 +40,10 @@ per entry of `stream_chunks` (default: the reply's text in three pieces),
 `stream_options.include_usage` is set, then `data: [DONE]`. A tool round is
 streamed as tool_calls pieces (id and name first, the arguments in two
 parts), after one content chunk per entry of `tool_round_chunks` (default
-none), paced and timed as the content chunks are. `chunk_times` holds the `time.monotonic()` at which each content
-chunk was written; between chunks the handler watches its socket, and when
-the client hangs up it stops and sets `stream_closed` (`closed_at` holds when).
+none), paced and timed as the content chunks are. `chunk_times` holds the
+`time.monotonic()` at which each content chunk was written; between chunks
+the handler watches its socket, and when the client hangs up it stops and
+sets `stream_closed` (`closed_at` holds when).
 
 Every request is recorded (method, path, lower-cased headers, parsed JSON body,
 client port) in `requests`.

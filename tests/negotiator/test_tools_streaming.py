@@ -1,4 +1,4 @@
-"""Streamed ToolSessions (`start.stream`) through a real negotiator, against the SSE mock and scripted adapters.
+"""Streamed ToolSessions (`start.stream`) through a real negotiator: the SSE mock and scripted adapters.
 
 The openai adapter streams each round over SSE; the mock sends content
 chunks `chunk_interval` apart before a round's tool call (`tool_round_chunks`)
@@ -350,12 +350,16 @@ async def test_the_sync_client_hands_each_delta_to_on_delta_as_it_arrives(
     mock.chunk_interval = 0.2
     seen: list[tuple[float, str, Any]] = []
 
+    def run_tool(call: pb.ToolCall) -> Any:
+        seen.append((time.monotonic(), "tool", call.name))
+        return {"value": 1}
+
     def run() -> pb.InvokeResponse:
         with NegotiatorClient(negotiator.bound[0]) as client:
             return client.tool_session(
                 pb.InvokeRequest(adapter="llm", prompt="find a", options=pb.CallOptions(stream_events=True)),
                 tools=[tool("lookup")],
-                run_tool=lambda call: seen.append((time.monotonic(), "tool", call.name)) or {"value": 1},
+                run_tool=run_tool,
                 on_delta=lambda text: seen.append((time.monotonic(), "delta", text)),
                 on_event=lambda event: seen.append((time.monotonic(), "event", event.type)),
             )
@@ -386,12 +390,20 @@ async def test_the_aio_client_hands_each_delta_to_on_delta(
     async def on_delta(text: str) -> None:
         seen.append(("delta", text))
 
+    def run_tool(call: pb.ToolCall) -> Any:
+        seen.append(("tool", call.name))
+        return {"value": 1}
+
+    async def approve(request: pb.ApprovalRequest) -> bool:
+        seen.append(("approve", request.tool_name))
+        return True
+
     async with AsyncNegotiatorClient(negotiator.bound[0]) as client:
         result = await client.tool_session(
             pb.InvokeRequest(adapter="llm", prompt="find a"),
             tools=[tool("lookup", pb.TOOL_RISK_SENSITIVE)],
-            run_tool=lambda call: seen.append(("tool", call.name)) or {"value": 1},
-            approve=lambda request: seen.append(("approve", request.tool_name)) or True,
+            run_tool=run_tool,
+            approve=approve,
             on_delta=on_delta,
         )
     assert result.text == "Found it."
