@@ -41,6 +41,8 @@ from clients.channel import (
 from clients.errors import from_rpc_error
 from clients.negotiator import (
     Approver,
+    DeltaHandler,
+    EventHandler,
     JsonSchema,
     ToolRunner,
     approval_answer,
@@ -268,6 +270,8 @@ class AsyncNegotiatorClient(AsyncClient):
         tools: Sequence[npb.ToolSpec],
         run_tool: ToolRunner,
         approve: Approver | None = None,
+        on_delta: DeltaHandler | None = None,
+        on_event: EventHandler | None = None,
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> npb.ProduceResponse: ...
@@ -280,6 +284,8 @@ class AsyncNegotiatorClient(AsyncClient):
         tools: Sequence[npb.ToolSpec],
         run_tool: ToolRunner,
         approve: Approver | None = None,
+        on_delta: DeltaHandler | None = None,
+        on_event: EventHandler | None = None,
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> npb.InvokeResponse: ...
@@ -291,15 +297,20 @@ class AsyncNegotiatorClient(AsyncClient):
         tools: Sequence[npb.ToolSpec],
         run_tool: ToolRunner,
         approve: Approver | None = None,
+        on_delta: DeltaHandler | None = None,
+        on_event: EventHandler | None = None,
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> npb.ProduceResponse | npb.InvokeResponse:
-        """As `NegotiatorClient.tool_session`; `run_tool` and `approve` may also be coroutine functions."""
+        """As `NegotiatorClient.tool_session`; `run_tool`, `approve`, `on_delta` and `on_event` may also
+        be coroutine functions."""
         deadline = self._timeout(timeout)
         metadata = delegation_metadata(delegation_depth)
         session = self._stub.ToolSession(None, timeout=deadline, metadata=metadata)
         try:
-            await session.write(session_start(call, tools))
+            await session.write(
+                session_start(call, tools, stream=on_delta is not None or on_event is not None)
+            )
             # The request side stays open until the result: the model may call another tool any time.
             # (read() answers grpc.aio.EOF, not a response, once the stream has ended)
             while isinstance(response := await session.read(), npb.ToolSessionResponse):
@@ -318,6 +329,11 @@ class AsyncNegotiatorClient(AsyncClient):
                 elif response.HasField("approval_request"):
                     decision = await _maybe_await(approve(response.approval_request)) if approve else None
                     await session.write(approval_answer(response.approval_request, decision))
+                elif response.HasField("delta"):
+                    if on_delta is not None:
+                        await _maybe_await(on_delta(response.delta))
+                elif response.HasField("event") and on_event is not None:
+                    await _maybe_await(on_event(response.event))
             raise session_ended_early()
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None

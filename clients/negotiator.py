@@ -17,7 +17,9 @@ Streams: `watch()` yields adapter changes and `watch_audit()` audit records;
 leaving the loop (or closing the generator) cancels the call.
 `tool_session(call, tools=..., run_tool=..., approve=...)` drives the
 bidirectional ToolSession to its result, answering each tool call and
-approval request with the caller's functions.
+approval request with the caller's functions; with `on_delta` (and
+`on_event`) the session streams, and each delta (event) is handed to it as it
+arrives, in order with the tool calls.
 """
 
 from __future__ import annotations
@@ -177,13 +179,20 @@ Approver = Callable[[pb.ApprovalRequest], Any]
 (to edit the arguments or give a reason)."""
 
 
+DeltaHandler = Callable[[str], Any]
+"""Receives each text delta of a streamed tool session as it arrives."""
+
+EventHandler = Callable[[pb.StreamEvent], Any]
+"""Receives each semantic event of a streamed tool session (with options.stream_events)."""
+
+
 def session_start(
-    call: pb.ProduceRequest | pb.InvokeRequest, tools: Sequence[pb.ToolSpec]
+    call: pb.ProduceRequest | pb.InvokeRequest, tools: Sequence[pb.ToolSpec], *, stream: bool = False
 ) -> pb.ToolSessionRequest:
     if isinstance(call, pb.ProduceRequest):
-        start = pb.ToolSessionStart(produce=call, tools=tools)
+        start = pb.ToolSessionStart(produce=call, tools=tools, stream=stream)
     else:
-        start = pb.ToolSessionStart(invoke=call, tools=tools)
+        start = pb.ToolSessionStart(invoke=call, tools=tools, stream=stream)
     return pb.ToolSessionRequest(start=start)
 
 
@@ -547,6 +556,8 @@ class NegotiatorClient(SyncClient):
         tools: Sequence[pb.ToolSpec],
         run_tool: ToolRunner,
         approve: Approver | None = None,
+        on_delta: DeltaHandler | None = None,
+        on_event: EventHandler | None = None,
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> pb.ProduceResponse: ...
@@ -559,6 +570,8 @@ class NegotiatorClient(SyncClient):
         tools: Sequence[pb.ToolSpec],
         run_tool: ToolRunner,
         approve: Approver | None = None,
+        on_delta: DeltaHandler | None = None,
+        on_event: EventHandler | None = None,
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> pb.InvokeResponse: ...
@@ -570,6 +583,8 @@ class NegotiatorClient(SyncClient):
         tools: Sequence[pb.ToolSpec],
         run_tool: ToolRunner,
         approve: Approver | None = None,
+        on_delta: DeltaHandler | None = None,
+        on_event: EventHandler | None = None,
         timeout: Timeout = CLIENT_TIMEOUT,
         delegation_depth: int | None = None,
     ) -> pb.ProduceResponse | pb.InvokeResponse:
@@ -581,9 +596,15 @@ class NegotiatorClient(SyncClient):
         `approve(request)`; without `approve` every such call is denied.
         Returns the Produce or Invoke response; a refusal raises before any
         tool runs, as Produce does.
+
+        With `on_delta` or `on_event` the session streams (`start.stream`):
+        each text delta goes to `on_delta(text)` and each event (with
+        options.stream_events) to `on_event(event)` as it arrives, in order
+        with the tool calls; the response's events are then empty (they were
+        streamed). An exception they raise ends the session (cancelling it).
         """
         outgoing: queue.SimpleQueue[pb.ToolSessionRequest | None] = queue.SimpleQueue()
-        outgoing.put(session_start(call, tools))
+        outgoing.put(session_start(call, tools, stream=on_delta is not None or on_event is not None))
 
         def requests() -> Iterator[pb.ToolSessionRequest]:
             # Open until the result: half-closing earlier would leave the model's next tool call unanswerable.
@@ -610,6 +631,11 @@ class NegotiatorClient(SyncClient):
                 elif response.HasField("approval_request"):
                     decision = approve(response.approval_request) if approve is not None else None
                     outgoing.put(approval_answer(response.approval_request, decision))
+                elif response.HasField("delta"):
+                    if on_delta is not None:
+                        on_delta(response.delta)
+                elif response.HasField("event") and on_event is not None:
+                    on_event(response.event)
             raise session_ended_early()
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
@@ -660,6 +686,8 @@ __all__ = [
     "PROVIDER_MANAGED",
     "UNSUPPORTED_CAPABILITY",
     "Approver",
+    "DeltaHandler",
+    "EventHandler",
     "Gap",
     "JsonSchema",
     "NegotiatorClient",

@@ -41,6 +41,7 @@ from negotiator_service.model import (
     MaxDepth,
     McpServer,
     Requirement,
+    StreamDelta,
     StreamEvent,
     ToolFilter,
     ToolRisk,
@@ -579,10 +580,20 @@ def tool_session_start(message: negotiator_pb2.ToolSessionStart) -> StartMessage
         )
     if problems:
         raise InvalidRequest(problems)
-    return StartMessage(call=call, tools=tuple(drafts), call_field=f"start.{which}")
+    return StartMessage(call=call, tools=tuple(drafts), call_field=f"start.{which}", stream=message.stream)
 
 
 def tool_session_response(message: SessionMessage) -> negotiator_pb2.ToolSessionResponse:
+    if isinstance(message, StreamDelta):
+        return negotiator_pb2.ToolSessionResponse(delta=message.text)
+    if isinstance(message, StreamEvent):
+        return negotiator_pb2.ToolSessionResponse(
+            event=negotiator_pb2.StreamEvent(type=message.type, text=message.text)
+        )
+    if isinstance(message, Decision):
+        response = negotiator_pb2.ToolSessionResponse()
+        response.decision.CopyFrom(_shared_decision_proto(message))
+        return response
     if isinstance(message, ToolCallMessage):
         return negotiator_pb2.ToolSessionResponse(
             tool_call=negotiator_pb2.ToolCall(

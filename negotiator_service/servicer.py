@@ -347,11 +347,19 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     async def ToolSession(
         self, request_iterator: AsyncIterator[negotiator_pb2.ToolSessionRequest], context: Context
     ) -> AsyncIterator[negotiator_pb2.ToolSessionResponse]:
-        """A Produce/Invoke whose tools live in the caller; the session itself is tools.run_session."""
+        """A Produce/Invoke whose tools live in the caller; the session itself is tools.run_session.
+
+        A streamed session (`start.stream`) runs through the broker's stream,
+        handing the decision, deltas and events to the session as they come;
+        the session cancels this work (closing the adapter's stream) when the
+        caller goes away.
+        """
         try:
             delegation_depth = _delegation_depth(context)
 
-            async def dispatch(call: CallRequest, toolbox: ToolBox | None) -> tuple[AdapterReply, Decision]:
+            async def dispatch(
+                call: CallRequest, toolbox: ToolBox | None, emit: tools.Emit | None
+            ) -> tuple[AdapterReply, Decision]:
                 # The final message wraps the response: its tag and length prefix.
                 sized: _SizedReply[Any] = (
                     _sized(convert.produce_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
@@ -360,6 +368,8 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                 )
 
                 def turn_dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
+                    if emit is not None:
+                        return streamed_turn(turn, emit)
                     return self._broker.call(
                         call,
                         time_budget=self._time_budget(context),
@@ -370,6 +380,32 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                         audit_operation="tool_session",
                         check_reply=sized.check,
                     )
+
+                async def streamed_turn(turn: Turn, emit: tools.Emit) -> tuple[AdapterReply, Decision]:
+                    stream = self._broker.stream(
+                        call,
+                        time_budget=self._time_budget(context),
+                        delegation_depth=turn.delegation_depth,
+                        conversation_state=turn.state,
+                        tools=toolbox,
+                        caller=self._caller(context),
+                        audit_operation="tool_session",
+                        check_reply=sized.check,
+                    )
+                    decision: Decision | None = None
+                    reply: AdapterReply | None = None
+                    # Closed with this task: the adapter's upstream must not outlive the session.
+                    async with contextlib.aclosing(stream):
+                        async for item in stream:
+                            if isinstance(item, AdapterReply):
+                                reply = item
+                                continue
+                            if isinstance(item, Decision):
+                                decision = item
+                            emit(item)
+                    assert reply is not None  # the broker's stream ends with the reply or raises
+                    assert decision is not None
+                    return reply, decision
 
                 refused = self._conversation_refused("tool_session", call, context, delegation_depth)
                 try:

@@ -29,6 +29,15 @@ A session, as the caller sees it:
      an error outcome naming it.
 3. The final message is the Produce or Invoke response, then the stream ends OK.
 
+With `start.stream` the call runs as a stream (the broker's `stream`, as
+ProduceStream / InvokeStream): the Decision goes out first, then the
+adapter's deltas and events (events only with `options.stream_events`) as it
+reports them, interleaved with the tool calls and approval requests in the
+order they happen: every message goes through one queue, put there when it
+happens. The final response comes after every message queued before it; its
+output is validated once, at the end, and a violation is the stream's error.
+Without `stream` only tool calls, approval requests and the result are sent.
+
 The caller's protocol mistakes end the stream with InvalidRequest (and cancel
 the adapter's work): a first message that is not `start`, a second `start`,
 an answer for a call id nothing waits for (or of the wrong kind), malformed
@@ -65,6 +74,8 @@ from negotiator_service.model import (
     CallRequest,
     Decision,
     JsonValue,
+    StreamDelta,
+    StreamEvent,
     ToolBox,
     ToolFilter,
     ToolOutcome,
@@ -111,6 +122,7 @@ class StartMessage:
     call: CallRequest  # without tools: `prepare_call` adds the validated ones
     tools: tuple[ToolDraft, ...]
     call_field: str  # where the call sits in the request: "start.produce" | "start.invoke"
+    stream: bool = False  # send the decision, deltas and events as they happen
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +173,14 @@ class FinalResult:
     conversation_id: str | None = None
 
 
-SessionMessage = ToolCallMessage | ApprovalRequestMessage | FinalResult
+# What a streamed session sends as it happens, besides tool calls and approval requests.
+StreamedMessage = Decision | StreamDelta | StreamEvent
+SessionMessage = ToolCallMessage | ApprovalRequestMessage | StreamedMessage | FinalResult
+Emit = Callable[[StreamedMessage], None]
 
-# Runs the prepared call (the broker, possibly inside a conversation) with its ToolBox.
-Dispatch = Callable[[CallRequest, ToolBox | None], Awaitable[tuple[AdapterReply, Decision]]]
+# Runs the prepared call (the broker, possibly inside a conversation) with its ToolBox. With an
+# Emit (a streamed session) it runs as a stream and hands each decision, delta and event to it.
+Dispatch = Callable[[CallRequest, ToolBox | None, Emit | None], Awaitable[tuple[AdapterReply, Decision]]]
 
 
 # --- the pure part: validating a start -----------------------------------------------
@@ -578,7 +594,8 @@ async def run_session(
     """Run one ToolSession: the messages to send, ending with the FinalResult.
 
     Raises the NegotiatorError the stream must end with. Cancelling the
-    consumer, or any error, cancels the adapter's work.
+    consumer, or any error, cancels the adapter's work (for a streamed
+    session, its upstream stream with it).
     """
     start = await _first(incoming)
     request, visible = prepare_call(start)
@@ -590,7 +607,8 @@ async def run_session(
         if request.tools or may_have_mcp
         else None
     )
-    work = asyncio.ensure_future(dispatch(request, toolbox))
+    emit = outgoing.put_nowait if start.stream else None
+    work = asyncio.ensure_future(dispatch(request, toolbox, emit))
     reader = asyncio.ensure_future(_read_answers(incoming, toolbox))
     next_message: asyncio.Future[SessionMessage] | None = None
     try:
@@ -599,14 +617,29 @@ async def run_session(
                 next_message = asyncio.ensure_future(outgoing.get())
             waiting_on: set[asyncio.Future[Any]] = {work, reader, next_message}
             await asyncio.wait(waiting_on, return_when=asyncio.FIRST_COMPLETED)
-            if work.done():
-                reply, decision = work.result()
-                yield FinalResult(request.kind, reply, decision, request.options.conversation_id)
-                return
+            if work.done() and work.exception() is not None:
+                # What the call reported before it failed goes out first; a question it
+                # left queued waits for nothing any more and is not sent.
+                for message in _reports(next_message, outgoing):
+                    yield message
+                work.result()
             if next_message.done():
                 yield next_message.result()
                 next_message = None
                 continue
+            if work.done():
+                # Messages queued before the call ended go out before its result, in order.
+                # A cancelled get leaves its item in the queue.
+                next_message.cancel()
+                await asyncio.wait({next_message})
+                if not next_message.cancelled():
+                    yield next_message.result()
+                next_message = None
+                while not outgoing.empty():
+                    yield outgoing.get_nowait()
+                reply, decision = work.result()
+                yield FinalResult(request.kind, reply, decision, request.options.conversation_id)
+                return
             reader.result()  # the caller's protocol error, if that is why it ended
             raise InvalidRequest(
                 [
@@ -627,6 +660,16 @@ async def run_session(
         if pending:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait(pending)
+
+
+def _reports(
+    next_message: asyncio.Future[SessionMessage], outgoing: asyncio.Queue[SessionMessage]
+) -> list[SessionMessage]:
+    """The decision, deltas and events still to send, in order (a streamed session's, else none)."""
+    queued = [next_message.result()] if next_message.done() else []
+    while not outgoing.empty():
+        queued.append(outgoing.get_nowait())
+    return [message for message in queued if isinstance(message, Decision | StreamDelta | StreamEvent)]
 
 
 async def _first(incoming: AsyncIterator[CallerMessage]) -> StartMessage:

@@ -39,9 +39,11 @@ per entry of `stream_chunks` (default: the reply's text in three pieces),
 `chunk_interval` seconds apart, a finish chunk, a usage chunk when
 `stream_options.include_usage` is set, then `data: [DONE]`. A tool round is
 streamed as tool_calls pieces (id and name first, the arguments in two
-parts). `chunk_times` holds the `time.monotonic()` at which each content
-chunk was written; between chunks the handler watches its socket, and when
-the client hangs up it stops and sets `stream_closed` (`closed_at` holds when).
+parts), after one content chunk per entry of `tool_round_chunks` (default
+none), paced and timed as the content chunks are. `chunk_times` holds the
+`time.monotonic()` at which each content chunk was written; between chunks
+the handler watches its socket, and when the client hangs up it stops and
+sets `stream_closed` (`closed_at` holds when).
 
 Every request is recorded (method, path, lower-cased headers, parsed JSON body,
 client port) in `requests`.
@@ -114,6 +116,7 @@ class MockOpenAI:
         self.usage: dict[str, Any] | None = None
         self.report_usage = True
         self.stream_chunks: list[str] | None = None
+        self.tool_round_chunks: list[str] = []
         self.chunk_interval = 0.0
         self.chunk_times: list[float] = []
         self.stream_closed = threading.Event()
@@ -344,6 +347,12 @@ def _handler_for(mock: MockOpenAI) -> type[BaseHTTPRequestHandler]:
             try:
                 self._event(chunk({"role": "assistant", "content": ""}))
                 if message.get("tool_calls"):
+                    for number, piece in enumerate(mock.tool_round_chunks):
+                        if number and not self._wait(mock.chunk_interval):
+                            self.close_connection = True
+                            return
+                        self._event(chunk({"content": piece}))
+                        mock.chunk_times.append(time.monotonic())
                     for index, call in enumerate(message["tool_calls"]):
                         arguments = call["function"]["arguments"]
                         half = len(arguments) // 2
