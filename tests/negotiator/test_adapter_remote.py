@@ -1,4 +1,4 @@
-"""The remote adapter against examples/remote_adapter.py running as a separate process."""
+"""The remote adapter against tests/negotiator/remote_double.py running as a separate process."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from negotiator_service.model import (
     ToolFilter,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "remote_adapter.py"
+EXAMPLE = Path(__file__).resolve().parent / "remote_double.py"
 SCHEMA = {"type": "object", "properties": {"echo": {"type": "string"}}, "required": ["echo"]}
 
 

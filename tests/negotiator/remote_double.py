@@ -1,4 +1,7 @@
-"""A minimal remote adapter: a standalone process implementing agentsidecar.adapter.v1.
+"""The remote adapter the tests run: a standalone process implementing agentsidecar.adapter.v1.
+
+A test double, not an example (examples/remote_adapter.py is the one to copy): its
+prompts are hooks that make it misbehave on purpose.
 
 It declares an agent-framework with structured output (string format
 "email" only), per-call model override, the caller's tools (with tool
@@ -38,7 +41,7 @@ Prints "READY <address>" once serving, "CANCELLED <method> <prompt>" when a
 caller cancels (CallWithTools: while waiting for a tool's outcome), and
 stops cleanly on SIGTERM or SIGINT.
 
-    python examples/remote_adapter.py --listen unix:/tmp/echo.sock --shortname echo
+    python tests/negotiator/remote_double.py --listen unix:/tmp/echo.sock --shortname echo
 """
 
 from __future__ import annotations
