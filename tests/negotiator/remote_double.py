@@ -37,11 +37,27 @@ adapter contract asks, the call this adapter received is at depth d (its
 carries `x-delegation-depth: d + 1`; a negotiator refusal comes back as the
 same status code.
 
+With --stream it also declares stream_events and serves InvokeStream and
+ProduceStream (with --no-stream-rpc it declares stream_events but lacks both
+RPCs, as an adapter built before them does). A streamed call answers what
+the unary one would, as two deltas (the text's halves) and the final, unless
+its prompt is one of these:
+"chunks:<n>:<seconds>" sends n deltas "part<i> " that far apart, each
+followed (with stream_events) by an event {"progress", i}, printing
+"DELTA <i> <time.monotonic()>" after each is written, then the final;
+"nofinal:" sends a delta and ends; "twofinals:" sends its final twice;
+"deltaafterfinal:" sends a delta after its final; "flood:<n>" sends n
+deltas of 1 MiB; "deltathenfail:<CODE>" sends a delta, then fails with that
+status; "unimplemented:" fails UNIMPLEMENTED before sending anything. A
+streamed CallWithTools (start.stream) sends the delta "calling <name> "
+(and with stream_events an event {"tool", name}) before each tool call.
+
+With --log-rpcs it prints "RPC <method>" as each call arrives (served or not).
 Prints "READY <address>" once serving, "CANCELLED <method> <prompt>" when a
 caller cancels (CallWithTools: while waiting for a tool's outcome), and
 stops cleanly on SIGTERM or SIGINT.
 
-    python tests/negotiator/remote_double.py --listen unix:/tmp/echo.sock --shortname echo
+    python tests/negotiator/remote_double.py --listen unix:/tmp/echo.sock --shortname echo [--stream]
 """
 
 from __future__ import annotations
@@ -51,8 +67,9 @@ import asyncio
 import itertools
 import json
 import signal
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -77,13 +94,14 @@ DELEGATION_DEPTH_METADATA = "x-delegation-depth"
 DELEGATE_DEADLINE_MARGIN_SECONDS = 0.05
 
 
-def declaration(shortname: str) -> common_pb2.Declaration:
+def declaration(shortname: str, streams: bool = False) -> common_pb2.Declaration:
+    supported = (*SUPPORTED, common_pb2.CAPABILITY_STREAM_EVENTS) if streams else SUPPORTED
     capabilities = [
         common_pb2.CapabilityDeclaration(
             capability=capability,
             state=(
                 common_pb2.CAPABILITY_STATE_SUPPORTED
-                if capability in SUPPORTED
+                if capability in supported
                 else common_pb2.CAPABILITY_STATE_UNSUPPORTED
             ),
         )
@@ -98,12 +116,12 @@ def declaration(shortname: str) -> common_pb2.Declaration:
     )
 
 
-def unsupported_options(options: adapter_pb2.AdapterCallOptions) -> list[str]:
+def unsupported_options(options: adapter_pb2.AdapterCallOptions, streams: bool = False) -> list[str]:
     """Every option this adapter was sent but does not implement."""
     fields = [name for name in ("effort", "profile", "persona", "max_depth") if options.HasField(name)]
     if options.settings.fields:
         fields.append("settings")
-    if options.stream_events:
+    if options.stream_events and not streams:
         fields.append("stream_events")
     if options.mcp_servers:
         fields.append("mcp_servers")
@@ -126,8 +144,9 @@ def schema_formats(schema: Any) -> Iterator[str]:
 
 
 class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
-    def __init__(self, shortname: str) -> None:
-        self._declaration = declaration(shortname)
+    def __init__(self, shortname: str, streams: bool = False) -> None:
+        self._declaration = declaration(shortname, streams)
+        self._streams = streams
 
     async def GetDeclaration(
         self, request: adapter_pb2.GetDeclarationRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -138,7 +157,7 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
     async def Invoke(
         self, request: adapter_pb2.InvokeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adapter_pb2.InvokeResponse:
-        await _refuse_unsupported(request.options, context)
+        await _refuse_unsupported(request.options, context, self._streams)
         await _act_on(request.prompt, "Invoke", context)
         if request.prompt.startswith("delegate:"):
             text = await _delegate(request.prompt.removeprefix("delegate:"), request.options, context)
@@ -157,7 +176,7 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
     async def Produce(
         self, request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adapter_pb2.ProduceResponse:
-        await _refuse_unsupported(request.options, context)
+        await _refuse_unsupported(request.options, context, self._streams)
         await _refuse_unsupported_formats(request, context)
         await _act_on(request.prompt, "Produce", context)
         return _produce_reply(request, {})
@@ -172,7 +191,7 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be start")
         start = first.start
         call = start.produce if start.HasField("produce") else start.invoke
-        await _refuse_unsupported(call.options, context)
+        await _refuse_unsupported(call.options, context, self._streams)
         if start.HasField("produce"):
             await _refuse_unsupported_formats(start.produce, context)
         prompt = call.prompt
@@ -190,6 +209,11 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
             elif hook == "nanargs:":
                 arguments = "NaN"
             for index in itertools.count(1):
+                if start.stream:
+                    yield adapter_pb2.CallWithToolsResponse(delta=f"calling {name} ")
+                    if call.options.stream_events:
+                        event = adapter_pb2.AdapterEvent(type="tool", text=name)
+                        yield adapter_pb2.CallWithToolsResponse(event=event)
                 yield adapter_pb2.CallWithToolsResponse(
                     tool_call=adapter_pb2.AdapterToolCall(
                         call_id=f"call-{index}",
@@ -224,6 +248,75 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
             yield reply
         elif prompt == "replythenfail:":
             await context.abort(grpc.StatusCode.INTERNAL, "failed after replying")
+
+    async def InvokeStream(
+        self, request: adapter_pb2.InvokeStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.InvokeStreamResponse]:
+        prompt = request.invoke.prompt
+        try:
+            async for piece in self._streamed(prompt, request.invoke.options, context):
+                yield adapter_pb2.InvokeStreamResponse(**piece)
+            if prompt == "nofinal:":
+                return
+            final = await self.Invoke(request.invoke, context)
+            if prompt.startswith("chunks:"):
+                final = adapter_pb2.InvokeResponse(text="".join(_chunks(prompt)))
+            else:
+                for half in _halves(final.text):
+                    yield adapter_pb2.InvokeStreamResponse(delta=half)
+            yield adapter_pb2.InvokeStreamResponse(final=final)
+            if prompt == "twofinals:":
+                yield adapter_pb2.InvokeStreamResponse(final=final)
+            elif prompt == "deltaafterfinal:":
+                yield adapter_pb2.InvokeStreamResponse(delta="late")
+        except asyncio.CancelledError:
+            print(f"CANCELLED InvokeStream {prompt}", flush=True)
+            raise
+
+    async def ProduceStream(
+        self, request: adapter_pb2.ProduceStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.ProduceStreamResponse]:
+        prompt = request.produce.prompt
+        async for piece in self._streamed(prompt, request.produce.options, context):
+            yield adapter_pb2.ProduceStreamResponse(**piece)
+        final = await self.Produce(request.produce, context)
+        for half in _halves(final.output_json):
+            yield adapter_pb2.ProduceStreamResponse(delta=half)
+        yield adapter_pb2.ProduceStreamResponse(final=final)
+
+    @staticmethod
+    async def _streamed(
+        prompt: str, options: adapter_pb2.AdapterCallOptions, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The stream hooks' messages before the final, as keyword arguments of a stream response."""
+        if prompt == "unimplemented:":
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this call cannot be streamed")
+        if prompt in ("nofinal:", "twofinals:", "deltaafterfinal:") or prompt.startswith("deltathenfail:"):
+            yield {"delta": "first"}
+        if prompt.startswith("deltathenfail:"):
+            await _act_on("fail:" + prompt.removeprefix("deltathenfail:"), "InvokeStream", context)
+        if prompt.startswith("flood:"):
+            for _ in range(int(prompt.removeprefix("flood:"))):
+                yield {"delta": "x" * (1 << 20)}
+        if prompt.startswith("chunks:"):
+            interval = float(prompt.split(":")[2])
+            for index, chunk in enumerate(_chunks(prompt), 1):
+                if index > 1:
+                    await asyncio.sleep(interval)
+                yield {"delta": chunk}
+                print(f"DELTA {index} {time.monotonic()}", flush=True)
+                if options.stream_events:
+                    yield {"event": adapter_pb2.AdapterEvent(type="progress", text=str(index))}
+
+
+def _chunks(prompt: str) -> list[str]:
+    """The deltas a "chunks:<n>:<seconds>" prompt sends."""
+    return [f"part{index} " for index in range(1, int(prompt.split(":")[1]) + 1)]
+
+
+def _halves(text: str) -> tuple[str, str]:
+    middle = len(text) // 2
+    return text[:middle], text[middle:]
 
 
 def _outcome_json(name: str, outcome: adapter_pb2.ToolOutcome) -> dict[str, Any]:
@@ -267,9 +360,9 @@ def _produce_reply(request: adapter_pb2.ProduceRequest, extra: dict[str, Any]) -
 
 
 async def _refuse_unsupported(
-    options: adapter_pb2.AdapterCallOptions, context: grpc.aio.ServicerContext[Any, Any]
+    options: adapter_pb2.AdapterCallOptions, context: grpc.aio.ServicerContext[Any, Any], streams: bool
 ) -> None:
-    unsupported = unsupported_options(options)
+    unsupported = unsupported_options(options, streams)
     if unsupported:
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION, f"this adapter does not implement: {', '.join(unsupported)}"
@@ -357,9 +450,43 @@ async def _act_on(prompt: str, method: str, context: grpc.aio.ServicerContext[An
         await context.abort(code, f"scripted failure {name}")
 
 
-async def serve(listen: str, shortname: str) -> None:
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    adapter_pb2_grpc.add_AdapterServiceServicer_to_server(EchoAdapter(shortname), server)
+class _LogRpcs(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Prints "RPC <method>" as each call arrives, served or not."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        print(f"RPC {handler_call_details.method.rpartition('/')[2]}", flush=True)
+        return await continuation(handler_call_details)
+
+
+class _Handlers:
+    """Takes the method handlers the generated code would add to a server."""
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, handlers
+
+
+async def serve(
+    listen: str, shortname: str, streams: bool = False, stream_rpcs: bool = True, log_rpcs: bool = False
+) -> None:
+    server = grpc.aio.server(
+        interceptors=[_LogRpcs()] if log_rpcs else None, options=[("grpc.so_reuseport", 0)]
+    )
+    servicer = EchoAdapter(shortname, streams)
+    if stream_rpcs:
+        adapter_pb2_grpc.add_AdapterServiceServicer_to_server(servicer, server)
+    else:
+        # Served as by a build from before the stream RPCs: grpc answers them UNIMPLEMENTED.
+        taken = _Handlers()
+        adapter_pb2_grpc.add_AdapterServiceServicer_to_server(servicer, cast(grpc.Server, taken))
+        kept = {n: h for n, h in taken.handlers.items() if n not in ("InvokeStream", "ProduceStream")}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, kept),))
     port = server.add_insecure_port(listen)
     if port == 0:
         raise SystemExit(f"cannot listen on {listen}")
@@ -379,8 +506,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--listen", required=True, help="unix:PATH or HOST:PORT (port 0 picks one)")
     parser.add_argument("--shortname", default="example-remote", help="the declared shortname")
+    parser.add_argument("--stream", action="store_true", help="declare stream_events and stream")
+    parser.add_argument("--no-stream-rpc", action="store_true", help="with --stream: lack the stream RPCs")
+    parser.add_argument("--log-rpcs", action="store_true", help='print "RPC <method>" for every call')
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.listen, args.shortname))
+    asyncio.run(serve(args.listen, args.shortname, args.stream, not args.no_stream_rpc, args.log_rpcs))
 
 
 if __name__ == "__main__":

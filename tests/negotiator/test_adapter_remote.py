@@ -47,9 +47,9 @@ SCHEMA = {"type": "object", "properties": {"echo": {"type": "string"}}, "require
 class ExampleProcess:
     """The example adapter as a child process, its stdout lines collected by a thread."""
 
-    def __init__(self, listen: str, shortname: str) -> None:
+    def __init__(self, listen: str, shortname: str, *flags: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(EXAMPLE), "--listen", listen, "--shortname", shortname],
+            [sys.executable, str(EXAMPLE), "--listen", listen, "--shortname", shortname, *flags],
             stdout=subprocess.PIPE,
             text=True,
         )
