@@ -24,11 +24,19 @@ from test_adapter_remote import SCHEMA, ExampleProcess
 from test_tools_remote import LocalToolBox
 
 from negotiator_service.adapters.remote import RemoteAdapter, connect_remote
-from negotiator_service.model import AdapterCall, AdapterReply, CallKind, CallOptions, StreamDelta, StreamEvent
+from negotiator_service.model import (
+    AdapterCall,
+    AdapterReply,
+    CallKind,
+    CallOptions,
+    StreamDelta,
+    StreamEvent,
+)
 from negotiator_service.server import RunningNegotiator
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 CALLS = ("RPC Invoke", "RPC Produce", "RPC CallWithTools")
+INTERNAL = grpc.StatusCode.INTERNAL
 
 
 def start(tmp_path_factory: pytest.TempPathFactory, shortname: str, *flags: str) -> ExampleProcess:
@@ -81,7 +89,8 @@ def next_call(example: ExampleProcess, within: float = 5) -> str:
 
 async def register(stub: Stub, example: ExampleProcess, shortname: str) -> None:
     drain(example)
-    await stub.RegisterAdapter(pb.RegisterAdapterRequest(target=example.address, shortname=shortname), timeout=10)
+    request = pb.RegisterAdapterRequest(target=example.address, shortname=shortname)
+    await stub.RegisterAdapter(request, timeout=10)
 
 
 def invoke_stream(stub: Stub, adapter: str, prompt: str, **options: Any) -> Any:
@@ -195,15 +204,11 @@ async def test_the_callers_deadline_bounds_the_remote_stream(
 @pytest.mark.parametrize(
     ("prompt", "code", "reason", "cause"),
     [
-        ("nofinal:", grpc.StatusCode.INTERNAL, "ADAPTER_INTERNAL", "InvokeStream ended without its final"),
-        ("twofinals:", grpc.StatusCode.INTERNAL, "ADAPTER_INTERNAL", "InvokeStream sent final after its final"),
-        (
-            "deltaafterfinal:",
-            grpc.StatusCode.INTERNAL,
-            "ADAPTER_INTERNAL",
-            "InvokeStream sent delta after its final",
-        ),
-        ("flood:5", grpc.StatusCode.INTERNAL, "ADAPTER_REPLY_TOO_LARGE", f"more than {4 * 1024 * 1024} bytes"),
+        ("nofinal:", INTERNAL, "ADAPTER_INTERNAL", "InvokeStream ended without its final"),
+        ("twofinals:", INTERNAL, "ADAPTER_INTERNAL", "InvokeStream sent final after its final"),
+        ("deltaafterfinal:", INTERNAL, "ADAPTER_INTERNAL", "InvokeStream sent delta after its final"),
+        # Five 1 MiB deltas: each message is within grpc's limit, together they exceed one reply's.
+        ("flood:5", INTERNAL, "ADAPTER_REPLY_TOO_LARGE", f"more than {4 * 1024 * 1024} bytes"),
         ("deltathenfail:RESOURCE_EXHAUSTED", grpc.StatusCode.RESOURCE_EXHAUSTED, "ADAPTER_RATE_LIMITED", ""),
         ("deltathenfail:UNIMPLEMENTED", grpc.StatusCode.FAILED_PRECONDITION, "ADAPTER_REFUSED", ""),
     ],
