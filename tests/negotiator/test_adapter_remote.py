@@ -295,6 +295,18 @@ class _FixedDeclaration(adapter_pb2_grpc.AdapterServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
         yield adapter_pb2.CallWithToolsResponse()  # never reached: makes this a stream handler
 
+    async def InvokeStream(
+        self, request: adapter_pb2.InvokeStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.InvokeStreamResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
+        yield adapter_pb2.InvokeStreamResponse()  # never reached: makes this a stream handler
+
+    async def ProduceStream(
+        self, request: adapter_pb2.ProduceStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.ProduceStreamResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
+        yield adapter_pb2.ProduceStreamResponse()  # never reached: makes this a stream handler
+
 
 @pytest.fixture
 async def declaring_server(tmp_path: Path) -> AsyncIterator[Any]:
