@@ -273,3 +273,39 @@ async def test_tool_calls_and_deltas_share_the_call_with_tools_stream(streamer: 
     items = [item async for item in streamer.stream(plain, CallKind.INVOKE)]
     assert items[0] == StreamDelta("calling lookup ")
     assert len(items) == 2
+
+
+async def serving_status(stub: Stub, shortname: str, status: int, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        response = await stub.GetAdapter(pb.GetAdapterRequest(shortname=shortname), timeout=5)
+        if response.adapter.serving_status == status:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {status} within {within} s: {response.adapter}")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_remote_that_comes_back_with_the_stream_rpc_is_asked_again(
+    negotiator: RunningNegotiator, stub: Stub, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    listen = f"unix:{tmp_path_factory.mktemp('restart') / 'adapter.sock'}"
+    old = ExampleProcess(listen, "restarted", "--log-rpcs", "--stream", "--no-stream-rpc")
+    try:
+        await register(stub, old, "restarted")
+        messages = [m async for m in invoke_stream(stub, "restarted", "hi")]
+        assert kinds(messages) == ["decision", "final"]
+        assert [next_call(old) for _ in range(2)] == ["InvokeStream", "Invoke"]
+    finally:
+        old.stop()
+    await serving_status(stub, "restarted", pb.ADAPTER_SERVING_STATUS_NOT_SERVING)
+    # Another build at the same address, with the same declaration: connected to again, it is asked again.
+    new = ExampleProcess(listen, "restarted", "--log-rpcs", "--stream")
+    try:
+        await serving_status(stub, "restarted", pb.ADAPTER_SERVING_STATUS_SERVING)
+        messages = [m async for m in invoke_stream(stub, "restarted", "hi")]
+        assert kinds(messages) == ["decision", "delta", "delta", "final"]
+        assert messages[-1].final.text == "remote:hi"
+        assert next_call(new) == "InvokeStream"
+    finally:
+        new.stop()
