@@ -1,125 +1,48 @@
-"""A minimal remote adapter: a standalone process implementing agentsidecar.adapter.v1.
+"""A remote adapter in Python: agentsidecar.adapter.v1 served for a negotiator to broker.
 
-It declares an agent-framework with structured output (string format
-"email" only), per-call model override, the caller's tools (with tool
-filters, which the negotiator applies) and conversations; everything else
-unsupported, and refused with FAILED_PRECONDITION if it is sent anyway.
+It declares structured output and streaming (stream_events), nothing else; its "model"
+echoes the prompt, streamed word by word by InvokeStream. Put your agent where `words`
+is. The contract: protos/README.md, "The adapter contract".
 
-    Invoke:  "remote:" + prompt
-    Produce: {"echo": prompt} (plus "model" when the call chose one)
-
-In a conversation the state it keeps is {"turns": n, "prompts": [...]}, and
-Invoke answers "remote:" + prompt + " (turn n)".
-
-With tools (CallWithTools): "tool:<name>:<JSON arguments>" calls that tool
-once and answers "remote:" + the outcome as JSON ({"tool", "result"} or
-{"tool", "error", "denied"}); "tools:" answers with the visible tools'
-names; "badjson:<name>" sends arguments that are not JSON; "loop:<name>"
-calls the tool until the stream ends; "noreply:" ends the stream without a
-reply; "twice:" replies twice; "replythenfail:" replies, then fails with
-INTERNAL; "toolthenfail:<name>:<CODE>" calls the tool and fails with that
-status without waiting for the outcome; "nanargs:<name>" sends the
-arguments `NaN`. A Produce with tools answers {"echo": prompt, "tool": outcome}.
-
-Test hooks in the prompt: "sleep:<seconds>" sleeps first (deadlines,
-cancellation); "fail:<CODE>" aborts with that gRPC status code
-(RESOURCE_EXHAUSTED carries a RetryInfo of 2 s); "options:" answers with the
-options and metadata the call carried, as JSON after "remote:".
-
-Delegation: "delegate:<target>:<adapter>:<prompt>" (Invoke) calls Invoke on
-the negotiator at <target> ("unix:PATH" or "HOST:PORT", no further colon)
-with that adapter and prompt, and answers "remote:" + its text. As the
-adapter contract asks, the call this adapter received is at depth d (its
-`delegation_depth`, also `x-delegation-depth` metadata), so the delegated call
-carries `x-delegation-depth: d + 1`; a negotiator refusal comes back as the
-same status code.
-
-Prints "READY <address>" once serving, "CANCELLED <method> <prompt>" when a
-caller cancels (CallWithTools: while waiting for a tool's outcome), and
-stops cleanly on SIGTERM or SIGINT.
-
-    python examples/remote_adapter.py --listen unix:/tmp/echo.sock --shortname echo
+    python examples/remote_adapter.py --listen unix:/tmp/echo.sock [--shortname echo]
+    negotiator register unix:/tmp/echo.sock --shortname echo
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import signal
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import grpc.aio
 from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
 from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from google.protobuf import json_format
-from google.rpc import code_pb2, error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
-SUPPORTED = (
-    common_pb2.CAPABILITY_STRUCTURED_OUTPUT,
-    common_pb2.CAPABILITY_MODEL_OVERRIDE,
-    common_pb2.CAPABILITY_TOOL_REGISTRATION,
-    common_pb2.CAPABILITY_TOOL_FILTER,
-    common_pb2.CAPABILITY_STATEFUL_HISTORY,
-)
-STRING_FORMATS = ("email",)
-STOP_GRACE_SECONDS = 2.0
-DELEGATION_DEPTH_METADATA = "x-delegation-depth"
-# Kept back from our own deadline so the delegated answer can still travel home.
-DELEGATE_DEADLINE_MARGIN_SECONDS = 0.05
+SUPPORTED = {common_pb2.CAPABILITY_STRUCTURED_OUTPUT, common_pb2.CAPABILITY_STREAM_EVENTS}
+ALWAYS_SENT = {"time_budget", "delegation_depth", "stream_events"}
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def declaration(shortname: str) -> common_pb2.Declaration:
-    capabilities = [
-        common_pb2.CapabilityDeclaration(
-            capability=capability,
-            state=(
-                common_pb2.CAPABILITY_STATE_SUPPORTED
-                if capability in SUPPORTED
-                else common_pb2.CAPABILITY_STATE_UNSUPPORTED
-            ),
-        )
+    """Every capability stated: SUPPORTED for what this adapter does, UNSUPPORTED for the rest."""
+    yes, no = common_pb2.CAPABILITY_STATE_SUPPORTED, common_pb2.CAPABILITY_STATE_UNSUPPORTED
+    states = [
+        common_pb2.CapabilityDeclaration(capability=capability, state=yes if capability in SUPPORTED else no)
         for capability in common_pb2.Capability.values()
         if capability != common_pb2.CAPABILITY_UNSPECIFIED
     ]
-    return common_pb2.Declaration(
-        shortname=shortname,
-        kind=common_pb2.ADAPTER_KIND_AGENT_FRAMEWORK,
-        capabilities=capabilities,
-        string_formats=STRING_FORMATS,
-    )
+    kind = common_pb2.ADAPTER_KIND_AGENT_FRAMEWORK
+    return common_pb2.Declaration(shortname=shortname, kind=kind, capabilities=states)
 
 
-def unsupported_options(options: adapter_pb2.AdapterCallOptions) -> list[str]:
-    """Every option this adapter was sent but does not implement."""
-    fields = [name for name in ("effort", "profile", "persona", "max_depth") if options.HasField(name)]
-    if options.settings.fields:
-        fields.append("settings")
-    if options.stream_events:
-        fields.append("stream_events")
-    if options.mcp_servers:
-        fields.append("mcp_servers")
-    if options.max_depth_provider_managed:
-        fields.append("max_depth_provider_managed")
-    return fields
-
-
-def schema_formats(schema: Any) -> Iterator[str]:
-    """Every `format` keyword in a schema (crudely: any string-valued "format" key)."""
-    if isinstance(schema, Mapping):
-        for key, value in schema.items():
-            if key == "format" and isinstance(value, str):
-                yield value
-            elif key not in ("enum", "const", "default", "examples"):
-                yield from schema_formats(value)
-    elif isinstance(schema, list):
-        for item in schema:
-            yield from schema_formats(item)
+async def words(prompt: str) -> AsyncIterator[str]:
+    """The stub model: the reply "echo: <prompt>", a word at a time."""
+    for word in f"echo: {prompt}".split(" "):
+        await asyncio.sleep(0.05)  # a model takes time per token
+        yield word + " "
 
 
 class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
@@ -127,258 +50,73 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
         self._declaration = declaration(shortname)
 
     async def GetDeclaration(
-        self, request: adapter_pb2.GetDeclarationRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: adapter_pb2.GetDeclarationRequest, context: Context
     ) -> adapter_pb2.GetDeclarationResponse:
-        # Revision 1 of the contract: CallWithTools, conversation state and the rest are implemented.
         return adapter_pb2.GetDeclarationResponse(declaration=self._declaration, contract_revision=1)
 
     async def Invoke(
-        self, request: adapter_pb2.InvokeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: adapter_pb2.InvokeRequest, context: Context
     ) -> adapter_pb2.InvokeResponse:
-        await _refuse_unsupported(request.options, context)
-        await _act_on(request.prompt, "Invoke", context)
-        if request.prompt.startswith("delegate:"):
-            text = await _delegate(request.prompt.removeprefix("delegate:"), request.options, context)
-            return adapter_pb2.InvokeResponse(text="remote:" + text)
-        if request.prompt.startswith("options:"):
-            metadata = dict(context.invocation_metadata() or ())
-            seen = {
-                "options": json_format.MessageToDict(request.options),
-                "metadata_delegation_depth": metadata.get("x-delegation-depth"),
-                "metadata_traceparent": metadata.get("traceparent"),
-                "time_remaining": context.time_remaining(),
-            }
-            return adapter_pb2.InvokeResponse(text="remote:" + json.dumps(seen))
-        return _invoke_reply(request, "remote:" + request.prompt)
+        await refuse_unsupported(request.options, context)
+        return adapter_pb2.InvokeResponse(text="".join([w async for w in words(request.prompt)]))
+
+    async def InvokeStream(
+        self, request: adapter_pb2.InvokeStreamRequest, context: Context
+    ) -> AsyncIterator[adapter_pb2.InvokeStreamResponse]:
+        options = request.invoke.options
+        await refuse_unsupported(options, context)
+        if options.stream_events:  # events only when the caller asked for them
+            yield adapter_pb2.InvokeStreamResponse(event=adapter_pb2.AdapterEvent(type="started"))
+        text = ""
+        # A caller that goes away cancels this handler at its next await: nothing to clean up here.
+        async for word in words(request.invoke.prompt):
+            text += word
+            yield adapter_pb2.InvokeStreamResponse(delta=word)
+        yield adapter_pb2.InvokeStreamResponse(final=adapter_pb2.InvokeResponse(text=text))
 
     async def Produce(
-        self, request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: adapter_pb2.ProduceRequest, context: Context
     ) -> adapter_pb2.ProduceResponse:
-        await _refuse_unsupported(request.options, context)
-        await _refuse_unsupported_formats(request, context)
-        await _act_on(request.prompt, "Produce", context)
-        return _produce_reply(request, {})
+        await refuse_unsupported(request.options, context)
+        # The negotiator validates the output against request.output_schema.
+        return adapter_pb2.ProduceResponse(output_json=json.dumps({"echo": request.prompt}))
+
+    async def ProduceStream(
+        self, request: adapter_pb2.ProduceStreamRequest, context: Context
+    ) -> AsyncIterator[adapter_pb2.ProduceStreamResponse]:
+        yield adapter_pb2.ProduceStreamResponse(final=await self.Produce(request.produce, context))
 
     async def CallWithTools(
-        self,
-        request_iterator: AsyncIterator[adapter_pb2.CallWithToolsRequest],
-        context: grpc.aio.ServicerContext[Any, Any],
+        self, request_iterator: AsyncIterator[adapter_pb2.CallWithToolsRequest], context: Context
     ) -> AsyncIterator[adapter_pb2.CallWithToolsResponse]:
-        first = await anext(request_iterator, None)
-        if first is None or not first.HasField("start"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be start")
-        start = first.start
-        call = start.produce if start.HasField("produce") else start.invoke
-        await _refuse_unsupported(call.options, context)
-        if start.HasField("produce"):
-            await _refuse_unsupported_formats(start.produce, context)
-        prompt = call.prompt
-        extra: dict[str, Any] = {}
-        if prompt == "noreply:":
-            return
-        if prompt == "tools:":
-            extra["tools"] = [tool.name for tool in start.tools]
-        for hook in ("tool:", "badjson:", "nanargs:", "loop:", "toolthenfail:"):
-            if not prompt.startswith(hook):
-                continue
-            name, _, arguments = prompt.removeprefix(hook).partition(":")
-            if hook == "badjson:":
-                arguments = "{not json"
-            elif hook == "nanargs:":
-                arguments = "NaN"
-            for index in itertools.count(1):
-                yield adapter_pb2.CallWithToolsResponse(
-                    tool_call=adapter_pb2.AdapterToolCall(
-                        call_id=f"call-{index}",
-                        name=name,
-                        arguments_json="{}" if hook == "toolthenfail:" else arguments or "{}",
-                    )
-                )
-                if hook == "toolthenfail:":
-                    await _act_on(f"fail:{arguments}", "CallWithTools", context)
-                try:
-                    answer = await anext(request_iterator, None)
-                except asyncio.CancelledError:
-                    print(f"CANCELLED CallWithTools {prompt}", flush=True)
-                    raise
-                if answer is None:
-                    # The negotiator ended the call before the outcome came (its caller
-                    # cancelled, or the deadline passed): the request stream simply ends.
-                    print(f"CANCELLED CallWithTools {prompt}", flush=True)
-                    return
-                if not answer.HasField("tool_outcome"):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected the tool's outcome")
-                extra["tool"] = _outcome_json(name, answer.tool_outcome)
-                if hook != "loop:":
-                    break
-        if start.HasField("produce"):
-            reply = adapter_pb2.CallWithToolsResponse(produce=_produce_reply(start.produce, extra))
-        else:
-            text = "remote:" + (json.dumps(extra.get("tool", extra.get("tools"))) if extra else prompt)
-            reply = adapter_pb2.CallWithToolsResponse(invoke=_invoke_reply(start.invoke, text))
-        yield reply
-        if prompt == "twice:":
-            yield reply
-        elif prompt == "replythenfail:":
-            await context.abort(grpc.StatusCode.INTERNAL, "failed after replying")
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "never called: tool_registration is UNSUPPORTED")
+        yield adapter_pb2.CallWithToolsResponse()  # not reached; makes this a stream handler
 
 
-def _outcome_json(name: str, outcome: adapter_pb2.ToolOutcome) -> dict[str, Any]:
-    if outcome.HasField("result_json"):
-        return {"tool": name, "result": json.loads(outcome.result_json)}
-    return {"tool": name, "error": outcome.error, "denied": outcome.denied}
-
-
-def _next_state(
-    options: adapter_pb2.AdapterCallOptions, state: Any, has_state: bool, prompt: str
-) -> dict[str, Any] | None:
-    """The conversation state after this call, or None outside a conversation."""
-    if not options.HasField("conversation_id"):
-        return None
-    previous: dict[str, Any] = json_format.MessageToDict(state) if has_state else {"turns": 0, "prompts": []}
-    return {"turns": int(previous["turns"]) + 1, "prompts": [*previous["prompts"], prompt]}
-
-
-def _invoke_reply(request: adapter_pb2.InvokeRequest, text: str) -> adapter_pb2.InvokeResponse:
-    state = _next_state(
-        request.options, request.conversation_state, request.HasField("conversation_state"), request.prompt
-    )
-    response = adapter_pb2.InvokeResponse(text=text)
-    if state is not None:
-        response.text += f" (turn {state['turns']})"
-        json_format.ParseDict(state, response.conversation_state)
-    return response
-
-
-def _produce_reply(request: adapter_pb2.ProduceRequest, extra: dict[str, Any]) -> adapter_pb2.ProduceResponse:
-    output: dict[str, Any] = {"echo": request.prompt, **extra}
-    if request.options.HasField("model"):
-        output["model"] = request.options.model
-    response = adapter_pb2.ProduceResponse(output_json=json.dumps(output))
-    state = _next_state(
-        request.options, request.conversation_state, request.HasField("conversation_state"), request.prompt
-    )
-    if state is not None:
-        json_format.ParseDict(state, response.conversation_state)
-    return response
-
-
-async def _refuse_unsupported(
-    options: adapter_pb2.AdapterCallOptions, context: grpc.aio.ServicerContext[Any, Any]
-) -> None:
-    unsupported = unsupported_options(options)
+async def refuse_unsupported(options: adapter_pb2.AdapterCallOptions, context: Context) -> None:
+    """FAILED_PRECONDITION for an option set beyond those every call may carry, as the contract asks."""
+    unsupported = sorted(field.name for field, _ in options.ListFields() if field.name not in ALWAYS_SENT)
     if unsupported:
-        await context.abort(
-            grpc.StatusCode.FAILED_PRECONDITION, f"this adapter does not implement: {', '.join(unsupported)}"
-        )
-
-
-async def _refuse_unsupported_formats(
-    request: adapter_pb2.ProduceRequest, context: grpc.aio.ServicerContext[Any, Any]
-) -> None:
-    try:
-        schema = json.loads(request.output_schema)
-    except json.JSONDecodeError as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"output_schema is not JSON: {exc}")
-    formats = sorted(set(schema_formats(schema)) - set(STRING_FORMATS))
-    if formats:
-        await context.abort(
-            grpc.StatusCode.FAILED_PRECONDITION, f"unsupported string formats: {', '.join(formats)}"
-        )
-
-
-def received_depth(options: adapter_pb2.AdapterCallOptions, metadata: Iterable[tuple[str, Any]]) -> int:
-    """This call's delegation depth: the options' and the metadata's, the deeper of the two."""
-    depth = options.delegation_depth
-    for key, value in metadata:
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        if key == DELEGATION_DEPTH_METADATA and text.isdigit():
-            depth = max(depth, int(text))
-    return depth
-
-
-async def _delegate(
-    spec: str, options: adapter_pb2.AdapterCallOptions, context: grpc.aio.ServicerContext[Any, Any]
-) -> str:
-    """Invoke an adapter through a negotiator, one level deeper than this call."""
-    scheme, _, rest = spec.partition(":")
-    location, _, rest = rest.partition(":")
-    adapter, _, prompt = rest.partition(":")
-    if not (scheme and location and adapter and prompt):
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "expected delegate:<target>:<adapter>:<prompt>, e.g. delegate:unix:/s:a:hi",
-        )
-    depth = received_depth(options, context.invocation_metadata() or ())
-    remaining = context.time_remaining()
-    timeout = None if remaining is None else max(remaining - DELEGATE_DEADLINE_MARGIN_SECONDS, 0.0)
-    async with grpc.aio.insecure_channel(f"{scheme}:{location}") as channel:
-        stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
-        try:
-            response = await stub.Invoke(
-                negotiator_pb2.InvokeRequest(adapter=adapter, prompt=prompt),
-                timeout=timeout,
-                metadata=((DELEGATION_DEPTH_METADATA, str(depth + 1)),),
-            )
-        except grpc.aio.AioRpcError as exc:
-            await context.abort(exc.code(), f"delegated call at depth {depth + 1} failed: {exc.details()}")
-    text: str = response.text
-    return text
-
-
-async def _act_on(prompt: str, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    """Honour the sleep:/fail: test hooks."""
-    if prompt.startswith("sleep:"):
-        try:
-            seconds = float(prompt.removeprefix("sleep:"))
-        except ValueError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad sleep prompt {prompt!r}")
-        try:
-            await asyncio.sleep(seconds)
-        except asyncio.CancelledError:
-            print(f"CANCELLED {method} {prompt}", flush=True)
-            raise
-    elif prompt.startswith("fail:"):
-        name = prompt.removeprefix("fail:")
-        code = grpc.StatusCode.__members__.get(name)
-        if code is None or code is grpc.StatusCode.OK:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown status code {name!r}")
-        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-            retry = error_details_pb2.RetryInfo()
-            retry.retry_delay.FromSeconds(2)
-            status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message="scripted failure")
-            status.details.add().Pack(retry)
-            await context.abort(
-                code, status.message, trailing_metadata=rpc_status.to_status(status).trailing_metadata
-            )
-        await context.abort(code, f"scripted failure {name}")
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"not implemented: {', '.join(unsupported)}")
 
 
 async def serve(listen: str, shortname: str) -> None:
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server()
     adapter_pb2_grpc.add_AdapterServiceServicer_to_server(EchoAdapter(shortname), server)
     port = server.add_insecure_port(listen)
-    if port == 0:
-        raise SystemExit(f"cannot listen on {listen}")
     await server.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     address = listen if listen.startswith("unix:") else f"{listen.rpartition(':')[0]}:{port}"
     print(f"READY {address}", flush=True)
     await stop.wait()
-    await server.stop(STOP_GRACE_SECONDS)
-    print("STOPPED", flush=True)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--listen", required=True, help="unix:PATH or HOST:PORT (port 0 picks one)")
-    parser.add_argument("--shortname", default="example-remote", help="the declared shortname")
-    args = parser.parse_args(argv)
-    asyncio.run(serve(args.listen, args.shortname))
+    await server.stop(2.0)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description="An echo agent as a remote adapter.")
+    parser.add_argument("--listen", required=True, help="unix:PATH or HOST:PORT (port 0 picks one)")
+    parser.add_argument("--shortname", default="echo")
+    args = parser.parse_args()
+    asyncio.run(serve(args.listen, args.shortname))

@@ -14,6 +14,18 @@ CallWithTools instead of Produce/Invoke: each tool call the remote sends is
 run through the call's ToolBox (approval, validation, the filter) and its
 outcome sent back, until the reply arrives.
 
+Streaming (`stream`, model.StreamingAdapter) is used only for a remote whose
+declaration (for the call's model) says stream_events SUPPORTED; any other is
+served by its unary RPC, its events then its reply. A streamed call goes over
+InvokeStream / ProduceStream, or with tools over CallWithTools with
+`start.stream` set, and yields the remote's deltas and events as they arrive.
+A remote that answers the stream RPC UNIMPLEMENTED before sending anything
+lacks it: it is served unary, and that is remembered until the remote is
+registered or connected to again. Deltas and events together are held to the
+byte cap of one reply (MAX_REPLY_BYTES); a stream without its final, with a
+second one or anything after it is ADAPTER_INTERNAL. Closing the stream
+cancels the remote's RPC.
+
 Once registered, the adapter keeps its declaration current (`monitor`): it
 re-reads it (GetDeclaration, after the remote's grpc.health.v1 Check when the
 remote serves one) every `refresh_seconds` and whenever its channel is READY
@@ -37,7 +49,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
@@ -72,7 +84,9 @@ from negotiator_service.model import (
     Declaration,
     DeclarationOverride,
     JsonValue,
+    StreamDelta,
     StreamEvent,
+    StreamItem,
     ToolBox,
     ToolOutcome,
     strict_json,
@@ -118,6 +132,10 @@ def implemented_in(revision: int) -> frozenset[Capability]:
 
 # Tool calls one CallWithTools stream may make; past it the call fails (INTERNAL).
 MAX_TOOL_CALLS = 64
+# The largest message the channel to a remote receives (grpc's default, stated once): a unary
+# reply is held to it whole, and a streamed call's deltas and events together are held to it,
+# so a stream never brings more than one reply could.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
 
 _KINDS: Mapping[int, AdapterKind] = MappingProxyType(
     {
@@ -466,6 +484,9 @@ class RemoteAdapter:
         self._changed: Callable[[], None] | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # The stream RPCs ("InvokeStream", "ProduceStream") this remote answered UNIMPLEMENTED:
+        # served unary until it is connected to again (it may have been replaced by another build).
+        self._unary_only: set[str] = set()
 
     @property
     def declaration(self) -> Declaration:
@@ -578,6 +599,7 @@ class RemoteAdapter:
                 self._declaration = declaration
                 self.contract_revision = response.contract_revision
                 self._implemented = implemented_in(response.contract_revision)
+                self._unary_only.clear()
                 changed = True
         if changed and self._changed is not None:
             self._changed()
@@ -596,6 +618,7 @@ class RemoteAdapter:
             previous, state = state, self._channel.get_state(try_to_connect=True)
             if state is ready and previous is not ready:
                 self._health_served = None  # the remote may have been replaced by another build
+                self._unary_only.clear()
                 self._wake.set()
             elif state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
                 self._update(f"cannot connect to {self.target} (channel in TRANSIENT_FAILURE)")
@@ -613,8 +636,7 @@ class RemoteAdapter:
                 self._update(f"the check failed unexpectedly: {exc!r}")
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
-        self._check(call, CallKind.INVOKE)
-        request = adapter_pb2.InvokeRequest(prompt=call.prompt, options=call_options(call), **_state(call))
+        request = self._invoke_request(call)
         if call.tools is not None and call.tools.specs:
             reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(invoke=request), call)
             response: adapter_pb2.InvokeResponse = reply.invoke
@@ -623,20 +645,161 @@ class RemoteAdapter:
         return self._reply(call, response.text, response)
 
     async def produce(self, call: AdapterCall) -> AdapterReply:
-        self._check(call, CallKind.PRODUCE)
-        assert call.output_schema is not None  # _check refuses Produce without one
-        request = adapter_pb2.ProduceRequest(
-            prompt=call.prompt,
-            output_schema=_json_text(call.output_schema),
-            options=call_options(call),
-            **_state(call),
-        )
+        request = self._produce_request(call)
         if call.tools is not None and call.tools.specs:
             reply = await self._call_with_tools(adapter_pb2.CallWithToolsStart(produce=request), call)
             response: adapter_pb2.ProduceResponse = reply.produce
         else:
             response = await self._rpc(self._stub.Produce, request, call)
         return self._reply(call, response.output_json, response)
+
+    async def stream(self, call: AdapterCall, kind: CallKind) -> AsyncGenerator[StreamItem, None]:
+        """The call as it happens: the remote's deltas and events as they arrive, then the reply.
+
+        Streamed only when the declaration for the call's model says
+        stream_events SUPPORTED; otherwise (or when the remote lacks the
+        stream RPC) the unary call's events, then its reply. Closing this
+        iterator, or cancelling its consumer, cancels the remote's RPC.
+        """
+        produce = kind is CallKind.PRODUCE
+        request = self._produce_request(call) if produce else self._invoke_request(call)
+        _, declared = self._declaration.for_model(call.options.model)
+        streamed = declared.state(Capability.STREAM_EVENTS) is CapabilityState.SUPPORTED
+        if call.tools is not None and call.tools.specs:
+            start = (
+                adapter_pb2.CallWithToolsStart(produce=request)
+                if isinstance(request, adapter_pb2.ProduceRequest)
+                else adapter_pb2.CallWithToolsStart(invoke=request)
+            )
+            start.stream = streamed
+            tool_items = self._tool_stream(start, call)
+            async with contextlib.aclosing(tool_items):
+                async for tool_item in tool_items:
+                    if isinstance(tool_item, adapter_pb2.CallWithToolsResponse):
+                        final = tool_item.produce if produce else tool_item.invoke
+                    else:
+                        yield tool_item
+            reply = self._reply(call, _reply_text(final), final)
+        elif streamed and _STREAM_RPCS[kind] not in self._unary_only:
+            shortname = self._declaration.shortname
+            deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
+            started = asyncio.get_running_loop().time()
+            items = self._streamed_rpc(kind, request, call, deadline)
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    if item is None:  # UNIMPLEMENTED before anything was sent: no stream RPC
+                        break
+                    yield item
+                else:
+                    return
+            reply = await self._unary(request, call, _rest_of(shortname, deadline, started))
+        else:
+            reply = await self._unary(request, call)
+        for event in reply.events:
+            yield event
+        yield reply
+
+    def _invoke_request(self, call: AdapterCall) -> adapter_pb2.InvokeRequest:
+        self._check(call, CallKind.INVOKE)
+        return adapter_pb2.InvokeRequest(prompt=call.prompt, options=call_options(call), **_state(call))
+
+    def _produce_request(self, call: AdapterCall) -> adapter_pb2.ProduceRequest:
+        self._check(call, CallKind.PRODUCE)
+        assert call.output_schema is not None  # _check refuses Produce without one
+        return adapter_pb2.ProduceRequest(
+            prompt=call.prompt,
+            output_schema=_json_text(call.output_schema),
+            options=call_options(call),
+            **_state(call),
+        )
+
+    async def _unary(
+        self,
+        request: adapter_pb2.InvokeRequest | adapter_pb2.ProduceRequest,
+        call: AdapterCall,
+        deadline: Deadline | None = None,
+    ) -> AdapterReply:
+        """The reply of the unary RPC for `request` (no tools), within `deadline` (default: the call's)."""
+        if isinstance(request, adapter_pb2.ProduceRequest):
+            produced = await self._rpc(self._stub.Produce, request, call, deadline)
+            return self._reply(call, produced.output_json, produced)
+        invoked = await self._rpc(self._stub.Invoke, request, call, deadline)
+        return self._reply(call, invoked.text, invoked)
+
+    async def _streamed_rpc(
+        self,
+        kind: CallKind,
+        request: adapter_pb2.InvokeRequest | adapter_pb2.ProduceRequest,
+        call: AdapterCall,
+        deadline: Deadline,
+    ) -> AsyncGenerator[StreamDelta | StreamEvent | AdapterReply | None, None]:
+        """InvokeStream / ProduceStream: deltas and events, then the reply's events and the reply.
+
+        Yields None, and nothing else, when the remote answered UNIMPLEMENTED
+        before any message (it lacks the RPC; remembered in `_unary_only`).
+        """
+        shortname = self._declaration.shortname
+        method = _STREAM_RPCS[kind]
+        metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)), *trace_metadata())
+        rpc: grpc.aio.UnaryStreamCall[Any, Any]
+        if isinstance(request, adapter_pb2.ProduceRequest):
+            rpc = self._stub.ProduceStream(
+                adapter_pb2.ProduceStreamRequest(produce=request), timeout=deadline.seconds, metadata=metadata
+            )
+        else:
+            rpc = self._stub.InvokeStream(
+                adapter_pb2.InvokeStreamRequest(invoke=request), timeout=deadline.seconds, metadata=metadata
+            )
+        received = _StreamTally(shortname, method)
+        final: adapter_pb2.InvokeResponse | adapter_pb2.ProduceResponse | None = None
+        try:
+            while True:
+                message = await rpc.read()
+                if message is None:  # grpc.aio answers None for a message it could not decode
+                    raise errors.AdapterInternal(
+                        shortname, f"{method} sent a message that is not one of the adapter contract"
+                    )
+                if not isinstance(
+                    message, adapter_pb2.InvokeStreamResponse | adapter_pb2.ProduceStreamResponse
+                ):
+                    break  # grpc.aio.EOF: the remote ended the stream OK
+                which = message.WhichOneof("message")
+                received.started = True
+                if final is not None:
+                    raise errors.AdapterInternal(
+                        shortname, f"{method} sent {which or 'an empty message'} after its final"
+                    )
+                if which == "final":
+                    final = message.final
+                elif which is None:
+                    raise errors.AdapterInternal(shortname, f"{method} sent an empty message")
+                elif (item := received.item(message, which, call)) is not None:
+                    yield item
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED and not received.started:
+                _LOGGER.info(
+                    "remote adapter %s at %s does not implement %s; served unary",
+                    shortname,
+                    self.target,
+                    method,
+                )
+                self._unary_only.add(method)
+                yield None
+                return
+            self._failed(exc)
+            raise failure_from_status(shortname, exc, deadline) from exc
+        except grpc.aio.BaseError as exc:
+            raise errors.AdapterInternal(shortname, f"gRPC client error: {exc!r}") from exc
+        finally:
+            # A no-op once the stream has ended; on a failure here or the caller's cancel,
+            # it ends the remote's call too.
+            rpc.cancel()
+        if final is None:
+            raise errors.AdapterInternal(shortname, f"{method} ended without its final")
+        reply = self._reply(call, _reply_text(final), final)
+        for event in reply.events:
+            yield event
+        yield reply
 
     async def close(self) -> None:
         self._closed = True
@@ -674,7 +837,19 @@ class RemoteAdapter:
     async def _call_with_tools(
         self, start: adapter_pb2.CallWithToolsStart, call: AdapterCall
     ) -> adapter_pb2.CallWithToolsResponse:
-        """Run the stream: the start, an outcome per tool call, and the reply it ends with."""
+        """Run the stream (`start.stream` unset): the start, an outcome per tool call, and the reply."""
+        items = self._tool_stream(start, call)
+        async with contextlib.aclosing(items):
+            async for item in items:
+                if isinstance(item, adapter_pb2.CallWithToolsResponse):
+                    return item
+        raise AssertionError("_tool_stream ends with the reply or raises")
+
+    async def _tool_stream(
+        self, start: adapter_pb2.CallWithToolsStart, call: AdapterCall
+    ) -> AsyncGenerator[StreamDelta | StreamEvent | adapter_pb2.CallWithToolsResponse, None]:
+        """Run the stream: the start, an outcome per tool call, and the reply it ends with, yielded
+        last; with `start.stream`, the remote's deltas and events as they arrive before it."""
         assert call.tools is not None
         shortname = self._declaration.shortname
         reply_kind = start.WhichOneof("call")
@@ -682,6 +857,7 @@ class RemoteAdapter:
         deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
         metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)), *trace_metadata())
         stream = self._stub.CallWithTools(None, timeout=deadline.seconds, metadata=metadata)
+        received = _StreamTally(shortname, "CallWithTools")
         try:
             await self._send(stream, adapter_pb2.CallWithToolsRequest(start=start))
             tool_calls = 0
@@ -695,7 +871,12 @@ class RemoteAdapter:
                         raise errors.AdapterInternal(
                             shortname, f"CallWithTools sent more after the {reply_kind} reply"
                         )
-                    return message
+                    yield message
+                    return
+                if start.stream and kind in ("delta", "event"):
+                    if (item := received.item(message, kind, call)) is not None:
+                        yield item
+                    continue
                 if kind != "tool_call":
                     raise errors.AdapterInternal(
                         shortname,
@@ -753,9 +934,11 @@ class RemoteAdapter:
         method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
         request: _Request,
         call: AdapterCall,
+        deadline: Deadline | None = None,
     ) -> _Response:
         shortname = self._declaration.shortname
-        deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
+        if deadline is None:
+            deadline = call_deadline(shortname, call.time_budget, self._timeout_seconds)
         metadata = ((DELEGATION_DEPTH_METADATA, str(call.delegation_depth)), *trace_metadata())
         try:
             response = await method(request, timeout=deadline.seconds, metadata=metadata)
@@ -783,6 +966,57 @@ class RemoteAdapter:
 
 
 _GET_DECLARATION = "/agentsidecar.adapter.v1.AdapterService/GetDeclaration"
+_STREAM_RPCS: Mapping[CallKind, str] = MappingProxyType(
+    {CallKind.INVOKE: "InvokeStream", CallKind.PRODUCE: "ProduceStream"}
+)
+
+
+def _rest_of(shortname: str, deadline: Deadline, started: float) -> Deadline:
+    """What is left of `deadline`, set at loop time `started`; AdapterTimeout when nothing is."""
+    if deadline.seconds is None:
+        return deadline
+    left = deadline.seconds - (asyncio.get_running_loop().time() - started)
+    if left <= 0:
+        raise deadline.expired(shortname)
+    return Deadline(left, deadline.limit)
+
+
+def _reply_text(response: adapter_pb2.InvokeResponse | adapter_pb2.ProduceResponse) -> str:
+    return response.output_json if isinstance(response, adapter_pb2.ProduceResponse) else response.text
+
+
+class _StreamTally:
+    """The deltas and events of one streamed call, as items, held together to MAX_REPLY_BYTES."""
+
+    __slots__ = ("_method", "_shortname", "bytes", "started")
+
+    def __init__(self, shortname: str, method: str) -> None:
+        self._shortname = shortname
+        self._method = method
+        self.bytes = 0
+        self.started = False  # any message arrived
+
+    def item(
+        self,
+        message: adapter_pb2.InvokeStreamResponse
+        | adapter_pb2.ProduceStreamResponse
+        | adapter_pb2.CallWithToolsResponse,
+        which: str,
+        call: AdapterCall,
+    ) -> StreamDelta | StreamEvent | None:
+        """The delta or event `message` carries (None: an event the call did not ask for)."""
+        self.bytes += message.ByteSize()
+        if self.bytes > MAX_REPLY_BYTES:
+            raise errors.AdapterReplyTooLarge(
+                self._shortname,
+                f"{self._method} streamed more than {MAX_REPLY_BYTES} bytes of deltas and events, "
+                "the most one reply may hold; the remote's call was cancelled",
+            )
+        if which == "delta":
+            return StreamDelta(message.delta)
+        if not call.options.stream_events:
+            return None  # not asked for; passing them on would widen the reply
+        return StreamEvent(type=message.event.type, text=message.event.text)
 
 
 def _declaration_response(
@@ -814,6 +1048,7 @@ def _channel(resolved: str) -> grpc.aio.Channel:
             ("grpc.use_local_subchannel_pool", 1),
             ("grpc.initial_reconnect_backoff_ms", int(INITIAL_RECONNECT_BACKOFF_SECONDS * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(MAX_RECONNECT_BACKOFF_SECONDS * 1000)),
+            ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
         ],
     )
 

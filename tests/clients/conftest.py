@@ -5,7 +5,7 @@
   shell-echo, bad-output, throttled).
 * `start_fake(fail_first=..., tls=...)`: a `sidecars.FakeSeedStore`.
 * `fake_negotiator`: a `sidecars.FakeNegotiator` (ToolSession, Bootstrap).
-* `remote_adapter`: examples/remote_adapter.py as a process ("echo-remote").
+* `remote_adapter`: tests/negotiator/remote_double.py as a process ("echo-remote").
 
 All servers share one `server_loop` thread; see sidecars.py. No test writes
 under the real home: XDG_STATE_HOME points at a session temp dir (inherited by
@@ -158,13 +158,13 @@ def fake_negotiator(server_loop: ServerLoop, socket_dir: Path) -> Iterator[tuple
 
 @pytest.fixture(scope="module")
 def remote_adapter() -> Iterator[str]:
-    """examples/remote_adapter.py in its own process, declaring shortname "echo-remote"; its target."""
+    """tests/negotiator/remote_double.py in its own process, declaring shortname "echo-remote"; its target."""
     directory = Path(tempfile.mkdtemp(prefix="cl-ra-", dir="/tmp"))
     target = f"unix:{directory / 'remote.sock'}"
     process, _ = start_process(
         [
             sys.executable,
-            str(REPO / "examples" / "remote_adapter.py"),
+            str(REPO / "tests" / "negotiator" / "remote_double.py"),
             "--listen",
             target,
             "--shortname",

@@ -4,7 +4,7 @@ Tests add FakeAdapters (which record every call) with `add_fake`, and decode
 failures with `call_error`; those helpers and the shared constants live in
 negotiator_testkit.py, which tests import (never `from conftest import`: the name
 `conftest` is shared by every test directory). `remote_adapter` starts
-examples/remote_adapter.py as a separate process.
+tests/negotiator/remote_double.py as a separate process.
 
 No test writes under the real home: every test runs with XDG_STATE_HOME in a
 temp dir (`state_home`, inherited by `negotiator serve` children), and the
@@ -81,7 +81,7 @@ def stub(channel: grpc.aio.Channel) -> negotiator_pb2_grpc.NegotiatorServiceAsyn
 
 @pytest.fixture
 def remote_adapter(socket_dir: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """examples/remote_adapter.py in its own process, declaring shortname "echo-remote"."""
+    """tests/negotiator/remote_double.py in its own process, declaring shortname "echo-remote"."""
     target = f"unix:{socket_dir / 'remote.sock'}"
     process, _ = start_process(
         [

@@ -23,7 +23,7 @@ from sidecar_runtime.richstatus import DecodedError, decode_error
 
 REPO = Path(__file__).resolve().parents[2]
 NEGOTIATOR_BIN = Path(sys.executable).parent / "negotiator"
-REMOTE_ADAPTER = REPO / "examples" / "remote_adapter.py"
+REMOTE_ADAPTER = REPO / "tests" / "negotiator" / "remote_double.py"
 ERROR_KINDS = ("unavailable", "timeout", "rate_limited", "refused", "misconfigured", "internal")
 
 TEST_CONFIG = """\

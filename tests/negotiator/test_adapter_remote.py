@@ -1,4 +1,4 @@
-"""The remote adapter against examples/remote_adapter.py running as a separate process."""
+"""The remote adapter against tests/negotiator/remote_double.py running as a separate process."""
 
 from __future__ import annotations
 
@@ -40,16 +40,16 @@ from negotiator_service.model import (
     ToolFilter,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "remote_adapter.py"
+EXAMPLE = Path(__file__).resolve().parent / "remote_double.py"
 SCHEMA = {"type": "object", "properties": {"echo": {"type": "string"}}, "required": ["echo"]}
 
 
 class ExampleProcess:
     """The example adapter as a child process, its stdout lines collected by a thread."""
 
-    def __init__(self, listen: str, shortname: str) -> None:
+    def __init__(self, listen: str, shortname: str, *flags: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(EXAMPLE), "--listen", listen, "--shortname", shortname],
+            [sys.executable, str(EXAMPLE), "--listen", listen, "--shortname", shortname, *flags],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -294,6 +294,18 @@ class _FixedDeclaration(adapter_pb2_grpc.AdapterServiceServicer):
     ) -> AsyncIterator[adapter_pb2.CallWithToolsResponse]:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
         yield adapter_pb2.CallWithToolsResponse()  # never reached: makes this a stream handler
+
+    async def InvokeStream(
+        self, request: adapter_pb2.InvokeStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.InvokeStreamResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
+        yield adapter_pb2.InvokeStreamResponse()  # never reached: makes this a stream handler
+
+    async def ProduceStream(
+        self, request: adapter_pb2.ProduceStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.ProduceStreamResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "declaration only")
+        yield adapter_pb2.ProduceStreamResponse()  # never reached: makes this a stream handler
 
 
 @pytest.fixture

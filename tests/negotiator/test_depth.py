@@ -2,7 +2,7 @@
 
 A call at depth d (metadata `x-delegation-depth`, 0 at the top) passes iff
 d <= min(config `limits.max_depth` (default 3), the call's numeric
-`options.max_depth`). The round trip through examples/remote_adapter.py shows
+`options.max_depth`). The round trip through tests/negotiator/remote_double.py shows
 a call coming back through a negotiator arrives one deeper.
 """
 
@@ -187,7 +187,7 @@ async def test_the_config_limit_applies_to_every_call(shallow: RunningNegotiator
 
 @pytest.fixture
 def delegating_adapter(socket_dir: Path) -> Iterator[str]:
-    """examples/remote_adapter.py as a process; its `delegate:` prompts call a negotiator back."""
+    """tests/negotiator/remote_double.py as a process; its `delegate:` prompts call a negotiator back."""
     target = f"unix:{socket_dir / 'delegating.sock'}"
     process, _ = start_process(
         [

@@ -1,7 +1,7 @@
 """RegisterAdapter against hostile remotes and targets, over a real negotiator and real processes.
 
 Remote doubles are tests/negotiator/hostile_remote.py processes (one misbehaviour each); the
-well-behaved remote is examples/remote_adapter.py.
+well-behaved remote is tests/negotiator/remote_double.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tools and conversations through a remote adapter (examples/remote_adapter.py as its own process).
+"""Tools and conversations through a remote adapter (tests/negotiator/remote_double.py as its own process).
 
 Directly against RemoteAdapter for the CallWithTools protocol and its limits, and
 through a real negotiator (ToolSession) where approvals, the tool filter and the

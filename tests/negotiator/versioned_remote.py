@@ -121,6 +121,18 @@ class VersionedAdapter(adapter_pb2_grpc.AdapterServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "tools are not declared")
         yield adapter_pb2.CallWithToolsResponse()  # never reached: makes this an async generator
 
+    async def InvokeStream(
+        self, request: adapter_pb2.InvokeStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.InvokeStreamResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "stream_events is not declared")
+        yield adapter_pb2.InvokeStreamResponse()  # never reached: makes this an async generator
+
+    async def ProduceStream(
+        self, request: adapter_pb2.ProduceStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[adapter_pb2.ProduceStreamResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "structured output is not declared")
+        yield adapter_pb2.ProduceStreamResponse()  # never reached: makes this an async generator
+
 
 async def serve(
     listen: str,

@@ -37,7 +37,7 @@ from sidecar_runtime.richstatus import DecodedError, decode_error
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("rel_worker.py")
-REMOTE_ADAPTER = REPO / "examples" / "remote_adapter.py"
+REMOTE_ADAPTER = REPO / "tests" / "negotiator" / "remote_double.py"
 READY_TIMEOUT_SECONDS = 30.0
 
 SEEDSTORE_DOMAIN = seedstore_status.ERROR_DOMAIN
@@ -318,7 +318,7 @@ def start_negotiator(
 
 
 def start_remote_adapter(socket_path: Path, log_path: Path, shortname: str) -> Sidecar:
-    """examples/remote_adapter.py: Invoke answers "remote:<prompt>"; "sleep:<s>" sleeps first."""
+    """tests/negotiator/remote_double.py: Invoke answers "remote:<prompt>"; "sleep:<s>" sleeps first."""
     argv = [PYTHON, str(REMOTE_ADAPTER), "--listen", f"unix:{socket_path}", "--shortname", shortname]
     process, _ = start_process("remote adapter", argv, clean_env(), log_path)
     return Sidecar(f"remote adapter {shortname}", process, f"unix:{socket_path}", log_path)

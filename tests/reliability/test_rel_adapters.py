@@ -2,7 +2,7 @@
 
 One real `negotiator serve` process runs the whole module. Its adapters:
 
-* examples/remote_adapter.py processes, registered at runtime, SIGKILLed in the
+* tests/negotiator/remote_double.py processes, registered at runtime, SIGKILLed in the
   middle of a call (UNAVAILABLE, ADAPTER_UNAVAILABLE), or hanging, either
   sleeping inside the call or frozen with SIGSTOP (DEADLINE_EXCEEDED at the
   caller's deadline);

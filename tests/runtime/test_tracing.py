@@ -25,7 +25,7 @@ from tests.runtime.test_serve_cli import BIN, Sidecar, cleanup, env, launch
 __all__ = ["cleanup", "env"]  # fixtures, used by name
 
 INVOKE = "/agentsidecar.negotiator.v1.NegotiatorService/Invoke"
-EXAMPLE_ADAPTER = REPO / "examples" / "remote_adapter.py"
+EXAMPLE_ADAPTER = REPO / "tests" / "negotiator" / "remote_double.py"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 
@@ -286,7 +286,7 @@ async def test_an_unknown_exporter_is_refused_before_any_provider_is_made(
 
 @pytest.fixture
 def far_adapter(socket_dir: Path) -> Iterator[str]:
-    """examples/remote_adapter.py in its own process, declaring shortname "far"; its target."""
+    """tests/negotiator/remote_double.py in its own process, declaring shortname "far"; its target."""
     target = f"unix:{socket_dir / 'remote.sock'}"
     process, _ = start_process(
         [sys.executable, str(EXAMPLE_ADAPTER), "--listen", target, "--shortname", "far"]

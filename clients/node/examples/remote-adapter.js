@@ -2,14 +2,15 @@
 // for a negotiator to broker (register it with RegisterAdapter, or `implementation: remote`
 // in the negotiator's config). The contract is in protos/README.md, "The adapter contract".
 //
-// It declares an agent framework with structured output and the caller's tools; every
-// other capability is left undeclared (UNKNOWN), so the negotiator refuses calls that
-// need one unless the caller allows it. Its "model" is a stub:
+// It declares an agent framework with structured output, streaming (stream_events) and
+// the caller's tools; every other capability is left undeclared (UNKNOWN), so the
+// negotiator refuses calls that need one unless the caller allows it. Its "model" is a stub:
 //
-//   Invoke:  "node:" + prompt
-//   Produce: {"echo": prompt}
+//   Invoke:  "node:" + prompt; InvokeStream sends it word by word, WORD_INTERVAL_MS apart
+//   Produce: {"echo": prompt} (ProduceStream: the same, as its final)
 //   with tools, a prompt "tool:<name>:<JSON arguments>" calls that tool once and answers
-//   "node:" + {"tool", "result"} or {"tool", "error", "denied"}.
+//   "node:" + {"tool", "result"} or {"tool", "error", "denied"}; streamed (start.stream),
+//   it first sends the delta "calling <name> ".
 //
 //   node examples/remote-adapter.js --listen unix:/tmp/node-adapter.sock [--shortname node-echo]
 //
@@ -20,7 +21,8 @@ import { fileURLToPath } from 'node:url';
 
 import { grpc, loadProtos } from '../src/index.js';
 
-const SUPPORTED = ['CAPABILITY_STRUCTURED_OUTPUT', 'CAPABILITY_TOOL_REGISTRATION'];
+const SUPPORTED = ['CAPABILITY_STRUCTURED_OUTPUT', 'CAPABILITY_STREAM_EVENTS', 'CAPABILITY_TOOL_REGISTRATION'];
+export const WORD_INTERVAL_MS = 50;
 
 function declaration(shortname) {
   return {
@@ -71,6 +73,7 @@ function callWithTools(call) {
         return;
       }
       pending = { callId: 'node-call-1', name: match[1] };
+      if (start.stream) call.write({ delta: `calling ${pending.name} ` });
       call.write({ toolCall: { callId: pending.callId, name: pending.name, argumentsJson: match[2] } });
       return;
     }
@@ -84,8 +87,39 @@ function callWithTools(call) {
   });
 }
 
-/** Serve the adapter on `listen` (unix:PATH or HOST:PORT); resolves to {address, stop()}. */
-export async function startNodeAdapter({ listen, shortname = 'node-echo' }) {
+/**
+ * InvokeStream: the reply a word at a time, then the whole text as `final`. A caller that
+ * goes away cancels the call: the timer stops and nothing more is sent.
+ */
+function invokeStream(call, onCancelled) {
+  const text = `node:${call.request.invoke.prompt}`;
+  const words = text.split(/(?<= )/); // each word with the space after it
+  if (call.request.invoke.options?.streamEvents) call.write({ event: { type: 'started' } });
+  let sent = 0;
+  let ended = false;
+  const timer = setInterval(() => {
+    if (sent < words.length) {
+      call.write({ delta: words[sent] });
+      sent += 1;
+      return;
+    }
+    clearInterval(timer);
+    ended = true;
+    call.write({ final: { text } });
+    call.end();
+  }, WORD_INTERVAL_MS);
+  // grpc-js also reports a call that ended normally as cancelled once its stream closes.
+  call.on('cancelled', () => {
+    clearInterval(timer);
+    if (!ended) onCancelled?.(call.request.invoke.prompt);
+  });
+}
+
+/**
+ * Serve the adapter on `listen` (unix:PATH or HOST:PORT); resolves to {address, stop()}.
+ * `onCancelled(prompt)`, if given, runs when a caller cancels an InvokeStream.
+ */
+export async function startNodeAdapter({ listen, shortname = 'node-echo', onCancelled }) {
   const { AdapterService } = loadProtos().agentsidecar.adapter.v1;
   const server = new grpc.Server();
   server.addService(AdapterService.service, {
@@ -93,6 +127,11 @@ export async function startNodeAdapter({ listen, shortname = 'node-echo' }) {
     getDeclaration: (_call, done) => done(null, { declaration: declaration(shortname), contractRevision: 1 }),
     invoke: (call, done) => done(null, { text: `node:${call.request.prompt}` }),
     produce: (call, done) => done(null, { outputJson: JSON.stringify({ echo: call.request.prompt }) }),
+    invokeStream: (call) => invokeStream(call, onCancelled),
+    produceStream: (call) => {
+      call.write({ final: { outputJson: JSON.stringify({ echo: call.request.produce.prompt }) } });
+      call.end();
+    },
     callWithTools,
   });
   const port = await new Promise((resolve, reject) =>

@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
 
-import { startNodeAdapter } from '../examples/remote-adapter.js';
+import { WORD_INTERVAL_MS, startNodeAdapter } from '../examples/remote-adapter.js';
 import { connect, decodeStatus, grpc } from '../src/index.js';
 import { startSidecar } from '../test-support/sidecars.js';
 
@@ -21,11 +21,19 @@ let sidecar;
 let adapter;
 let workDir;
 let client;
+const cancelledPrompts = [];
+let cancelled = () => {}; // resolves the waiter of the next cancel
 
 before(async () => {
   sidecar = await startSidecar('negotiator');
   workDir = await mkdtemp(path.join(os.tmpdir(), 'agentsidecar-node-adapter-'));
-  adapter = await startNodeAdapter({ listen: `unix:${path.join(workDir, 'adapter.sock')}` });
+  adapter = await startNodeAdapter({
+    listen: `unix:${path.join(workDir, 'adapter.sock')}`,
+    onCancelled: (prompt) => {
+      cancelledPrompts.push(prompt);
+      cancelled();
+    },
+  });
   client = connect(sidecar.uds, { service: 'negotiator' });
   await client.waitForReady(10_000);
   const { adapter: registered } = await client.registerAdapter({ target: adapter.address, shortname: 'node-echo' });
@@ -47,7 +55,11 @@ test('the negotiator fetched the Node adapter declaration', async () => {
     .filter(({ state }) => state === 'CAPABILITY_STATE_SUPPORTED')
     .map(({ capability }) => capability)
     .sort();
-  assert.deepEqual(supported, ['CAPABILITY_STRUCTURED_OUTPUT', 'CAPABILITY_TOOL_REGISTRATION']);
+  assert.deepEqual(supported, [
+    'CAPABILITY_STREAM_EVENTS',
+    'CAPABILITY_STRUCTURED_OUTPUT',
+    'CAPABILITY_TOOL_REGISTRATION',
+  ]);
 });
 
 test('Invoke and Produce are brokered to the Node adapter', async () => {
@@ -106,4 +118,49 @@ test("the Node adapter's model calls a tool that lives in the Node caller", asyn
   assert.deepEqual(JSON.parse(messages[0].toolCall.argumentsJson), { key: 'answer' });
   const text = messages[1].invokeResult.text;
   assert.deepEqual(JSON.parse(text.slice('node:'.length)), { tool: 'lookup', result: { v: 42 } });
+});
+
+test("the Node adapter's InvokeStream reaches the caller word by word", async () => {
+  const arrivals = [];
+  const request = { invoke: { adapter: 'node-echo', prompt: 'one two three', options: { streamEvents: true } } };
+  for await (const message of client.invokeStream(request)) arrivals.push([performance.now(), message]);
+  const messages = arrivals.map(([, message]) => message);
+  assert.deepEqual(
+    messages.map(({ kind }) => kind),
+    ['decision', 'event', 'delta', 'delta', 'delta', 'final'],
+  );
+  assert.equal(messages[1].event.type, 'started');
+  assert.deepEqual(
+    messages.filter(({ kind }) => kind === 'delta').map(({ delta }) => delta),
+    ['node:one ', 'two ', 'three'],
+  );
+  assert.equal(messages.at(-1).final.text, 'node:one two three');
+  // Each word as the adapter sends it, not all at the end.
+  const deltaTimes = arrivals.filter(([, { kind }]) => kind === 'delta').map(([time]) => time);
+  assert.ok(deltaTimes[2] - deltaTimes[0] > WORD_INTERVAL_MS, `deltas at ${deltaTimes}`);
+});
+
+test("the Node adapter's ProduceStream ends with the validated output", async () => {
+  const messages = [];
+  const request = { produce: { adapter: 'node-echo', prompt: 'p', outputSchema: JSON.stringify({ type: 'object', required: ['echo'] }) } };
+  for await (const message of client.produceStream(request)) messages.push(message);
+  assert.deepEqual(
+    messages.map(({ kind }) => kind),
+    ['decision', 'final'],
+  );
+  assert.deepEqual(JSON.parse(messages[1].final.outputJson), { echo: 'p' });
+});
+
+test('a caller that leaves the stream cancels the Node adapter at once', async () => {
+  const observed = new Promise((resolve) => {
+    cancelled = resolve;
+  });
+  const prompt = Array.from({ length: 100 }, (_, n) => `w${n}`).join(' ');
+  for await (const message of client.invokeStream({ invoke: { adapter: 'node-echo', prompt } })) {
+    if (message.kind === 'delta') break;
+  }
+  const left = performance.now();
+  await observed;
+  assert.ok(performance.now() - left < 500, 'the cancel took over 500 ms to reach the adapter');
+  assert.deepEqual(cancelledPrompts, [prompt]);
 });
