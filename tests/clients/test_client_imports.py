@@ -1,0 +1,82 @@
+"""The clients import no server code: only clients/, the generated code, client-safe runtime modules
+and libraries. Read from the source (ast), every import statement counted, nested and
+TYPE_CHECKING ones included, and followed through the runtime modules they reach."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_PACKAGES = frozenset({"negotiator_service", "seedstore_service", "agentsidecar_pair"})
+# The runtime modules a client may reach; anything else under sidecar_runtime serves a server.
+CLIENT_SAFE_RUNTIME = frozenset(
+    {"sidecar_runtime.addresses", "sidecar_runtime.richstatus", "sidecar_runtime.wire_names"}
+)
+
+
+def imported_modules(path: Path, package: str) -> set[str]:
+    """Every module `path` imports, absolute, with `from m import n` also counted as `m.n`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def module_file(module: str) -> Path | None:
+    parts = module.split(".")
+    for candidate in (ROOT.joinpath(*parts).with_suffix(".py"), ROOT.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def client_import_problems() -> list[str]:
+    problems: list[str] = []
+    queue = [(path, "clients") for path in sorted((ROOT / "clients").glob("*.py"))]
+    seen: set[Path] = set()
+    while queue:
+        path, package = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        where = path.relative_to(ROOT)
+        for module in sorted(imported_modules(path, package)):
+            root = module.split(".")[0]
+            if root in SERVER_PACKAGES:
+                problems.append(f"{where} imports {module}")
+            elif root == "sidecar_runtime" and module != "sidecar_runtime":
+                target = module_file(module)
+                if target is None:  # `from sidecar_runtime.m import name`: the name, not a module
+                    continue
+                if module not in CLIENT_SAFE_RUNTIME:
+                    problems.append(f"{where} imports {module}, which is not a client-safe runtime module")
+                queue.append((target, "sidecar_runtime"))
+    return problems
+
+
+def test_clients_import_no_server_code() -> None:
+    assert client_import_problems() == []
+
+
+def test_the_walk_sees_a_server_import(tmp_path: Path) -> None:
+    """The walk itself: a nested, a relative-free and a TYPE_CHECKING import are all found."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from negotiator_service.model import Capability\n"
+        "def f():\n    import seedstore_service.ranking\n"
+    )
+    found = imported_modules(source, "clients")
+    assert "negotiator_service.model" in found
+    assert "seedstore_service.ranking" in found
