@@ -52,7 +52,7 @@ from seedstore_service.render import SCAN_MESSAGE
 from seedstore_service.runner import CheckFinished, CheckStarted
 from seedstore_service.seedfile import validate_identifier
 from seedstore_service.store import StoredSeed
-from sidecar_runtime.wire_names import Gate, Risk, UnknownGate
+from sidecar_runtime import wire_names
 
 # --- enums ----------------------------------------------------------------------
 
@@ -70,10 +70,10 @@ _MARK_TO_PROTO = {
 _MARK_FROM_PROTO = {value: key for key, value in _MARK_TO_PROTO.items()}
 
 # Risk and gate names <-> the proto enums, matched by member name (sidecar_runtime.wire_names).
-_RISK_TO_PROTO = {risk.value: common.RiskFlag.Value(f"RISK_FLAG_{risk.name}") for risk in Risk}
+_RISK_TO_PROTO = {risk.value: common.RiskFlag.Value(f"RISK_FLAG_{risk.name}") for risk in wire_names.Risk}
 _RISK_FROM_PROTO = {value: key for key, value in _RISK_TO_PROTO.items()}
 
-_GATE_TO_PROTO = {gate.value: common.Gate.Value(f"GATE_{gate.name}") for gate in Gate}
+_GATE_TO_PROTO = {gate.value: common.Gate.Value(f"GATE_{gate.name}") for gate in wire_names.Gate}
 _GATE_FROM_PROTO = {value: key for key, value in _GATE_TO_PROTO.items()}
 
 _CHANGE_TO_PROTO = {
@@ -103,7 +103,7 @@ def _risks_to_proto(risks: Iterable[str]) -> list[common.RiskFlag.ValueType]:
 
 def _risks_from_proto(values: Iterable[common.RiskFlag.ValueType]) -> tuple[str, ...]:
     # A risk from a newer server stays listed, by number.
-    return tuple(_RISK_FROM_PROTO.get(value) or f"unknown_risk_{int(value)}" for value in values)
+    return tuple(_RISK_FROM_PROTO.get(value) or wire_names.UnknownRisk(int(value)).value for value in values)
 
 
 def _gates_to_proto(gates: Iterable[str]) -> list[common.Gate.ValueType]:
@@ -112,7 +112,7 @@ def _gates_to_proto(gates: Iterable[str]) -> list[common.Gate.ValueType]:
 
 def _gates_from_proto(values: Iterable[common.Gate.ValueType]) -> tuple[str, ...]:
     # A gate from a newer server stays listed, under a name no caller can approve.
-    return tuple(_GATE_FROM_PROTO.get(value) or UnknownGate(int(value)).value for value in values)
+    return tuple(_GATE_FROM_PROTO.get(value) or wire_names.UnknownGate(int(value)).value for value in values)
 
 
 def _optional(message: object, field: str) -> str | None:

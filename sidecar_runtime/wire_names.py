@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["SET_CAPABILITY_NAMES", "Gate", "GateValue", "Risk", "UnknownGate"]
+__all__ = ["SET_CAPABILITY_NAMES", "Gate", "GateValue", "Risk", "RiskValue", "UnknownGate", "UnknownRisk"]
 
 
 class Gate(enum.Enum):
@@ -55,7 +55,19 @@ class UnknownGate:
         return f"unknown_gate_{self.number}"
 
 
+@dataclass(frozen=True, slots=True)
+class UnknownRisk:
+    """A risk enum number this build has no member for: kept and shown under `value`."""
+
+    number: int
+
+    @property
+    def value(self) -> str:
+        return f"unknown_risk_{self.number}"
+
+
 GateValue = Gate | UnknownGate
+RiskValue = Risk | UnknownRisk
 
 
 # The capability each typed set belongs to: a set member needs both. Keys are

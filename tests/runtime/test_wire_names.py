@@ -24,7 +24,8 @@ from sidecar_runtime.wire_names import SET_CAPABILITY_NAMES, Gate, Risk, Unknown
 def test_every_proto_value_has_its_python_member_and_back(
     python: type[enum.Enum], proto: EnumTypeWrapper, prefix: str
 ) -> None:
-    named = {name.removeprefix(prefix) for name in proto.keys() if name != f"{prefix}UNSPECIFIED"}
+    names = (value.name for value in proto.DESCRIPTOR.values)
+    named = {name.removeprefix(prefix) for name in names if name != f"{prefix}UNSPECIFIED"}
     assert {member.name for member in python} == named
     assert all(member.value == member.name.lower() for member in python)
 
