@@ -1,4 +1,4 @@
-"""Deterministic seed ranking, exactly as SkillSpec's `capability search` scores (§4).
+"""Deterministic seed ranking, the ask policy and the gate rule (docs/ranking-and-gates.md).
 
 Pure: seeds and a query in, ranked candidates with reasons out. `search` is the
 plain linear reference; the index keeps a `PreparedSeed` per file (canonical
@@ -49,7 +49,6 @@ AVOID_FOR_POINTS = -30
 PREFERRED_SEED_POINTS = 100
 LOCAL_ONLY_POINTS = 20
 RISK_POINTS = -10
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,41 +4,15 @@ TYPE_CHECKING ones included, and followed through the runtime modules they reach
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.import_walk import ROOT, imported_modules, module_file
+
 SERVER_PACKAGES = frozenset({"negotiator_service", "seedstore_service", "agentsidecar_pair"})
 # The runtime modules a client may reach; anything else under sidecar_runtime serves a server.
 CLIENT_SAFE_RUNTIME = frozenset(
     {"sidecar_runtime.addresses", "sidecar_runtime.richstatus", "sidecar_runtime.wire_names"}
 )
-
-
-def imported_modules(path: Path, package: str) -> set[str]:
-    """Every module `path` imports, absolute, with `from m import n` also counted as `m.n`."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join([*base, node.module] if node.module else base)
-            else:
-                module = node.module or ""
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
-
-
-def module_file(module: str) -> Path | None:
-    parts = module.split(".")
-    for candidate in (ROOT.joinpath(*parts).with_suffix(".py"), ROOT.joinpath(*parts, "__init__.py")):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def client_import_problems() -> list[str]:
