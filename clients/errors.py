@@ -78,7 +78,6 @@ from typing import ClassVar, Generic, Never, Self, TypeVar, overload
 
 import grpc
 
-from negotiator_service.model import SET_CAPABILITY
 from sidecar_runtime.richstatus import (
     TRUNCATED,
     VIOLATIONS_OMITTED,
@@ -86,6 +85,7 @@ from sidecar_runtime.richstatus import (
     PreconditionViolation,
     decode_error,
 )
+from sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
 
 UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
 # PreconditionFailure violation type of a refusal's gap -> the declaration's state.
@@ -461,9 +461,6 @@ class SchemaViolation:
     message: str
 
 
-_SET_CAPABILITY_NAMES: Mapping[str, str] = {s.value: c.value for s, c in SET_CAPABILITY.items()}
-
-
 def decode_gaps(violations: tuple[PreconditionViolation, ...]) -> tuple[Gap, ...]:
     """A refusal's PreconditionFailure violations as gaps, in request order."""
     gaps = []
@@ -473,7 +470,7 @@ def decode_gaps(violations: tuple[PreconditionViolation, ...]) -> tuple[Gap, ...
             continue
         set_name, sep, member = violation.subject.partition(":")
         if sep:
-            capability = _SET_CAPABILITY_NAMES.get(set_name, set_name)
+            capability = SET_CAPABILITY_NAMES.get(set_name, set_name)
             typed_set: str | None = set_name
             member_name: str | None = member
         else:

@@ -23,7 +23,7 @@ from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
 from google.protobuf import struct_pb2, timestamp_pb2
 
-from negotiator_service.bootstrap import BootstrapCall, BootstrapResult, Candidate, Gate, Risk
+from negotiator_service.bootstrap_plan import BootstrapCall, BootstrapResult, Candidate
 from negotiator_service.errors import InvalidRequest
 from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
@@ -63,6 +63,7 @@ from negotiator_service.tools import (
     ToolDraft,
     ToolResultMessage,
 )
+from sidecar_runtime.wire_names import Gate, GateValue, Risk, RiskValue, UnknownGate, UnknownRisk
 
 # Doubles hold every integer up to 2**53 exactly; beyond that a "whole"
 # double is already rounded, so it stays a float rather than pretend precision.
@@ -628,6 +629,7 @@ def tool_session_response(message: SessionMessage) -> negotiator_pb2.ToolSession
 
 # --- capability bootstrap -------------------------------------------------------------
 
+# Gates and risks <-> the proto enums, matched by member name (sidecar_runtime.wire_names).
 GATE_TO_PROTO: Mapping[Gate, common_pb2.Gate.ValueType] = MappingProxyType(
     {g: common_pb2.Gate.Value(f"GATE_{g.name}") for g in Gate}
 )
@@ -635,10 +637,35 @@ GATE_FROM_PROTO: Mapping[int, Gate] = MappingProxyType({int(v): g for g, v in GA
 RISK_TO_PROTO: Mapping[Risk, common_pb2.RiskFlag.ValueType] = MappingProxyType(
     {r: common_pb2.RiskFlag.Value(f"RISK_FLAG_{r.name}") for r in Risk}
 )
+RISK_FROM_PROTO: Mapping[int, Risk] = MappingProxyType({int(v): r for r, v in RISK_TO_PROTO.items()})
+
+
+def gates_from_proto(values: Iterable[int]) -> tuple[GateValue, ...]:
+    """Gates as the seedstore sent them, in its order; a number this build does not know is kept."""
+    return tuple(GATE_FROM_PROTO.get(int(v)) or UnknownGate(int(v)) for v in values)
+
+
+def risks_from_proto(values: Iterable[int]) -> tuple[RiskValue, ...]:
+    return tuple(RISK_FROM_PROTO.get(int(v)) or UnknownRisk(int(v)) for v in values)
+
+
+def _gate_to_proto(gate: GateValue) -> common_pb2.Gate.ValueType:
+    if isinstance(gate, UnknownGate):
+        return common_pb2.Gate.ValueType(gate.number)
+    return GATE_TO_PROTO[gate]
+
+
+def _risk_to_proto(risk: RiskValue) -> common_pb2.RiskFlag.ValueType:
+    if isinstance(risk, UnknownRisk):
+        return common_pb2.RiskFlag.ValueType(risk.number)
+    return RISK_TO_PROTO[risk]
 
 
 def bootstrap_request(message: negotiator_pb2.BootstrapRequest) -> BootstrapCall:
-    """Shape only: `bootstrap.validate_call` judges the fields. "" is an absent domain, seed or prompt."""
+    """Shape only: `bootstrap_plan.validate_call` judges the fields. "" is an absent domain, seed or prompt.
+
+    Only gates this build names can be approved: any other number is refused here.
+    """
     gates: set[Gate] = set()
     problems: list[tuple[str, str]] = []
     for index, value in enumerate(message.approved_gates):
@@ -667,8 +694,8 @@ def candidate_to_proto(candidate: Candidate) -> common_pb2.Candidate:
         path=candidate.path,
         score=candidate.score,
         reasons=candidate.reasons,
-        risks=[RISK_TO_PROTO[r] for r in candidate.risks],
-        required_gates=[GATE_TO_PROTO[g] for g in candidate.required_gates],
+        risks=[_risk_to_proto(r) for r in candidate.risks],
+        required_gates=[_gate_to_proto(g) for g in candidate.required_gates],
         matched_capability=candidate.matched_capability,
         matched_domain=candidate.matched_domain,
     )

@@ -16,6 +16,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
+
 JsonValue = Any  # a value that json.dumps accepts
 
 
@@ -132,15 +134,10 @@ class TypedSet(enum.Enum):
     EFFORT_LEVELS = "effort_levels"
 
 
-# The capability a typed set belongs to: a set member needs both.
+# The capability a typed set belongs to: a set member needs both. Clients read the same
+# table by wire name, so it is written once, in sidecar_runtime.wire_names.
 SET_CAPABILITY: Mapping[TypedSet, Capability] = MappingProxyType(
-    {
-        TypedSet.MCP_TRANSPORTS: Capability.MCP,
-        TypedSet.ACCEPTED_SETTINGS: Capability.SETTINGS,
-        TypedSet.STRING_FORMATS: Capability.STRUCTURED_OUTPUT,
-        TypedSet.HOOK_EVENTS: Capability.HOOKS,
-        TypedSet.EFFORT_LEVELS: Capability.EFFORT,
-    }
+    {TypedSet(typed_set): Capability(capability) for typed_set, capability in SET_CAPABILITY_NAMES.items()}
 )
 
 MCP_TRANSPORTS = frozenset({"stdio", "sse", "http"})

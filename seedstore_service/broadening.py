@@ -1,4 +1,4 @@
-"""Broadening an empty search through capability and domain equivalents (seed 001, "Empty Search Behavior").
+"""Broadening an empty search through capability and domain equivalents (docs/ranking-and-gates.md).
 
 SkillSpec has no equivalence table; its docs tell the *agent* to search related
 terms such as voice, text_to_speech, voice_generation, speech_synthesis,

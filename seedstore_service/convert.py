@@ -41,20 +41,18 @@ from seedstore_service.operations import (
 )
 from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import (
-    GATE_EXTERNAL_SERVICE,
-    GATE_PROVIDER_COST,
-    GATE_SECRET_USE,
-    RISK_EXTERNAL_SERVICE,
-    RISK_MAY_COST_MONEY,
+    ASK_WITHIN_POINTS,
     SELECTION_POLICY,
     RankedCandidate,
     SearchQuery,
     SearchResult,
+    seed_gates,
 )
 from seedstore_service.render import SCAN_MESSAGE
 from seedstore_service.runner import CheckFinished, CheckStarted
 from seedstore_service.seedfile import validate_identifier
 from seedstore_service.store import StoredSeed
+from sidecar_runtime import wire_names
 
 # --- enums ----------------------------------------------------------------------
 
@@ -71,17 +69,11 @@ _MARK_TO_PROTO = {
 }
 _MARK_FROM_PROTO = {value: key for key, value in _MARK_TO_PROTO.items()}
 
-_RISK_TO_PROTO = {
-    RISK_EXTERNAL_SERVICE: common.RISK_FLAG_EXTERNAL_SERVICE,
-    RISK_MAY_COST_MONEY: common.RISK_FLAG_MAY_COST_MONEY,
-}
+# Risk and gate names <-> the proto enums, matched by member name (sidecar_runtime.wire_names).
+_RISK_TO_PROTO = {risk.value: common.RiskFlag.Value(f"RISK_FLAG_{risk.name}") for risk in wire_names.Risk}
 _RISK_FROM_PROTO = {value: key for key, value in _RISK_TO_PROTO.items()}
 
-_GATE_TO_PROTO = {
-    GATE_PROVIDER_COST: common.GATE_PROVIDER_COST_APPROVAL,
-    GATE_EXTERNAL_SERVICE: common.GATE_EXTERNAL_SERVICE_APPROVAL,
-    GATE_SECRET_USE: common.GATE_SECRET_USE_APPROVAL,
-}
+_GATE_TO_PROTO = {gate.value: common.Gate.Value(f"GATE_{gate.name}") for gate in wire_names.Gate}
 _GATE_FROM_PROTO = {value: key for key, value in _GATE_TO_PROTO.items()}
 
 _CHANGE_TO_PROTO = {
@@ -110,7 +102,8 @@ def _risks_to_proto(risks: Iterable[str]) -> list[common.RiskFlag.ValueType]:
 
 
 def _risks_from_proto(values: Iterable[common.RiskFlag.ValueType]) -> tuple[str, ...]:
-    return tuple(_RISK_FROM_PROTO[value] for value in values)
+    # A risk from a newer server stays listed, by number.
+    return tuple(_RISK_FROM_PROTO.get(value) or wire_names.UnknownRisk(int(value)).value for value in values)
 
 
 def _gates_to_proto(gates: Iterable[str]) -> list[common.Gate.ValueType]:
@@ -118,7 +111,8 @@ def _gates_to_proto(gates: Iterable[str]) -> list[common.Gate.ValueType]:
 
 
 def _gates_from_proto(values: Iterable[common.Gate.ValueType]) -> tuple[str, ...]:
-    return tuple(_GATE_FROM_PROTO[value] for value in values)
+    # A gate from a newer server stays listed, under a name no caller can approve.
+    return tuple(_GATE_FROM_PROTO.get(value) or wire_names.UnknownGate(int(value)).value for value in values)
 
 
 def _optional(message: object, field: str) -> str | None:
@@ -452,6 +446,7 @@ def inspect_response(view: SeedView) -> pb.InspectSeedResponse:
         revision=view.stored.revision,
         seed=seed_to_proto(view.stored.seed),
         problems=problems_to_proto(paging.reply_problems(view.problems)),
+        required_gates=_gates_to_proto(seed_gates(view.stored.seed)),
     )
 
 
@@ -615,6 +610,7 @@ def search_response(
         selection_policy=SELECTION_POLICY,
         problems=problems_to_proto(problems),
         total_candidates=len(result.candidates),
+        ask_window_points=ASK_WITHIN_POINTS,
     )
     if result.ask_policy is not None:
         response.ask_policy.reason = result.ask_policy

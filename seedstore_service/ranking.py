@@ -1,4 +1,4 @@
-"""Deterministic seed ranking, exactly as SkillSpec's `capability search` scores (§4).
+"""Deterministic seed ranking, the ask policy and the gate rule (docs/ranking-and-gates.md).
 
 Pure: seeds and a query in, ranked candidates with reasons out. `search` is the
 plain linear reference; the index keeps a `PreparedSeed` per file (canonical
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from seedstore_service.model import Seed, VerificationStatus
 from seedstore_service.seedfile import canonical, validate_identifier
+from sidecar_runtime.wire_names import Gate, Risk
 
 __all__ = [
     "ASK_REASON",
@@ -33,8 +34,11 @@ __all__ = [
 ]
 
 SELECTION_POLICY = "highest_score_after_constraints"
-ASK_REASON = "top_candidates_within_10_points"
+# The ask policy: when the top two candidates score within ASK_WITHIN_POINTS of each
+# other nothing is selected and the caller chooses. Searches send the window
+# (`ask_window_points`) so that no caller keeps a copy of it.
 ASK_WITHIN_POINTS = 10
+ASK_REASON = f"top_candidates_within_{ASK_WITHIN_POINTS}_points"
 
 DIRECT_MATCH_POINTS = 40
 TEXT_MATCH_POINTS = 15
@@ -45,12 +49,6 @@ AVOID_FOR_POINTS = -30
 PREFERRED_SEED_POINTS = 100
 LOCAL_ONLY_POINTS = 20
 RISK_POINTS = -10
-
-RISK_EXTERNAL_SERVICE = "external_service"
-RISK_MAY_COST_MONEY = "may_cost_money"
-GATE_PROVIDER_COST = "provider_cost_approval"
-GATE_EXTERNAL_SERVICE = "external_service_approval"
-GATE_SECRET_USE = "secret_use_approval"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,24 +96,31 @@ def validate_query(query: SearchQuery) -> None:
 
 
 def seed_risks(seed: Seed) -> tuple[str, ...]:
-    """The risk labels SkillSpec prints, in its order."""
+    """The seed's risk names (`Risk` values), external service first."""
     risks = []
     if seed.risk.external_service:
-        risks.append(RISK_EXTERNAL_SERVICE)
+        risks.append(Risk.EXTERNAL_SERVICE.value)
     if seed.risk.may_cost_money:
-        risks.append(RISK_MAY_COST_MONEY)
+        risks.append(Risk.MAY_COST_MONEY.value)
     return tuple(risks)
 
 
 def seed_gates(seed: Seed) -> tuple[str, ...]:
-    """Approvals a caller needs before using the seed; computed whatever the search flags."""
+    """The gates (`Gate` values) a caller approves before using the seed, whatever the search's flags.
+
+    The one gate rule of the pair (docs/ranking-and-gates.md): paid use needs
+    provider_cost_approval, an outside service external_service_approval, and
+    any `auth_env` secret_use_approval; listed in `Gate`'s order. Search
+    candidates and InspectSeed both carry its result, and the negotiator
+    gates a run on what they carry.
+    """
     gates = []
     if seed.risk.may_cost_money:
-        gates.append(GATE_PROVIDER_COST)
+        gates.append(Gate.PROVIDER_COST_APPROVAL.value)
     if seed.risk.external_service:
-        gates.append(GATE_EXTERNAL_SERVICE)
+        gates.append(Gate.EXTERNAL_SERVICE_APPROVAL.value)
     if seed.auth_env:
-        gates.append(GATE_SECRET_USE)
+        gates.append(Gate.SECRET_USE_APPROVAL.value)
     return tuple(gates)
 
 

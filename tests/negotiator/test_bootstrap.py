@@ -7,6 +7,7 @@ Each script touches a marker file first, so "nothing ran" is checked on disk, no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
 import shutil
@@ -23,10 +24,11 @@ from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from negotiator_testkit import NEGOTIATOR_BIN, call_error
 
 from clients.aio import AsyncSeedStoreClient
-from negotiator_service import bootstrap
+from negotiator_service import bootstrap_plan
 from negotiator_service.errors import AskPolicyRequiresChoice, GatesNotApproved, NoSeedFound, SeedHasNoCommand
 from negotiator_service.model import AuditOutcome, AuditRecord
 from negotiator_service.server import RunningNegotiator, Settings, create_server
@@ -34,6 +36,7 @@ from seedstore_service.server import SeedStoreServer
 from seedstore_service.server import Settings as SeedStoreSettings
 from seedstore_service.server import create_server as create_seedstore
 from seedstore_service.store import resolve_store_root
+from sidecar_runtime.wire_names import Gate
 from tests.procs import process_alive, start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
@@ -394,7 +397,7 @@ async def test_a_seed_marked_failed_after_the_search_is_caught_when_read_again(
     source = bootstrapper.seedstore
     original_search = source.search
 
-    async def search_then_mark_failed(*args: Any, **kwargs: Any) -> bootstrap.SearchOutcome:
+    async def search_then_mark_failed(*args: Any, **kwargs: Any) -> bootstrap_plan.SearchOutcome:
         outcome = await original_search(*args, **kwargs)
         await seeds.update_seed(id="flaky", domain="voice", mark=spb.VERIFICATION_MARK_FAILED)
         return outcome
@@ -738,14 +741,16 @@ def test_serve_refuses_a_malformed_seedstore_address_as_a_usage_error(short_dir:
 # --- the pure rules -----------------------------------------------------------------------
 
 
-def _candidate(seed_id: str, score: int) -> bootstrap.Candidate:
-    return bootstrap.Candidate(id=seed_id, domain="d", path=f"/s/d/{seed_id}.yml", score=score, reasons=())
+def _candidate(seed_id: str, score: int) -> bootstrap_plan.Candidate:
+    return bootstrap_plan.Candidate(
+        id=seed_id, domain="d", path=f"/s/d/{seed_id}.yml", score=score, reasons=()
+    )
 
 
 def _outcome(
-    *candidates: bootstrap.Candidate, selected: str | None, ask: str | None
-) -> bootstrap.SearchOutcome:
-    return bootstrap.SearchOutcome(
+    *candidates: bootstrap_plan.Candidate, selected: str | None, ask: str | None, window: int = 10
+) -> bootstrap_plan.SearchOutcome:
+    return bootstrap_plan.SearchOutcome(
         capability="c",
         domain=None,
         local_only=False,
@@ -756,6 +761,7 @@ def _outcome(
         first_search_empty=False,
         attempts=(),
         fallback_policy="",
+        ask_window=window,
     )
 
 
@@ -769,63 +775,75 @@ def test_the_ask_policy_offers_every_candidate_within_ten_points_of_the_top() ->
         ask="top_candidates_within_10_points",
     )
     with pytest.raises(AskPolicyRequiresChoice) as caught:
-        bootstrap.choose(bootstrap.BootstrapCall("c", run=True), outcome)
+        bootstrap_plan.choose(bootstrap_plan.BootstrapCall("c", run=True), outcome)
     assert caught.value.tied == (("d/a", 60), ("d/b", 55), ("d/c", 50))
-    choice = bootstrap.choose(bootstrap.BootstrapCall("c", run=True, seed="d/d"), outcome)
+    choice = bootstrap_plan.choose(bootstrap_plan.BootstrapCall("c", run=True, seed="d/d"), outcome)
     assert (choice.candidate.id, choice.picked_by_caller) == ("d", True)
+
+
+def test_the_choices_offered_follow_the_window_the_seedstore_sent() -> None:
+    four = (_candidate("a", 60), _candidate("b", 55), _candidate("c", 50), _candidate("d", 30))
+    with pytest.raises(AskPolicyRequiresChoice) as caught:
+        bootstrap_plan.choose(
+            bootstrap_plan.BootstrapCall("c", run=True), _outcome(*four, selected=None, ask="x", window=5)
+        )
+    assert caught.value.tied == (("d/a", 60), ("d/b", 55))
+    picked = _outcome(*four, selected="d/a", ask=None, window=3)
+    choice = bootstrap_plan.choose(bootstrap_plan.BootstrapCall("c", run=True), picked)
+    assert "more than 3 points ahead of d/b" in bootstrap_plan.selection_evidence(choice, picked)
 
 
 def test_no_candidates_is_no_seed_found_naming_the_first_search_when_nothing_broadened() -> None:
     with pytest.raises(NoSeedFound) as caught:
-        bootstrap.choose(bootstrap.BootstrapCall("c", run=True), _outcome(selected=None, ask=None))
+        bootstrap_plan.choose(bootstrap_plan.BootstrapCall("c", run=True), _outcome(selected=None, ask=None))
     assert caught.value.searches == (("c", None),)
 
 
 def test_gates_are_the_union_of_the_search_and_the_seed_file_now() -> None:
-    choice = bootstrap.Choice(_candidate("a", 60), picked_by_caller=False)
-    facts = bootstrap.SeedFacts(
+    choice = bootstrap_plan.Choice(_candidate("a", 60), picked_by_caller=False)
+    facts = bootstrap_plan.SeedFacts(
         ref="d/a",
         command="say",
         verification_status="verified",
         verified_at_unix=1,
         checks=(),
-        risks=(bootstrap.Risk.EXTERNAL_SERVICE,),
+        required_gates=(Gate.EXTERNAL_SERVICE_APPROVAL,),
         auth_env=(),
     )
     with pytest.raises(GatesNotApproved) as caught:
-        bootstrap.plan_run(choice, facts, frozenset())
+        bootstrap_plan.plan_run(choice, facts, frozenset())
     assert caught.value.missing == ("external_service_approval",)
-    plan = bootstrap.plan_run(choice, facts, frozenset({bootstrap.Gate.EXTERNAL_SERVICE_APPROVAL}))
+    plan = bootstrap_plan.plan_run(choice, facts, frozenset({Gate.EXTERNAL_SERVICE_APPROVAL}))
     assert plan.argv == ("say",)
 
 
 def test_commands_are_split_like_a_shell_would_but_never_run_by_one() -> None:
-    choice = bootstrap.Choice(_candidate("a", 60), picked_by_caller=False)
-    facts = bootstrap.SeedFacts(
+    choice = bootstrap_plan.Choice(_candidate("a", 60), picked_by_caller=False)
+    facts = bootstrap_plan.SeedFacts(
         ref="d/a",
         command="say --voice 'Ada Lovelace' $HOME;rm",
         verification_status="verified",
         verified_at_unix=1,
         checks=(),
-        risks=(),
+        required_gates=(),
         auth_env=(),
     )
-    assert bootstrap.plan_run(choice, facts, frozenset()).argv == (
+    assert bootstrap_plan.plan_run(choice, facts, frozenset()).argv == (
         "say",
         "--voice",
         "Ada Lovelace",
         "$HOME;rm",
     )
     with pytest.raises(SeedHasNoCommand, match="cannot be split"):
-        bootstrap.plan_run(
+        bootstrap_plan.plan_run(
             choice,
-            bootstrap.SeedFacts(
+            bootstrap_plan.SeedFacts(
                 ref="d/a",
                 command="say 'unclosed",
                 verification_status="verified",
                 verified_at_unix=1,
                 checks=(),
-                risks=(),
+                required_gates=(),
                 auth_env=(),
             ),
             frozenset(),
@@ -890,3 +908,156 @@ async def test_a_token_guarded_seedstore_is_searched_with_seedstore_token_file(
     assert response.run.output == "hi"
     assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEEDSTORE_REFUSED")
     assert "TOKEN_MISSING" in error.message
+
+
+# --- gates: the seedstore's, as sent ----------------------------------------------------------
+
+UNKNOWN_GATE = common_pb2.Gate.ValueType(99)  # a gate number no build of the negotiator names
+GateNumbers: TypeAlias = list[common_pb2.Gate.ValueType]
+
+
+class FakeSeedStore(seedstore_pb2_grpc.SeedStoreServiceServicer):
+    """A seedstore that answers with fixed gates, whatever its seeds' risks say."""
+
+    def __init__(self, command: str, search_gates: GateNumbers, file_gates: GateNumbers) -> None:
+        self.command = command
+        self.search_gates = search_gates
+        self.file_gates = file_gates
+        self.inspected = 0
+
+    async def SearchSeeds(self, request: spb.SearchSeedsRequest, context: Any) -> spb.SearchSeedsResponse:
+        candidate = common_pb2.Candidate(
+            id="odd",
+            domain="voice",
+            path="/store/voice/odd.yml",
+            score=65,
+            reasons=["direct provides match"],
+            required_gates=self.search_gates,
+        )
+        return spb.SearchSeedsResponse(
+            seed_store="/store",
+            capability=request.capability,
+            selected="odd",
+            selection_policy="highest_score_after_constraints",
+            candidates=[candidate],
+            broadening=spb.Broadening(first_search_empty=False, fallback_policy="-"),
+            total_candidates=1,
+            ask_window_points=10,
+        )
+
+    async def InspectSeed(self, request: spb.InspectSeedRequest, context: Any) -> spb.InspectSeedResponse:
+        self.inspected += 1
+        seed = spb.Seed(
+            id="odd",
+            domain="voice",
+            kind="script",
+            command=self.command,
+            provides=["odd_voice"],
+            # Risks and a secret that would need every gate, were the negotiator to derive them.
+            risk=spb.Risk(external_service=True, may_cost_money=True),
+            auth_env=["ODD_KEY"],
+            verification=spb.Verification(status=spb.VERIFICATION_STATUS_VERIFIED, verified_at_unix=1),
+        )
+        return spb.InspectSeedResponse(
+            seed_store="/store",
+            path="/store/voice/odd.yml",
+            revision="r",
+            seed=seed,
+            required_gates=self.file_gates,
+        )
+
+
+def fake_seedstore(command: str, search_gates: GateNumbers, file_gates: GateNumbers) -> FakeSeedStore:
+    # Only SearchSeeds and InspectSeed are served; the other RPCs answer UNIMPLEMENTED.
+    return FakeSeedStore(command, search_gates, file_gates)  # type: ignore[abstract]
+
+
+@contextlib.asynccontextmanager
+async def fake_pair(short_dir: Path, config_file: Path, fake: FakeSeedStore) -> AsyncIterator[Stub]:
+    """The fake seedstore on a real Unix socket, and a real negotiator that bootstraps from it."""
+    server = grpc.aio.server()
+    seedstore_pb2_grpc.add_SeedStoreServiceServicer_to_server(fake, server)
+    target = f"unix:{short_dir / 'fake-seedstore.sock'}"
+    server.add_insecure_port(target)
+    await server.start()
+    negotiator = await start_negotiator(short_dir, config_file, target)
+    try:
+        async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:
+            yield negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+    finally:
+        await negotiator.stop()
+        await server.stop(None)
+
+
+async def test_a_gate_the_negotiator_does_not_know_is_shown_unapprovable_and_named(
+    short_dir: Path, config_file: Path, tmp_path: Path
+) -> None:
+    odd = Script(tmp_path, "odd", "echo odd")
+    fake = fake_seedstore(odd.command, search_gates=[PROVIDER_COST, UNKNOWN_GATE], file_gates=[UNKNOWN_GATE])
+    async with fake_pair(short_dir, config_file, fake) as stub:
+        listed = await stub.Bootstrap(request("odd_voice"), timeout=10)
+        assert list(listed.candidates[0].required_gates) == [PROVIDER_COST, UNKNOWN_GATE]
+
+        refused = await call_error(
+            stub.Bootstrap(request("odd_voice", run=True, approved_gates=[PROVIDER_COST]), timeout=10)
+        )
+        assert (refused.code, refused.reason) == (FAILED_PRECONDITION, "GATES_NOT_APPROVED")
+        assert gate_violations(refused) == [("GATE_NOT_APPROVED", f"unknown_gate_{UNKNOWN_GATE}")]
+        assert refused.metadata["requiredGates"] == f"provider_cost_approval,unknown_gate_{UNKNOWN_GATE}"
+
+        # Approving the number itself is no approval: the request is refused before any search.
+        approving = await call_error(
+            stub.Bootstrap(
+                request("odd_voice", run=True, approved_gates=[PROVIDER_COST, UNKNOWN_GATE]), timeout=10
+            )
+        )
+        assert approving.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert [field for field, _ in approving.field_violations] == ["approved_gates[1]"]
+
+        # Known only to the file as read again: still required, still unapprovable.
+        fake.search_gates = []
+        again = await call_error(stub.Bootstrap(request("odd_voice", run=True), timeout=10))
+        assert gate_violations(again) == [("GATE_NOT_APPROVED", f"unknown_gate_{UNKNOWN_GATE}")]
+    assert fake.inspected == 1  # the first refusal came from the search's gates, before any read
+    assert not odd.ran
+
+
+async def test_the_negotiator_gates_on_the_seedstores_gates_and_derives_none_of_its_own(
+    short_dir: Path, config_file: Path, tmp_path: Path
+) -> None:
+    """The fake's seed declares every risk and a secret but its seedstore requires no gate: it runs."""
+    odd = Script(tmp_path, "odd", "echo odd")
+    async with fake_pair(short_dir, config_file, fake_seedstore(odd.command, [], [])) as stub:
+        response = await stub.Bootstrap(request("odd_voice", run=True), timeout=10)
+    assert odd.ran
+    assert response.run.output == "odd\n"
+    assert "gates: none required" in response.run.evidence
+
+
+async def test_the_gates_a_run_needs_are_the_seedstores_for_the_file_as_read_at_run_time(
+    stub: Stub, negotiator: RunningNegotiator, seeds: AsyncSeedStoreClient, tmp_path: Path
+) -> None:
+    """A risk added between the search and the run is caught, and the gates named are InspectSeed's."""
+    edited = Script(tmp_path, "edited", "echo edited")
+    await add_seed(seeds, "edited", "voice", edited.command, provides=["narration"])
+    bootstrapper = negotiator.bootstrapper
+    assert bootstrapper is not None
+    assert bootstrapper.seedstore is not None
+    source = bootstrapper.seedstore
+    original_search = source.search
+
+    async def search_then_edit(*args: Any, **kwargs: Any) -> bootstrap_plan.SearchOutcome:
+        outcome = await original_search(*args, **kwargs)
+        await seeds.update_seed(
+            id="edited", domain="voice", may_cost_money=True, add_auth_env=["NARRATE_KEY"]
+        )
+        return outcome
+
+    source.search = search_then_edit  # type: ignore[method-assign]
+    error = await call_error(stub.Bootstrap(request("narration", run=True), timeout=10))
+    inspected = await seeds.inspect_seed(id="edited", domain="voice")
+    names = [common_pb2.Gate.Name(g).removeprefix("GATE_").lower() for g in inspected.required_gates]
+    assert names == ["provider_cost_approval", "secret_use_approval"]
+    assert error.metadata["requiredGates"] == ",".join(names)
+    assert [subject for _, subject in gate_violations(error)] == names
+    assert not edited.ran

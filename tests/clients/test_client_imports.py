@@ -1,0 +1,56 @@
+"""The clients import no server code: only clients/, the generated code, client-safe runtime modules
+and libraries. Read from the source (ast), every import statement counted, nested and
+TYPE_CHECKING ones included, and followed through the runtime modules they reach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.import_walk import ROOT, imported_modules, module_file
+
+SERVER_PACKAGES = frozenset({"negotiator_service", "seedstore_service", "agentsidecar_pair"})
+# The runtime modules a client may reach; anything else under sidecar_runtime serves a server.
+CLIENT_SAFE_RUNTIME = frozenset(
+    {"sidecar_runtime.addresses", "sidecar_runtime.richstatus", "sidecar_runtime.wire_names"}
+)
+
+
+def client_import_problems() -> list[str]:
+    problems: list[str] = []
+    queue = [(path, "clients") for path in sorted((ROOT / "clients").glob("*.py"))]
+    seen: set[Path] = set()
+    while queue:
+        path, package = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        where = path.relative_to(ROOT)
+        for module in sorted(imported_modules(path, package)):
+            root = module.split(".")[0]
+            if root in SERVER_PACKAGES:
+                problems.append(f"{where} imports {module}")
+            elif root == "sidecar_runtime" and module != "sidecar_runtime":
+                target = module_file(module)
+                if target is None:  # `from sidecar_runtime.m import name`: the name, not a module
+                    continue
+                if module not in CLIENT_SAFE_RUNTIME:
+                    problems.append(f"{where} imports {module}, which is not a client-safe runtime module")
+                queue.append((target, "sidecar_runtime"))
+    return problems
+
+
+def test_clients_import_no_server_code() -> None:
+    assert client_import_problems() == []
+
+
+def test_the_walk_sees_a_server_import(tmp_path: Path) -> None:
+    """The walk itself: a nested, a relative-free and a TYPE_CHECKING import are all found."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from negotiator_service.model import Capability\n"
+        "def f():\n    import seedstore_service.ranking\n"
+    )
+    found = imported_modules(source, "clients")
+    assert "negotiator_service.model" in found
+    assert "seedstore_service.ranking" in found
