@@ -93,6 +93,8 @@ async def serve_http(server: FastMCP) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    # Listening before READY: a client that connects at once waits in the backlog, never refused.
+    sock.listen(128)
     config = uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
     http = uvicorn.Server(config)
     print(f"READY {sock.getsockname()[1]}", flush=True)
