@@ -56,6 +56,7 @@ from negotiator_service.model import (
     StreamEvent,
     StreamItem,
     ToolBox,
+    ToolCallLog,
     Usage,
 )
 from negotiator_service.registry import AdapterRegistry
@@ -276,6 +277,11 @@ class Broker:
             check_servers(expanded.options.mcp_servers, self.mcp_policy)
 
         entry = self.registry.get(decision.adapter)
+        # One log per call: a ToolSession's ToolBox brings its own, which its records already go to.
+        tool_log = getattr(tools, "log", None)
+        if not isinstance(tool_log, ToolCallLog):
+            tool_log = ToolCallLog()
+        audit.tool_log = tool_log
         adapter_call = AdapterCall(
             prompt=expanded.prompt,
             options=expanded.options,
@@ -284,6 +290,7 @@ class Broker:
             delegation_depth=delegation_depth,
             conversation_state=conversation_state,
             tools=tools,
+            tool_log=tool_log,
         )
         return decision, schema, entry.adapter, adapter_call
 
@@ -523,7 +530,16 @@ def decision_record(
 class _AuditDraft:
     """The audit record of one call, filled in as the call goes and emitted once when it ends."""
 
-    __slots__ = ("_caller", "_delegation_depth", "_log", "_operation", "_request", "decision", "usage")
+    __slots__ = (
+        "_caller",
+        "_delegation_depth",
+        "_log",
+        "_operation",
+        "_request",
+        "decision",
+        "tool_log",
+        "usage",
+    )
 
     def __init__(
         self, broker: Broker, operation: str, caller: str, request: CallRequest, *, delegation_depth: int
@@ -535,6 +551,7 @@ class _AuditDraft:
         self._delegation_depth = delegation_depth
         self.decision: Decision | None = None  # set once the call was judged
         self.usage: Usage | None = None  # set once the adapter returned a reply with usage
+        self.tool_log: ToolCallLog | None = None  # set once the call is about to be dispatched
 
     def ended(self, error: BaseException, *, dispatched: bool) -> None:
         """Emit the record of a call that raised `error`."""
@@ -564,6 +581,7 @@ class _AuditDraft:
                 conversation_id=request.options.conversation_id or "",
                 delegation_depth=self._delegation_depth,
                 usage=self.usage,
+                tool_calls=self.tool_log.records if self.tool_log is not None else (),
             )
         )
 
