@@ -112,16 +112,17 @@ class Broker:
         """The dry run: the decision a call would get. Runs no adapter code.
 
         Audited as "accepted" or "refused"; a call that cannot be judged
-        (invalid, no such adapter) is audited as refused and raises.
+        (invalid, no such adapter) is audited as refused and raises. An
+        accepted call whose MCP servers the `mcp:` admission refuses raises
+        McpServerNotAllowed, as Produce and Invoke do at the same point.
         """
         if not self.audit.listening:
             # Judged without awaiting anything, so nobody can start listening
             # before it ends: no record to draft.
-            decision, _, _ = self._decide(request, operation="negotiate")
-            return decision
+            return self._negotiate(request)
         audit = _AuditDraft(self, "negotiate", caller, request, delegation_depth=0)
         try:
-            decision, _, _ = self._decide(request, operation="negotiate")
+            decision = self._negotiate(request)
         except BaseException as error:
             audit.ended(error, dispatched=False)
             raise
@@ -131,6 +132,20 @@ class Broker:
         else:
             audit.emit(AuditOutcome.REFUSED, UnsupportedCapability.reason)
         return decision
+
+    def _negotiate(self, request: CallRequest) -> Decision:
+        decision, _, expanded = self._decide(request, operation="negotiate")
+        if decision.accepted:
+            # The admission applies to what dispatch would start, so only to an accepted call
+            # (a refused one is refused by its gaps first, in Produce as here).
+            # Negotiate's field paths start at the call (`invoke.`/`produce.`).
+            self._admit_mcp_servers(expanded, f"{request.kind.value}.options")
+        return decision
+
+    def _admit_mcp_servers(self, expanded: CallRequest, field_prefix: str = "options") -> None:
+        """Raise McpServerNotAllowed for a caller-supplied MCP server the `mcp:` section does not admit."""
+        if expanded.options.mcp_servers:
+            check_servers(expanded.options.mcp_servers, self.mcp_policy, field_prefix)
 
     async def call(
         self,
@@ -273,8 +288,7 @@ class Broker:
         if not decision.accepted:
             record_refusals(gap.requirement.capability.value for gap in decision.gaps)
             raise UnsupportedCapability(decision)
-        if expanded.options.mcp_servers:
-            check_servers(expanded.options.mcp_servers, self.mcp_policy)
+        self._admit_mcp_servers(expanded)
 
         entry = self.registry.get(decision.adapter)
         # One log per call: a ToolSession's ToolBox brings its own, which its records already go to.

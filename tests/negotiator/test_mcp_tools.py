@@ -451,6 +451,44 @@ async def test_a_caller_supplied_stdio_server_is_refused_before_dispatch(
     assert served(journal) == []
 
 
+async def test_negotiate_refuses_an_unadmitted_server_as_invoke_does(
+    stub: Stub, mock: MockOpenAI, journal: Path
+) -> None:
+    stdio = pb.McpServer(name="mine", transport="stdio", command=sys.executable, args=[str(SERVER)])
+    far = pb.McpServer(name="far", transport="sse", url="http://mcp.example:8000/sse")
+    watch = await start_watch(stub)
+    try:
+        for server, rule in ((stdio, "caller-stdio-command-allowlist"), (far, "caller-host-allowlist")):
+            # Behind a profile's own (admitted) stdio server: the request's server is index 0.
+            call = invoke(profile="local", mcp_servers=[server])
+            dry = await call_error(stub.Negotiate(pb.NegotiateRequest(invoke=call), timeout=20))
+            real = await call_error(stub.Invoke(call, timeout=20))
+            for error in (dry, real):
+                assert error.code is grpc.StatusCode.PERMISSION_DENIED
+                assert error.reason == "MCP_SERVER_NOT_ALLOWED"
+                assert dict(error.metadata) == {"server": server.name, "rule": rule}
+            assert "invoke.options.mcp_servers[0]: " in dry.message
+            assert "options.mcp_servers[0]: " in real.message
+            records = [await next_record(watch), await next_record(watch)]
+            assert [(r.operation, r.outcome, r.error_reason) for r in records] == [
+                ("negotiate", "refused", "MCP_SERVER_NOT_ALLOWED"),
+                ("invoke", "refused", "MCP_SERVER_NOT_ALLOWED"),
+            ]
+    finally:
+        watch.cancel()
+    assert mock.requests == []
+    assert served(journal) == []
+
+
+async def test_negotiate_judges_gaps_before_the_mcp_admission(stub: Stub) -> None:
+    far = pb.McpServer(name="far", transport="sse", url="http://mcp.example:8000/sse")
+    call = invoke(mcp_servers=[far], requires=["hooks"])
+    response = await stub.Negotiate(pb.NegotiateRequest(invoke=call), timeout=20)
+    assert not response.decision.accepted
+    error = await call_error(stub.Invoke(call, timeout=20))
+    assert error.reason == "UNSUPPORTED_CAPABILITY"
+
+
 async def test_a_caller_supplied_http_server_on_another_host_is_refused(stub: Stub, mock: MockOpenAI) -> None:
     server = pb.McpServer(name="far", transport="sse", url="http://mcp.example:8000/sse")
     error = await call_error(stub.Invoke(invoke(mcp_servers=[server]), timeout=20))
