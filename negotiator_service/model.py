@@ -422,7 +422,7 @@ class AdapterCall:
     conversation_state: JsonValue = None
     # Where the call's tool calls are recorded for its audit record (the broker sets it);
     # a ToolBox an adapter builds itself (MCP tools) records there too.
-    tool_log: ToolCallLog | None = None
+    tool_log: ToolCallLog | None = field(default=None, compare=False)  # a sink, not part of the call
 
 
 @dataclass(frozen=True, slots=True)
