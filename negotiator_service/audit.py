@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from negotiator_service.errors import AuditWatcherDropped
-from negotiator_service.model import AuditRecord, JsonValue, Usage, Verdict
+from negotiator_service.model import AuditRecord, JsonValue, ToolCallRecord, Usage, Verdict
 
 DEFAULT_WATCH_QUEUE_SIZE = 1000
 _LOGGER = logging.getLogger("negotiator_service.audit")
@@ -60,7 +60,23 @@ def record_json(record: AuditRecord) -> dict[str, JsonValue]:
     }
     if record.usage is not None:  # as in the proto: absent when the upstream reported none
         line["usage"] = usage_json(record.usage)
+    if record.tool_calls:
+        line["tool_calls"] = [tool_call_json(call) for call in record.tool_calls]
     return line
+
+
+def tool_call_json(record: ToolCallRecord) -> dict[str, JsonValue]:
+    """One tool call as the audit log line holds it (`duration` in seconds)."""
+    return {
+        "function": record.function,
+        "server": record.server,
+        "tool": record.tool,
+        "risk": record.risk.value if record.risk is not None else "",
+        "decision": record.decision.value,
+        "approval": record.approval.value,
+        "duration": round(record.duration_seconds, 6),
+        "error": record.error,
+    }
 
 
 def usage_json(usage: Usage) -> dict[str, JsonValue]:

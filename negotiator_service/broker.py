@@ -56,6 +56,7 @@ from negotiator_service.model import (
     StreamEvent,
     StreamItem,
     ToolBox,
+    ToolCallLog,
     Usage,
 )
 from negotiator_service.registry import AdapterRegistry
@@ -111,16 +112,17 @@ class Broker:
         """The dry run: the decision a call would get. Runs no adapter code.
 
         Audited as "accepted" or "refused"; a call that cannot be judged
-        (invalid, no such adapter) is audited as refused and raises.
+        (invalid, no such adapter) is audited as refused and raises. An
+        accepted call whose MCP servers the `mcp:` admission refuses raises
+        McpServerNotAllowed, as Produce and Invoke do at the same point.
         """
         if not self.audit.listening:
             # Judged without awaiting anything, so nobody can start listening
             # before it ends: no record to draft.
-            decision, _, _ = self._decide(request, operation="negotiate")
-            return decision
+            return self._negotiate(request)
         audit = _AuditDraft(self, "negotiate", caller, request, delegation_depth=0)
         try:
-            decision, _, _ = self._decide(request, operation="negotiate")
+            decision = self._negotiate(request)
         except BaseException as error:
             audit.ended(error, dispatched=False)
             raise
@@ -130,6 +132,20 @@ class Broker:
         else:
             audit.emit(AuditOutcome.REFUSED, UnsupportedCapability.reason)
         return decision
+
+    def _negotiate(self, request: CallRequest) -> Decision:
+        decision, _, expanded = self._decide(request, operation="negotiate")
+        if decision.accepted:
+            # The admission applies to what dispatch would start, so only to an accepted call
+            # (a refused one is refused by its gaps first, in Produce as here).
+            # Negotiate's field paths start at the call (`invoke.`/`produce.`).
+            self._admit_mcp_servers(expanded, f"{request.kind.value}.options")
+        return decision
+
+    def _admit_mcp_servers(self, expanded: CallRequest, field_prefix: str = "options") -> None:
+        """Raise McpServerNotAllowed for a caller-supplied MCP server the `mcp:` section does not admit."""
+        if expanded.options.mcp_servers:
+            check_servers(expanded.options.mcp_servers, self.mcp_policy, field_prefix)
 
     async def call(
         self,
@@ -272,10 +288,14 @@ class Broker:
         if not decision.accepted:
             record_refusals(gap.requirement.capability.value for gap in decision.gaps)
             raise UnsupportedCapability(decision)
-        if expanded.options.mcp_servers:
-            check_servers(expanded.options.mcp_servers, self.mcp_policy)
+        self._admit_mcp_servers(expanded)
 
         entry = self.registry.get(decision.adapter)
+        # One log per call: a ToolSession's ToolBox brings its own, which its records already go to.
+        tool_log = getattr(tools, "log", None)
+        if not isinstance(tool_log, ToolCallLog):
+            tool_log = ToolCallLog()
+        audit.tool_log = tool_log
         adapter_call = AdapterCall(
             prompt=expanded.prompt,
             options=expanded.options,
@@ -284,6 +304,7 @@ class Broker:
             delegation_depth=delegation_depth,
             conversation_state=conversation_state,
             tools=tools,
+            tool_log=tool_log,
         )
         return decision, schema, entry.adapter, adapter_call
 
@@ -523,7 +544,16 @@ def decision_record(
 class _AuditDraft:
     """The audit record of one call, filled in as the call goes and emitted once when it ends."""
 
-    __slots__ = ("_caller", "_delegation_depth", "_log", "_operation", "_request", "decision", "usage")
+    __slots__ = (
+        "_caller",
+        "_delegation_depth",
+        "_log",
+        "_operation",
+        "_request",
+        "decision",
+        "tool_log",
+        "usage",
+    )
 
     def __init__(
         self, broker: Broker, operation: str, caller: str, request: CallRequest, *, delegation_depth: int
@@ -535,6 +565,7 @@ class _AuditDraft:
         self._delegation_depth = delegation_depth
         self.decision: Decision | None = None  # set once the call was judged
         self.usage: Usage | None = None  # set once the adapter returned a reply with usage
+        self.tool_log: ToolCallLog | None = None  # set once the call is about to be dispatched
 
     def ended(self, error: BaseException, *, dispatched: bool) -> None:
         """Emit the record of a call that raised `error`."""
@@ -564,6 +595,7 @@ class _AuditDraft:
                 conversation_id=request.options.conversation_id or "",
                 delegation_depth=self._delegation_depth,
                 usage=self.usage,
+                tool_calls=self.tool_log.records if self.tool_log is not None else (),
             )
         )
 

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
-from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
 from negotiator_service.bootstrap_plan import BootstrapCall, BootstrapResult, Candidate
 from negotiator_service.errors import InvalidRequest
@@ -43,6 +43,7 @@ from negotiator_service.model import (
     Requirement,
     StreamDelta,
     StreamEvent,
+    ToolCallRecord,
     ToolFilter,
     ToolRisk,
     TypedSet,
@@ -501,6 +502,23 @@ def audit_record_to_proto(record: AuditRecord) -> negotiator_pb2.AuditRecord:
         delegation_depth=record.delegation_depth,
         seed=record.seed,
         usage=usage_to_proto(record.usage) if record.usage is not None else None,
+        tool_calls=[tool_call_record_to_proto(call) for call in record.tool_calls],
+    )
+
+
+def tool_call_record_to_proto(record: ToolCallRecord) -> negotiator_pb2.ToolCallRecord:
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(round(record.duration_seconds * 1e9))
+    risk = record.risk
+    return negotiator_pb2.ToolCallRecord(
+        function=record.function,
+        server=record.server,
+        tool=record.tool,
+        risk=TOOL_RISK_TO_PROTO[risk] if risk is not None else negotiator_pb2.TOOL_RISK_UNSPECIFIED,
+        decision=record.decision.value,
+        approval=record.approval.value,
+        duration=duration,
+        error=record.error,
     )
 
 

@@ -52,11 +52,14 @@ class McpPolicy:
 
 
 def check_servers(servers: Sequence[McpServer], policy: McpPolicy, field_prefix: str = "options") -> None:
-    """Raise McpServerNotAllowed for the first server the policy does not admit."""
+    """Raise McpServerNotAllowed for the first server the policy does not admit.
+
+    `servers` are a call's after profile expansion: the profile's (operator)
+    servers, then the request's; the refusal names the request's own index.
+    """
     hosts = {host.lower() for host in policy.caller_hosts}
-    for index, server in enumerate(servers):
-        if server.operator:
-            continue
+    caller_servers = (server for server in servers if not server.operator)
+    for index, server in enumerate(caller_servers):
         where = f"{field_prefix}.mcp_servers[{index}]"
         if server.transport == "stdio":
             if server.command not in policy.caller_stdio_commands:

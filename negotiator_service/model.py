@@ -417,6 +417,9 @@ class AdapterCall:
     # The conversation's committed adapter state (adapter-specific JSON);
     # None outside a conversation or on its first call.
     conversation_state: JsonValue = None
+    # Where the call's tool calls are recorded for its audit record (the broker sets it);
+    # a ToolBox an adapter builds itself (MCP tools) records there too.
+    tool_log: ToolCallLog | None = field(default=None, compare=False)  # a sink, not part of the call
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +564,58 @@ class AuditOutcome(enum.Enum):
     FAILED = "failed"  # dispatched, and the call failed (or was cancelled) after that
 
 
+class ToolCallDecision(enum.Enum):
+    """What became of one tool call the model made."""
+
+    RAN = "ran"  # the tool ran (its error, if it failed, is on the record)
+    # The tool did not run:
+    DENIED = "denied"  # the caller denied it, or nobody could approve it
+    FILTERED = "filtered"  # not offered to the model (the tool filter hides it, or no such tool)
+    INVALID_ARGUMENTS = "invalid_arguments"  # the arguments (or the caller's edit) broke its schema
+
+
+class ToolApproval(enum.Enum):
+    """How a tool call was approved, or why it was not."""
+
+    NONE = ""  # the call ended before approval was considered (filtered, invalid arguments)
+    NOT_REQUIRED = "not_required"  # a read_only tool
+    PREAPPROVED = "preapproved"  # the operator's config preapproved the MCP tool
+    ALLOWED = "allowed"  # the caller answered ALLOW
+    EDITED = "edited"  # the caller answered EDIT
+    DENIED = "denied"  # the caller answered DENY
+    NO_CHANNEL = "no_channel"  # mutating or sensitive, and no ToolSession to ask
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    """One tool call the model made inside a brokered call, as its audit record carries it."""
+
+    function: str  # the name the model called
+    decision: ToolCallDecision
+    approval: ToolApproval = ToolApproval.NONE
+    server: str = ""  # the MCP server; "" for a caller tool
+    tool: str = ""  # the tool's own name (an MCP server's name for it); "" when none matched
+    risk: ToolRisk | None = None  # None when no tool matched
+    duration_seconds: float = 0.0  # from the model's call reaching the ToolBox to its outcome
+    error: str = ""  # the outcome's error for the model, when there was one
+
+
+class ToolCallLog:
+    """The tool call records of one call, in the order the calls ended (one log per call)."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self) -> None:
+        self._records: list[ToolCallRecord] = []
+
+    def add(self, record: ToolCallRecord) -> None:
+        self._records.append(record)
+
+    @property
+    def records(self) -> tuple[ToolCallRecord, ...]:
+        return tuple(self._records)
+
+
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     """One decision the negotiator made, as the audit stream and log carry it."""
@@ -577,6 +632,7 @@ class AuditRecord:
     delegation_depth: int = 0
     seed: str = ""  # bootstrap: "<domain>/<id>" of the seed chosen to run, once one was chosen
     usage: Usage | None = None  # tokens the upstream reported, for a call that returned a reply
+    tool_calls: tuple[ToolCallRecord, ...] = ()  # every tool call the model made, in order
 
     @property
     def allowed_unknown(self) -> tuple[Capability, ...]:

@@ -26,7 +26,10 @@ A session, as the caller sees it:
      wrote those arguments itself, and a loop of re-asking could go on
      forever. The model may call again, and that call is asked again;
    - a result is validated against the tool's return schema; a violation is
-     an error outcome naming it.
+     an error outcome naming it;
+   - every call, whatever became of it, leaves a ToolCallRecord in the
+     call's audit record (`tool_calls`): decision, approval, risk, duration
+     and the error the model was given.
 3. The final message is the Produce or Invoke response, then the stream ends OK.
 
 With `start.stream` the call runs as a stream (the broker's `stream`, as
@@ -59,6 +62,7 @@ import itertools
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -76,7 +80,11 @@ from negotiator_service.model import (
     JsonValue,
     StreamDelta,
     StreamEvent,
+    ToolApproval,
     ToolBox,
+    ToolCallDecision,
+    ToolCallLog,
+    ToolCallRecord,
     ToolFilter,
     ToolOutcome,
     ToolRisk,
@@ -319,6 +327,40 @@ class _Approval:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalResult:
+    """What asking the caller gave: the refusal for the model (None when it may run), the
+    arguments to run with (the caller's, after an EDIT), and how it was approved."""
+
+    refusal: ToolOutcome | None
+    arguments: JsonValue
+    approval: ToolApproval
+
+
+def tool_call_record(
+    function: str,
+    spec: ToolSpec | None,
+    decision: ToolCallDecision,
+    approval: ToolApproval,
+    outcome: ToolOutcome,
+    started: float,
+    *,
+    server: str = "",
+    tool: str = "",
+) -> ToolCallRecord:
+    """The audit record of one tool call that started at `started` (time.monotonic) and ended now."""
+    return ToolCallRecord(
+        function=function,
+        decision=decision,
+        approval=approval,
+        server=server,
+        tool=tool or (spec.name if spec is not None else ""),
+        risk=spec.risk if spec is not None else None,
+        duration_seconds=max(0.0, time.monotonic() - started),
+        error=outcome.error or "",
+    )
+
+
 @dataclass(slots=True)
 class _Waiting:
     """A question put to the caller, and the answer it waits for."""
@@ -332,7 +374,9 @@ class SessionToolBox:
 
     `send` puts a message on the session's outgoing stream; `answer` is fed
     the caller's tool results and approvals, and raises InvalidRequest for an
-    answer nothing waits for.
+    answer nothing waits for. `log` holds a record of every call of a caller
+    tool (the broker puts it in the call's audit record; a CallToolBox adds
+    the MCP tools' records to it).
     """
 
     def __init__(
@@ -345,45 +389,64 @@ class SessionToolBox:
         self._ids = itertools.count(1)
         self._waiting: dict[str, _Waiting] = {}
         self._closed = False
+        self.log = ToolCallLog()
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
         return self._visible
 
     async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
+        started = time.monotonic()
         spec = self._by_name.get(name)
         if spec is None:
             # Hidden and nonexistent tools look the same: the filter is visibility.
-            return ToolOutcome(error=f'there is no tool named "{name}" in this call')
+            outcome = ToolOutcome(error=f'there is no tool named "{name}" in this call')
+            return self._logged(name, None, ToolCallDecision.FILTERED, ToolApproval.NONE, outcome, started)
         problems = schema_problems(spec.arguments_schema, arguments)
         if problems:
-            return ToolOutcome(error=f'the arguments do not match the schema of "{name}": {problems}')
+            outcome = ToolOutcome(error=f'the arguments do not match the schema of "{name}": {problems}')
+            return self._logged(
+                name, spec, ToolCallDecision.INVALID_ARGUMENTS, ToolApproval.NONE, outcome, started
+            )
         call_id = f"call_{next(self._ids)}"
+        approval = ToolApproval.NOT_REQUIRED
         if spec.risk is not ToolRisk.READ_ONLY:
-            refusal, arguments = await self._approve(call_id, spec, arguments)
-            if refusal is not None:
-                return refusal
+            approved = await self._approve(call_id, spec, arguments)
+            approval, arguments = approved.approval, approved.arguments
+            if approved.refusal is not None:
+                return self._logged(
+                    name, spec, refusal_decision(approved), approval, approved.refusal, started
+                )
         arguments_json = json.dumps(arguments, ensure_ascii=False)
-        outcome: ToolOutcome = await self._ask(
+        outcome = await self._ask(
             call_id, "result", ToolCallMessage(call_id, name, arguments_json, spec.risk)
         )
         if outcome.error is None and spec.return_schema is not None:
             problems = schema_problems(spec.return_schema, outcome.result)
             if problems:
-                return ToolOutcome(error=f'the result of "{name}" violates its return schema: {problems}')
+                outcome = ToolOutcome(error=f'the result of "{name}" violates its return schema: {problems}')
+        return self._logged(name, spec, ToolCallDecision.RAN, approval, outcome, started)
+
+    def _logged(
+        self,
+        name: str,
+        spec: ToolSpec | None,
+        decision: ToolCallDecision,
+        approval: ToolApproval,
+        outcome: ToolOutcome,
+        started: float,
+    ) -> ToolOutcome:
+        self.log.add(tool_call_record(name, spec, decision, approval, outcome, started))
         return outcome
 
-    async def approve(self, spec: ToolSpec, arguments: JsonValue) -> tuple[ToolOutcome | None, JsonValue]:
+    async def approve(self, spec: ToolSpec, arguments: JsonValue) -> ApprovalResult:
         """Ask the caller to approve a call of a tool that runs elsewhere (an MCP tool).
 
-        The refusal outcome for the model (None when allowed), and the
-        arguments to run with (the caller's, after an EDIT).
+        Records nothing: the ToolBox that runs the tool records the call.
         """
         return await self._approve(f"call_{next(self._ids)}", spec, arguments)
 
-    async def _approve(
-        self, call_id: str, spec: ToolSpec, arguments: JsonValue
-    ) -> tuple[ToolOutcome | None, JsonValue]:
+    async def _approve(self, call_id: str, spec: ToolSpec, arguments: JsonValue) -> ApprovalResult:
         name = spec.name
         approval: _Approval = await self._ask(
             call_id,
@@ -399,21 +462,20 @@ class SessionToolBox:
             ),
         )
         if approval.decision is ApprovalDecision.DENY:
-            return ToolOutcome(
+            denied = ToolOutcome(
                 denied=True, error=approval.reason or f'the caller denied the call of "{name}"'
-            ), None
+            )
+            return ApprovalResult(denied, None, ToolApproval.DENIED)
         if approval.decision is ApprovalDecision.EDIT:
             problems = schema_problems(spec.arguments_schema, approval.arguments)
             if problems:
-                return (
-                    ToolOutcome(
-                        error=f'the caller edited the arguments of "{name}" into ones that do not match '
-                        f"its schema ({problems}); the tool did not run"
-                    ),
-                    None,
+                refusal = ToolOutcome(
+                    error=f'the caller edited the arguments of "{name}" into ones that do not match '
+                    f"its schema ({problems}); the tool did not run"
                 )
-            return None, approval.arguments
-        return None, arguments
+                return ApprovalResult(refusal, None, ToolApproval.EDITED)
+            return ApprovalResult(None, approval.arguments, ToolApproval.EDITED)
+        return ApprovalResult(None, arguments, ToolApproval.ALLOWED)
 
     def answer(self, message: ToolResultMessage | ApprovalMessage) -> None:
         """Deliver a caller's answer to the tool call waiting for it."""
@@ -478,18 +540,27 @@ class CallToolBox:
     and EDIT as for caller tools), and the negotiator runs the tool itself,
     so no ToolCall is sent. Without a ToolSession there is nobody to ask: the
     model gets a denied outcome and the tool never reaches its server, unless
-    the operator preapproved it on a config server (`preapproved`). Every MCP
-    tool call leaves one `negotiator.mcp_tool_call` record (JSON, logger
-    negotiator_service.mcp) with its outcome.
+    the operator preapproved it on a config server (`preapproved`).
+
+    Every MCP tool call the model makes is recorded in `log` (the call's
+    ToolCallLog, which the broker puts in the call's audit record; caller
+    tools record themselves through their own ToolBox) and logged as one
+    `negotiator.mcp_tool_call` JSON line (logger negotiator_service.mcp).
     """
 
     def __init__(
-        self, caller: ToolBox | None, mcp: McpTools, tool_filter: ToolFilter | None, adapter: str
+        self,
+        caller: ToolBox | None,
+        mcp: McpTools,
+        tool_filter: ToolFilter | None,
+        adapter: str,
+        log: ToolCallLog | None = None,
     ) -> None:
         self._caller = caller
         self._mcp = mcp
         self._filter = tool_filter
         self._adapter = adapter
+        self._log = log if log is not None else ToolCallLog()
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -501,55 +572,92 @@ class CallToolBox:
         await self._mcp.refresh()
 
     async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
+        started = time.monotonic()
         tool = self._mcp.tool(name)
         if tool is None or tool.spec not in self._visible_mcp():
             if self._caller is not None:
                 return await self._caller.call(name, arguments)
-            return ToolOutcome(error=f'there is no tool named "{name}" in this call')
+            outcome = ToolOutcome(error=f'there is no tool named "{name}" in this call')
+            if tool is None:
+                self._log.add(
+                    tool_call_record(
+                        name, None, ToolCallDecision.FILTERED, ToolApproval.NONE, outcome, started
+                    )
+                )
+                return outcome
+            return self._audit(tool, ToolCallDecision.FILTERED, ToolApproval.NONE, outcome, started)
         spec = tool.spec
         problems = schema_problems(spec.arguments_schema, arguments)
         if problems:
-            self._audit(tool, "invalid_arguments")
-            return ToolOutcome(error=f'the arguments do not match the schema of "{name}": {problems}')
-        approved_by = "read_only"
+            outcome = ToolOutcome(error=f'the arguments do not match the schema of "{name}": {problems}')
+            return self._audit(tool, ToolCallDecision.INVALID_ARGUMENTS, ToolApproval.NONE, outcome, started)
+        approval = ToolApproval.NOT_REQUIRED
         if spec.risk is not ToolRisk.READ_ONLY:
             if tool.preapproved:
-                approved_by = "operator"
+                approval = ToolApproval.PREAPPROVED
             elif isinstance(self._caller, SessionToolBox):
-                refusal, arguments = await self._caller.approve(spec, arguments)
-                if refusal is not None:
-                    self._audit(tool, "denied" if refusal.denied else "invalid_arguments", "caller")
-                    return refusal
-                approved_by = "caller"
+                approved = await self._caller.approve(spec, arguments)
+                approval, arguments = approved.approval, approved.arguments
+                if approved.refusal is not None:
+                    return self._audit(tool, refusal_decision(approved), approval, approved.refusal, started)
             else:
-                self._audit(tool, "denied", "none")
-                return ToolOutcome(
+                outcome = ToolOutcome(
                     denied=True,
                     error=f'"{name}" is a {spec.risk.value} tool and this call has no ToolSession to '
                     "approve it; it did not run",
                 )
+                return self._audit(tool, ToolCallDecision.DENIED, ToolApproval.NO_CHANNEL, outcome, started)
         outcome = await self._mcp.call(name, arguments)
-        self._audit(tool, "error" if outcome.error is not None else "ran", approved_by)
-        return outcome
+        return self._audit(tool, ToolCallDecision.RAN, approval, outcome, started)
 
     def _visible_mcp(self) -> tuple[ToolSpec, ...]:
         specs = self._mcp.specs
         return specs if self._filter is None else visible_tools(specs, self._filter)
 
-    def _audit(self, tool: McpTool, outcome: str, approved_by: str = "") -> None:
-        if not _MCP_LOGGER.isEnabledFor(logging.INFO):
-            return
-        record = {
-            "event": "negotiator.mcp_tool_call",
-            "adapter": self._adapter,
-            "server": tool.server,
-            "tool": tool.tool,
-            "function": tool.spec.name,
-            "risk": tool.spec.risk.value,
-            "approved_by": approved_by,
-            "outcome": outcome,
-        }
-        _MCP_LOGGER.info(json.dumps(record))
+    def _audit(
+        self,
+        tool: McpTool,
+        decision: ToolCallDecision,
+        approval: ToolApproval,
+        outcome: ToolOutcome,
+        started: float,
+    ) -> ToolOutcome:
+        """Record the call in the call's log and the operators' log line; the outcome, for the model."""
+        record = tool_call_record(
+            tool.spec.name,
+            tool.spec,
+            decision,
+            approval,
+            outcome,
+            started,
+            server=tool.server,
+            tool=tool.tool,
+        )
+        self._log.add(record)
+        if _MCP_LOGGER.isEnabledFor(logging.INFO):
+            line = {
+                "event": "negotiator.mcp_tool_call",
+                "adapter": self._adapter,
+                "server": tool.server,
+                "tool": tool.tool,
+                "function": tool.spec.name,
+                "risk": tool.spec.risk.value,
+                "decision": decision.value,
+                "approval": approval.value,
+                "duration_seconds": round(record.duration_seconds, 6),
+                "error": record.error,
+            }
+            _MCP_LOGGER.info(json.dumps(line))
+        return outcome
+
+
+def refusal_decision(approved: ApprovalResult) -> ToolCallDecision:
+    """What a refused approval made of the call: denied, or an EDIT that broke the schema."""
+    return (
+        ToolCallDecision.DENIED
+        if approved.approval is ToolApproval.DENIED
+        else ToolCallDecision.INVALID_ARGUMENTS
+    )
 
 
 def _with_article(answer: str) -> str:

@@ -61,6 +61,10 @@ Options:
     client_fs:          "none" (default), "read" or "read-write"
     permission_tool:    the caller tool that carries permission requests
     output_cap_bytes:   most bytes of reply text and event text (default 1 MiB)
+    max_line_bytes:     most bytes of one line (one JSON-RPC message) from the agent (default
+                        8 MiB). The SDK's own reader joins a line's pieces without a limit, so
+                        the agent's output is framed here; past the cap the connection ends, the
+                        call fails with ADAPTER_REPLY_TOO_LARGE and the agent is stopped
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
+import logging
 import os
 import tempfile
 from collections.abc import AsyncGenerator, Awaitable, Mapping
@@ -137,6 +143,7 @@ from sidecar_runtime import proctree
 DEFAULT_TIMEOUT_SECONDS = 300.0
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 30.0
 DEFAULT_OUTPUT_CAP_BYTES = 1 << 20
+DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 DEFAULT_PERMISSION_TOOL = "acp_permission"
 # The event type of a text chunk of the agent's message (its session/update kind).
 MESSAGE_CHUNK = "agent_message_chunk"
@@ -145,6 +152,7 @@ CANCEL_GRACE_SECONDS = 3.0
 # How long the stderr of an agent that went away may take to reach EOF.
 _STDERR_DRAIN_SECONDS = 1.0
 _READ_CHUNK = 64 * 1024
+_LOGGER = logging.getLogger("negotiator_service.adapters.acp")
 CLIENT_FS_MODES = ("none", "read", "read-write")
 CLIENT_INFO = Implementation(name="agentsidecar-negotiator", title="agentsidecar negotiator", version="0.1.0")
 
@@ -318,6 +326,7 @@ class AcpOptions:
     client_fs: str
     permission_tool: str
     output_cap_bytes: int
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 
     @property
     def accepted_settings(self) -> frozenset[str]:
@@ -361,6 +370,7 @@ def read_options(spec: AdapterSpec) -> AcpOptions:
     permission_tool = reader.string("permission_tool", default=DEFAULT_PERMISSION_TOOL)
     assert permission_tool is not None  # it has a default
     cap = reader.positive_int("output_cap_bytes", DEFAULT_OUTPUT_CAP_BYTES)
+    max_line = reader.positive_int("max_line_bytes", DEFAULT_MAX_LINE_BYTES)
     reader.finish()
     return AcpOptions(
         argv=tuple(argv),
@@ -374,6 +384,7 @@ def read_options(spec: AdapterSpec) -> AcpOptions:
         client_fs=client_fs,
         permission_tool=permission_tool,
         output_cap_bytes=cap,
+        max_line_bytes=max_line,
     )
 
 
@@ -520,10 +531,74 @@ def _is_json(value: object) -> bool:
     return value is None or isinstance(value, str | int | float | bool | list | dict)
 
 
+class _CappedNdjson:
+    """The SDK's stdio framing (one JSON-RPC message per line) with a cap on one line's bytes.
+
+    An acp.Transport: the connection sends and receives decoded messages through it. A line
+    longer than `max_line_bytes` (its newline not counted) is never held whole: reading stops
+    there, `too_long` is set and the connection sees the end of the agent's output. A line that
+    is not a JSON object is logged and skipped, as the SDK's own reader does.
+    """
+
+    def __init__(
+        self, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader, max_line_bytes: int
+    ) -> None:
+        self._stdin = stdin
+        self._stdout = stdout
+        self._max_line_bytes = max_line_bytes
+        self._writing = asyncio.Lock()  # one message's bytes are never interleaved with another's
+        self.too_long = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode("utf-8")
+        async with self._writing:
+            self._stdin.write(data)
+            await self._stdin.drain()
+
+    async def receive(self) -> dict[str, Any] | None:
+        while (line := await self._read_line()) is not None:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = None
+            if isinstance(message, dict):
+                return message
+            _LOGGER.warning("the ACP agent wrote a line that is not a JSON-RPC message; skipped")
+        return None
+
+    async def close(self) -> None:
+        self._stdin.close()
+
+    async def _read_line(self) -> bytes | None:
+        """The next line; None at the end of the output, or once a line passes the cap."""
+        pieces: list[bytes] = []
+        size = 0
+        while True:
+            ended = True
+            try:
+                piece = await self._stdout.readuntil(b"\n")
+            except asyncio.LimitOverrunError as exc:
+                # More than the reader's buffer limit without a newline: take what it holds.
+                piece = await self._stdout.readexactly(exc.consumed)
+                ended = False
+            except asyncio.IncompleteReadError as exc:  # the end of the output
+                piece = exc.partial
+            size += len(piece.removesuffix(b"\n"))
+            if size > self._max_line_bytes:
+                self.too_long = True
+                return None
+            pieces.append(piece)
+            if ended:
+                return b"".join(pieces) or None
+
+
 class _Agent:
     """One running agent process and the ACP connection to it."""
 
-    def __init__(self, run: proctree.Run, client: Any) -> None:
+    def __init__(self, run: proctree.Run, client: Any, max_line_bytes: int) -> None:
         self.run = run
         process = run.process
         assert process.stdin is not None  # PIPE
@@ -531,7 +606,8 @@ class _Agent:
         assert process.stderr is not None  # PIPE
         self.stderr = _Tail()
         self._stderr_task = asyncio.ensure_future(self.stderr.drain(process.stderr))
-        self.conn = ClientSideConnection(client, process.stdin, process.stdout)
+        self.transport = _CappedNdjson(process.stdin, process.stdout, max_line_bytes)
+        self.conn = ClientSideConnection(client, self.transport)
 
     async def gone(self) -> str:
         """Why the agent stopped answering: its exit and the tail of its stderr."""
@@ -575,7 +651,7 @@ async def _start_agent(options: AcpOptions, env: Mapping[str, str], cwd: str, cl
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    return _Agent(run, client)
+    return _Agent(run, client, options.max_line_bytes)
 
 
 # --- the adapter ----------------------------------------------------------------------------
@@ -702,6 +778,12 @@ class AcpAdapter:
                 try:
                     stop_reason, session_id = work.result()
                 except (ConnectionError, asyncio.IncompleteReadError, BrokenPipeError) as exc:
+                    if agent.transport.too_long:
+                        raise errors.AdapterReplyTooLarge(
+                            shortname,
+                            "the agent wrote a line longer than "
+                            f"max_line_bytes={self._options.max_line_bytes}; it was stopped",
+                        ) from exc
                     raise errors.AdapterUnavailable(shortname, await agent.gone()) from exc
                 except RequestError as exc:
                     raise self._agent_error(exc) from exc

@@ -825,7 +825,9 @@ class OpenAIAdapter:
         mcp = await stack.enter_async_context(
             mcp_tools.open_servers(call.options.mcp_servers, self._declaration.shortname, caller_names)
         )
-        toolbox = CallToolBox(call.tools, mcp, call.options.tool_filter, self._declaration.shortname)
+        toolbox = CallToolBox(
+            call.tools, mcp, call.options.tool_filter, self._declaration.shortname, call.tool_log
+        )
         return replace(call, tools=toolbox)
 
     async def _tool_loop(

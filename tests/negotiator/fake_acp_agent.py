@@ -16,6 +16,8 @@ What a prompt makes it do:
     hang             waits for session/cancel, then ends the turn as cancelled
     ignore-cancel    waits forever, even through session/cancel
     crash            writes a line to stderr and exits with status 3
+    long-line:N      writes one line of N bytes straight to its stdout (a JSON-RPC notification
+                     padded with spaces), then waits like `hang`
     anything else    "ok"
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import sys
 import time
 from typing import Any
@@ -239,6 +242,13 @@ class FakeAgent:
             return PromptResponse(stop_reason="cancelled")
         elif text == "ignore-cancel":
             await asyncio.Event().wait()
+        elif text.startswith("long-line:"):
+            size = int(text.removeprefix("long-line:"))
+            notification = b'{"jsonrpc":"2.0","method":"fake/padding","params":{}}'
+            line = notification[:-1] + b" " * max(0, size - len(notification)) + b"}\n"
+            await asyncio.to_thread(_write_all, line)
+            await self._cancelled.setdefault(session_id, asyncio.Event()).wait()
+            return PromptResponse(stop_reason="cancelled")
         elif text == "crash":
             sys.stderr.write("fatal: the fake agent crashed on purpose\n")
             sys.stderr.flush()
@@ -252,6 +262,17 @@ class FakeAgent:
             await self._conn.session_update(session_id, update_agent_message_text(text))
 
         return say
+
+
+def _write_all(data: bytes) -> None:
+    """Write all of `data` to stdout, which the SDK's event loop has made non-blocking."""
+    fd = sys.stdout.fileno()
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [])
 
 
 if __name__ == "__main__":

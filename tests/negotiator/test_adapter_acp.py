@@ -36,6 +36,9 @@ STATE_NAMES = {
 }
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # grpc-stubs do not know it
 PERMISSION_SCHEMA = json.dumps({"type": "object"})
+# The capped-acp adapter's max_line_bytes: above the agent's reader buffer (64 KiB), so a line
+# longer than the buffer but within the cap is joined from pieces.
+MAX_LINE = 200_000
 
 
 @pytest.fixture
@@ -66,6 +69,7 @@ def config_file(tmp_path: Path, agent_files: dict[str, Path], roots: Path) -> Pa
         "mcp": {"caller_stdio_commands": ["mcp-files"]},
         "adapters": [
             acp_entry("fake-acp", env, cwd_roots=[str(roots)], timeout_seconds=20, client_fs="read"),
+            acp_entry("capped-acp", env, timeout_seconds=20, max_line_bytes=MAX_LINE),
         ],
     }
     path = tmp_path / "negotiator.yaml"
@@ -219,6 +223,33 @@ async def test_a_crashed_agent_is_unavailable_with_its_stderr_tail(stub: Stub) -
     assert error.code is grpc.StatusCode.UNAVAILABLE
     assert error.reason == "ADAPTER_UNAVAILABLE"
     assert "the agent exited with 3: fatal: the fake agent crashed on purpose" in error.message
+
+
+async def test_a_line_over_max_line_bytes_fails_the_call_and_stops_the_agent(
+    stub: Stub, agent_files: dict[str, Path]
+) -> None:
+    # Within the cap, lines longer than the reader's buffer still arrive whole.
+    text = "y" * 150_000
+    assert (await stub.Invoke(invoke(f"echo:{text}", agent="capped-acp"), timeout=20)).text == text
+    started = time.monotonic()
+    error = await call_error(stub.Invoke(invoke(f"long-line:{MAX_LINE + 1}", agent="capped-acp"), timeout=20))
+    assert time.monotonic() - started < 10
+    assert error.code is grpc.StatusCode.INTERNAL
+    assert error.reason == "ADAPTER_REPLY_TOO_LARGE"
+    assert f"the agent wrote a line longer than max_line_bytes={MAX_LINE}; it was stopped" in error.message
+    prompt = logged(agent_files, "session/prompt")[-1]
+    pid = int(prompt["session_id"].rsplit("-", 1)[1])
+    for _ in range(100):
+        if not await asyncio.to_thread(Path(f"/proc/{pid}").exists):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the agent process {pid} is still running")
+    # A line of exactly the cap is one message like any other.
+    error = await call_error(
+        stub.Invoke(invoke(f"long-line:{MAX_LINE}", agent="capped-acp", settings={"timeout": 2}), timeout=20)
+    )
+    assert error.reason == "ADAPTER_TIMEOUT"
 
 
 async def test_the_deadline_sends_session_cancel(stub: Stub, agent_files: dict[str, Path]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -26,8 +27,17 @@ from negotiator_testkit import NEGOTIATOR_BIN, add_fake, call_error
 from negotiator_service import cli
 from negotiator_service.audit import AuditLog, record_json
 from negotiator_service.conversations import ConversationStore
+from negotiator_service.convert import audit_record_to_proto
 from negotiator_service.errors import AuditWatcherDropped
-from negotiator_service.model import AuditOutcome, AuditRecord, Capability
+from negotiator_service.model import (
+    AuditOutcome,
+    AuditRecord,
+    Capability,
+    ToolApproval,
+    ToolCallDecision,
+    ToolCallRecord,
+    ToolRisk,
+)
 from negotiator_service.server import RunningNegotiator, Settings, create_server
 from negotiator_service.servicer import caller_identity
 from sidecar_runtime.auth import TlsFiles
@@ -290,6 +300,50 @@ def synthetic(index: int) -> AuditRecord:
         operation="invoke",
         outcome=AuditOutcome.SUCCEEDED,
     )
+
+
+def test_tool_calls_are_in_the_json_line_and_the_proto_alike() -> None:
+    call = ToolCallRecord(
+        function="t__write_note",
+        decision=ToolCallDecision.DENIED,
+        approval=ToolApproval.NO_CHANNEL,
+        server="t",
+        tool="write_note",
+        risk=ToolRisk.MUTATING,
+        duration_seconds=0.0015,
+        error="no ToolSession",
+    )
+    unmatched = ToolCallRecord(function="nothing", decision=ToolCallDecision.FILTERED)
+    record = replace(synthetic(1), tool_calls=(call, unmatched))
+    assert record_json(record)["tool_calls"] == [
+        {
+            "function": "t__write_note",
+            "server": "t",
+            "tool": "write_note",
+            "risk": "mutating",
+            "decision": "denied",
+            "approval": "no_channel",
+            "duration": 0.0015,
+            "error": "no ToolSession",
+        },
+        {
+            "function": "nothing",
+            "server": "",
+            "tool": "",
+            "risk": "",
+            "decision": "filtered",
+            "approval": "",
+            "duration": 0.0,
+            "error": "",
+        },
+    ]
+    proto = audit_record_to_proto(record).tool_calls
+    assert [(c.function, c.risk, c.decision, c.approval, c.duration.ToNanoseconds()) for c in proto] == [
+        ("t__write_note", pb.TOOL_RISK_MUTATING, "denied", "no_channel", 1_500_000),
+        ("nothing", pb.TOOL_RISK_UNSPECIFIED, "filtered", "", 0),
+    ]
+    # A record without tool calls keeps its line as it was.
+    assert "tool_calls" not in record_json(synthetic(2))
 
 
 def test_the_log_appends_one_flushed_line_per_record(tmp_path: Path) -> None:

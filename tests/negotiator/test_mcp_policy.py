@@ -76,6 +76,18 @@ def test_caller_servers_need_the_operators_allowlists() -> None:
     assert (http.value.server, http.value.rule) == ("w", RULE_CALLER_HOST)
 
 
+def test_a_refusal_names_the_requests_own_index_after_the_profiles_servers() -> None:
+    servers = (
+        McpServer("ops", "stdio", command="/opt/ops", operator=True),
+        McpServer("docs", "sse", url="http://mcp.lan/sse"),
+        McpServer("git", "stdio", command="mcp-git"),
+    )
+    with pytest.raises(McpServerNotAllowed) as refused:
+        check_servers(servers, McpPolicy(caller_hosts=frozenset({"mcp.lan"})), "invoke.options")
+    assert refused.value.server == "git"
+    assert "invoke.options.mcp_servers[1]: " in str(refused.value)
+
+
 def test_the_mcp_section_and_per_tool_settings_are_read() -> None:
     config = load_negotiator_config(
         "adapters: []\n"

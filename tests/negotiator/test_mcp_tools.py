@@ -141,7 +141,7 @@ async def test_a_mutating_mcp_tool_without_a_session_is_denied_audited_and_never
     assert contents[1].startswith('denied: "t__drop_table" is a sensitive tool')
     assert journaled(journal) == []
     records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "negotiator_service.mcp"]
-    assert [(r["function"], r["outcome"], r["risk"]) for r in records] == [
+    assert [(r["function"], r["decision"], r["risk"]) for r in records] == [
         ("t__write_note", "denied", "mutating"),
         ("t__drop_table", "denied", "sensitive"),
     ]
@@ -305,6 +305,113 @@ async def test_a_session_filter_may_name_an_mcp_tool(stub: Stub, mock: MockOpenA
     assert journaled(journal) == ["lookup"]
 
 
+# --- the audit: every tool call of a brokered call ---------------------------------------------
+
+Watch = Any  # grpc.aio.UnaryStreamCall[pb.WatchAuditRequest, pb.WatchAuditResponse]
+
+
+async def start_watch(stub: Stub) -> Watch:
+    """A WatchAudit stream that is registered: every later decision reaches it."""
+    watch = stub.WatchAudit(pb.WatchAuditRequest())
+    await asyncio.wait_for(watch.initial_metadata(), 5)
+    return watch
+
+
+async def next_record(watch: Watch) -> pb.AuditRecord:
+    response = await asyncio.wait_for(watch.read(), 10)
+    assert isinstance(response, pb.WatchAuditResponse), "the audit stream ended"
+    return response.record
+
+
+def tool_calls(record: pb.AuditRecord) -> list[tuple[str, str, str, str, str, int]]:
+    """(function, server, tool, decision, approval, risk) of each tool call the record holds."""
+    return [(c.function, c.server, c.tool, c.decision, c.approval, c.risk) for c in record.tool_calls]
+
+
+async def test_every_mcp_tool_call_of_a_plain_invoke_is_in_its_audit_record(
+    stub: Stub, mock: MockOpenAI, journal: Path
+) -> None:
+    mock.tool_rounds = [
+        [
+            {"name": "t__lookup", "arguments": {"key": "k1"}},
+            {"name": "t__write_note", "arguments": {"text": "hello"}},
+            {"name": "t__drop_table", "arguments": {"name": "users"}},
+            {"name": "t__lookup", "arguments": {"wrong": 1}},
+            {"name": "t__explode", "arguments": {}},
+            {"name": "nothing", "arguments": {}},
+        ]
+    ]
+    watch = await start_watch(stub)
+    try:
+        await stub.Invoke(
+            invoke(profile="local", tool_filter=pb.ToolFilter(deny=["t__drop_table"])), timeout=20
+        )
+        record = await next_record(watch)
+    finally:
+        watch.cancel()
+    assert (record.operation, record.outcome) == ("invoke", "succeeded")
+    read_only, mutating, sensitive = pb.TOOL_RISK_READ_ONLY, pb.TOOL_RISK_MUTATING, pb.TOOL_RISK_SENSITIVE
+    assert tool_calls(record) == [
+        ("t__lookup", "t", "lookup", "ran", "not_required", read_only),
+        ("t__write_note", "t", "write_note", "denied", "no_channel", mutating),
+        ("t__drop_table", "t", "drop_table", "filtered", "", sensitive),
+        ("t__lookup", "t", "lookup", "invalid_arguments", "", read_only),
+        ("t__explode", "t", "explode", "ran", "not_required", read_only),
+        ("nothing", "", "", "filtered", "", pb.TOOL_RISK_UNSPECIFIED),
+    ]
+    errors = [c.error for c in record.tool_calls]
+    assert errors[0] == ""
+    assert errors[1].startswith('"t__write_note" is a mutating tool and this call has no ToolSession')
+    assert "the tool blew up" in errors[4]
+    assert all(c.HasField("duration") for c in record.tool_calls)
+    # Only the tools that ran reached the server.
+    assert journaled(journal) == ["lookup", "explode"]
+
+
+async def test_caller_and_mcp_tool_calls_of_a_tool_session_are_audited_in_order(
+    stub: Stub, mock: MockOpenAI, journal: Path
+) -> None:
+    mock.tool_rounds = [
+        [{"name": "t__write_note", "arguments": {"text": "hello"}}],
+        [{"name": "mine", "arguments": {"key": "b"}}],
+        [{"name": "t__drop_table", "arguments": {"name": "users"}}],
+        [{"name": "guarded", "arguments": {"key": "c"}}],
+    ]
+    mock.reply_text = "done"
+    watch = await start_watch(stub)
+    try:
+        caller = Caller(stub, timeout=20)
+        await caller.start(
+            invoke(profile="local"),
+            [tool("mine", risk=pb.TOOL_RISK_READ_ONLY), tool("guarded", risk=pb.TOOL_RISK_SENSITIVE)],
+        )
+        approval = await caller.receive("approval_request")
+        await caller.decide(approval.call_id, pb.APPROVAL_DECISION_EDIT, edited=json.dumps({"text": "e"}))
+        mine = await caller.receive("tool_call")
+        await caller.result(mine.call_id, {"n": 1})
+        sensitive = await caller.receive("approval_request")
+        await caller.decide(sensitive.call_id, pb.APPROVAL_DECISION_DENY, reason="not today")
+        guarded = await caller.receive("approval_request")
+        await caller.decide(guarded.call_id, pb.APPROVAL_DECISION_ALLOW)
+        run = await caller.receive("tool_call")
+        await caller.send(
+            pb.ToolSessionRequest(tool_result=pb.ToolResult(call_id=run.call_id, error="disk full"))
+        )
+        assert await caller.final_text() == "done"
+        record = await next_record(watch)
+    finally:
+        watch.cancel()
+    assert (record.operation, record.outcome) == ("tool_session", "succeeded")
+    assert tool_calls(record) == [
+        ("t__write_note", "t", "write_note", "ran", "edited", pb.TOOL_RISK_MUTATING),
+        ("mine", "", "mine", "ran", "not_required", pb.TOOL_RISK_READ_ONLY),
+        ("t__drop_table", "t", "drop_table", "denied", "denied", pb.TOOL_RISK_SENSITIVE),
+        ("guarded", "", "guarded", "ran", "allowed", pb.TOOL_RISK_SENSITIVE),
+    ]
+    assert [c.error for c in record.tool_calls] == ["", "", "not today", "disk full"]
+    assert journaled(journal) == ["write_note"]
+
+
 # --- caller-supplied servers ----------------------------------------------------------------
 
 
@@ -342,6 +449,44 @@ async def test_a_caller_supplied_stdio_server_is_refused_before_dispatch(
     assert mock.requests == []
     assert journaled(journal) == []
     assert served(journal) == []
+
+
+async def test_negotiate_refuses_an_unadmitted_server_as_invoke_does(
+    stub: Stub, mock: MockOpenAI, journal: Path
+) -> None:
+    stdio = pb.McpServer(name="mine", transport="stdio", command=sys.executable, args=[str(SERVER)])
+    far = pb.McpServer(name="far", transport="sse", url="http://mcp.example:8000/sse")
+    watch = await start_watch(stub)
+    try:
+        for server, rule in ((stdio, "caller-stdio-command-allowlist"), (far, "caller-host-allowlist")):
+            # Behind a profile's own (admitted) stdio server: the request's server is index 0.
+            call = invoke(profile="local", mcp_servers=[server])
+            dry = await call_error(stub.Negotiate(pb.NegotiateRequest(invoke=call), timeout=20))
+            real = await call_error(stub.Invoke(call, timeout=20))
+            for error in (dry, real):
+                assert error.code is grpc.StatusCode.PERMISSION_DENIED
+                assert error.reason == "MCP_SERVER_NOT_ALLOWED"
+                assert dict(error.metadata) == {"server": server.name, "rule": rule}
+            assert "invoke.options.mcp_servers[0]: " in dry.message
+            assert "options.mcp_servers[0]: " in real.message
+            records = [await next_record(watch), await next_record(watch)]
+            assert [(r.operation, r.outcome, r.error_reason) for r in records] == [
+                ("negotiate", "refused", "MCP_SERVER_NOT_ALLOWED"),
+                ("invoke", "refused", "MCP_SERVER_NOT_ALLOWED"),
+            ]
+    finally:
+        watch.cancel()
+    assert mock.requests == []
+    assert served(journal) == []
+
+
+async def test_negotiate_judges_gaps_before_the_mcp_admission(stub: Stub) -> None:
+    far = pb.McpServer(name="far", transport="sse", url="http://mcp.example:8000/sse")
+    call = invoke(mcp_servers=[far], requires=["hooks"])
+    response = await stub.Negotiate(pb.NegotiateRequest(invoke=call), timeout=20)
+    assert not response.decision.accepted
+    error = await call_error(stub.Invoke(call, timeout=20))
+    assert error.reason == "UNSUPPORTED_CAPABILITY"
 
 
 async def test_a_caller_supplied_http_server_on_another_host_is_refused(stub: Stub, mock: MockOpenAI) -> None:
