@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from seedstore_service import ranking
 from seedstore_service.model import Problem, Seed
-from seedstore_service.seedfile import canonical, validate_identifier
+from seedstore_service.seedtext import canonical, validate_identifier
 from seedstore_service.store import (
     LoadedScope,
     ParsedFile,

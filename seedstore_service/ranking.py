@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from seedstore_service.model import Seed, VerificationStatus
-from seedstore_service.seedfile import canonical, validate_identifier
+from seedstore_service.seedtext import canonical, validate_identifier
 
 __all__ = [
     "ASK_REASON",
