@@ -79,7 +79,6 @@ from seedstore_service.operations import (
 from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery
 from seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
-from seedstore_service.verification import DEFAULT_PATH, plan_checks
 from sidecar_runtime import cli_common
 
 # Agents run the local read commands one process per call: grpc, the generated code,
@@ -142,7 +141,7 @@ class LocalFrontend:
             self._operations = SeedOperations(
                 SeedStore(resolve_store_root(self._env)),
                 equivalents=equivalents,
-                runner_path=self._env.get("PATH") or DEFAULT_PATH,
+                runner_path=self._env.get("PATH") or None,
             )
         return self._operations
 
@@ -192,6 +191,8 @@ class LocalFrontend:
 
     def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]:
         targets = self._ops().verify_targets(request)
+        from seedstore_service.verification import plan_checks
+
         return {(stored.seed.domain, stored.seed.id): len(plan_checks(stored.seed)) for stored in targets}
 
 

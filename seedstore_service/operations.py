@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from seedstore_service import errors
-from seedstore_service.index import ChangeEvent, SeedIndex
 from seedstore_service.model import ListedSeed, Outcome, Problem, Verification, VerificationStatus
 from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
 from seedstore_service.render import listed_seed
-from seedstore_service.seedtext import validate_identifier
+from seedstore_service.seedtext import canonical, validate_identifier
 from seedstore_service.store import (
     LoadedScope,
     Locator,
@@ -41,7 +40,6 @@ from seedstore_service.store import (
     locate_in_scope,
     os_error_text,
 )
-from seedstore_service.verification import DEFAULT_PATH
 
 # The local CLI's read commands import this module: what only verify, broadening and the
 # service need (asyncio, the check runner, YAML, metrics) is imported where it is used.
@@ -49,6 +47,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from seedstore_service.broadening import Broadening, EquivalenceTable
+    from seedstore_service.index import ChangeEvent, SeedIndex
     from seedstore_service.runner import CheckFinished, CheckStarted, RunnerSettings, SeedChecked
 
 EQUIVALENTS_FILE_NAME = "equivalents.yml"
@@ -213,14 +212,14 @@ class SeedOperations:
         equivalents: EquivalenceTable | None = None,
         on_changes: Callable[[Sequence[ChangeEvent]], None] | None = None,
         clock: Callable[[], int] = now_unix,
-        runner_path: str = DEFAULT_PATH,
+        runner_path: str | None = None,
     ) -> None:
         self.store = store
         self.index = index
         self._equivalents = equivalents
         self._on_changes = on_changes
         self._clock = clock
-        self._runner_path = runner_path
+        self._runner_path = runner_path  # None: verification.DEFAULT_PATH
         # A refresh and the publication of its events happen as one step, so
         # watchers receive the changes of successive refreshes in order.
         self._refresh_lock = threading.Lock()
@@ -426,7 +425,7 @@ class SeedOperations:
         if self.index is not None:
             return self.index.search(query)
         validate_query(query)
-        scope = self.store.load(query.domain)
+        scope = self.store.load_for_search(query.domain, canonical(query.capability))
         return search(((stored.seed, stored.path) for stored in scope.seeds), query), scope.problems
 
     def scan(self) -> str:
@@ -461,8 +460,9 @@ class SeedOperations:
         """The request checked and its seeds located (`verify_targets`), ready for `run_verify`."""
         targets = self.verify_targets(request, may_refresh=may_refresh)
         from seedstore_service.runner import RunnerSettings
+        from seedstore_service.verification import DEFAULT_PATH
 
-        settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path)
+        settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path or DEFAULT_PATH)
         return VerifyPlan(targets, settings, request.concurrency)
 
     async def verify(self, request: VerifyRequest) -> AsyncGenerator[VerifyProgress, None]:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from seedstore_service.model import ListedSeed, Problem, VerificationStatus
+from seedstore_service.ranking import could_match, match_keys
 from seedstore_service.seedtext import seed_from_json, seed_to_json
 
 INDEX_DIR_NAME = ".seedstore-index"
@@ -60,10 +61,11 @@ _MAX_INDEX_BYTES = 1 << 30
 # An entry, as stored (a JSON array; positions below):
 # [name, size, mtime_ns, ctime_ns, ino, dev, checked_ns, revision,
 #  seed id or null, declared domain, seed JSON text, notes [[line, reason], ...],
-#  problem [line, reason] or null, domain_line, the `list` row [kind, provides, status, risks] or null]
+#  problem [line, reason] or null, domain_line, the `list` row [kind, provides, status, risks] or null,
+#  the search keys [canonical provides, canonical texts] (ranking.match_keys) or null]
 _NAME, _SIZE, _MTIME, _CTIME, _INO, _DEV, _CHECKED, _REVISION = range(8)
-_ID, _DOMAIN, _SEED, _NOTES, _PROBLEM, _DOMAIN_LINE, _ROW = range(8, 15)
-_ENTRY_LENGTH = 15
+_ID, _DOMAIN, _SEED, _NOTES, _PROBLEM, _DOMAIN_LINE, _ROW, _KEYS = range(8, 16)
+_ENTRY_LENGTH = 16
 
 Entry = list[Any]
 Signature = tuple[int, int, int, int, int]
@@ -117,6 +119,11 @@ class IndexedFile:
         entry = self.entry
         return entry[_PROBLEM] is None and (domain is None or entry[_DOMAIN] == domain)
 
+    def could_match(self, requested: str) -> bool:
+        """`ranking.could_match` on the seed's keys: False only when a search of `requested` excludes it."""
+        provides, texts = self.entry[_KEYS]
+        return could_match(provides, texts, requested)
+
     def seed_json(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.entry[_SEED])
         return value
@@ -162,6 +169,7 @@ def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
             ("may_cost_money", seed.risk.may_cost_money),
         )
         row = [seed.kind, list(seed.provides), seed.verification_status.value, [n for n, on in flags if on]]
+        provides, texts = match_keys(seed)
         return [
             name,
             *signature,
@@ -174,6 +182,7 @@ def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
             None,
             parsed.domain_line,
             row,
+            [sorted(provides), sorted(texts)],
         ]
     problem = parsed.problem
     return [
@@ -187,6 +196,7 @@ def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
         [],
         [problem.line, problem.reason],
         0,
+        None,
         None,
     ]
 

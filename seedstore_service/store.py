@@ -578,6 +578,23 @@ class SeedStore:
         parsed = [read_seed_file(ref.path, ref.domain_dir) for ref in refs]
         return scope_from_files(parsed, domain, walk_problems)
 
+    def load_for_search(self, domain: str | None, requested: str) -> LoadedScope:
+        """`load(domain)` without seeds a search of `requested` (a canonical term) excludes for not matching.
+
+        Those seeds change no search result; the problems are the whole scope's.
+        """
+        if self.persisted is None or not requested:
+            return self.load(domain)
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        files, walk_problems = self.persisted.scan(domain)
+        seeds = [
+            stored_from_entry(indexed.path, indexed.entry)
+            for indexed in files
+            if indexed.in_scope(domain) and indexed.could_match(requested)
+        ]
+        return LoadedScope(tuple(seeds), tuple(assemble_problems(files, domain, walk_problems)))
+
     def listing(self, domain: str | None) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
         """The `list` rows of the scope and its problems; no Seed is built for a seed the index holds."""
         if domain is not None:

@@ -21,13 +21,16 @@ from hypothesis import strategies as st
 
 from seedstore_service import errors, persisted
 from seedstore_service.model import Evidence, Seed
+from seedstore_service.operations import SeedOperations
 from seedstore_service.persisted import INDEX_DIR_NAME
+from seedstore_service.ranking import SearchQuery
 from seedstore_service.seedfile import dump_seed
 from seedstore_service.store import SeedStore
 
 PYTHON = sys.executable
 DOMAINS = ["voice", "audio"]
 IDS = ["say", "espeak", "piper", "x"]
+SEARCHES = ["text_to_speech", "speech", "voice-message", "help", "cli", "-", "s"]
 
 
 def seed_text(seed_id: str, domain: str, capability: str = "text_to_speech", alias: str = "speech") -> str:
@@ -54,6 +57,9 @@ def answers(seed_store: SeedStore) -> dict[str, Any]:
                 result[f"locate {seed_id} {domain}"] = seed_store.locate(seed_id, domain)
             except errors.SeedStoreError as error:
                 result[f"locate {seed_id} {domain}"] = (type(error).__name__, error.message)
+        for capability in SEARCHES:
+            query = SearchQuery(capability, domain)
+            result[f"search {capability} {domain}"] = SeedOperations(seed_store).search(query)
     return result
 
 
