@@ -39,11 +39,11 @@ the service paths print the same object. A usage error prints clap's text.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
 import sys
+import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeAlias, cast
@@ -76,7 +76,6 @@ from seedstore_service.operations import (
     default_equivalents_file,
     load_equivalents,
 )
-from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery
 from seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
 from sidecar_runtime import cli_common
@@ -85,8 +84,11 @@ from sidecar_runtime import cli_common
 # the client, the server and asyncio are imported only by the commands that use them
 # (`--server`, `serve`, `verify`).
 if TYPE_CHECKING:
+    import argparse
+
     from clients.errors import SidecarError
     from seedstore_service.operations import VerifyProgress
+    from seedstore_service.patch import AddSpec, UpdatePatch
     from seedstore_service.remote_frontend import RemoteFrontend
 
 SERVER_ENV = "SEEDSTORE_SERVER"
@@ -443,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     `serve` has no SkillSpec counterpart; it shares its flags with the negotiator's `serve`.
     """
+    import argparse
+
     from seedstore_service.server import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False)
@@ -535,10 +539,13 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     values["json_style"] = values["json_style"] or cli_common.DEFAULT_JSON_STYLE
     if name == "prefer":
         values["for_capability"] = values.pop("for")
-    return argparse.Namespace(subcommand=name, **values)
+    # argparse.Namespace's attribute access, without importing argparse for a local command.
+    return cast("argparse.Namespace", types.SimpleNamespace(subcommand=name, **values))
 
 
 def _add_spec(args: argparse.Namespace) -> AddSpec:
+    from seedstore_service.patch import AddSpec
+
     return AddSpec(
         id=args.id,
         domain=args.domain,
@@ -561,6 +568,8 @@ def _add_spec(args: argparse.Namespace) -> AddSpec:
 
 
 def _update_patch(args: argparse.Namespace) -> UpdatePatch:
+    from seedstore_service.patch import UpdatePatch
+
     mark: VerificationStatus | None = None
     if args.mark_failed:
         mark = VerificationStatus.FAILED

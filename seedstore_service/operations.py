@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from seedstore_service import errors
 from seedstore_service.model import ListedSeed, Outcome, Problem, Verification, VerificationStatus
-from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
 from seedstore_service.render import listed_seed
 from seedstore_service.seedtext import canonical, validate_identifier
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
 
     from seedstore_service.broadening import Broadening, EquivalenceTable
     from seedstore_service.index import ChangeEvent, SeedIndex
+    from seedstore_service.patch import AddSpec, UpdatePatch
     from seedstore_service.runner import CheckFinished, CheckStarted, RunnerSettings, SeedChecked
 
 EQUIVALENTS_FILE_NAME = "equivalents.yml"

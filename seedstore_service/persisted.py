@@ -32,10 +32,8 @@ tests compare the two on random edit sequences.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import secrets
 import stat
 import time
 import zlib
@@ -54,6 +52,7 @@ VERSION = 1
 # A file modified this close to the read that made its entry is compared by content on every load.
 RACY_WINDOW_NS = 2_000_000_000
 _ROOT_SECTION = "root"
+_IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 # The most an index file may hold: a million seeds' entries, far beyond any store.
 _MAX_INDEX_BYTES = 1 << 30
@@ -82,11 +81,15 @@ def signature_of(stat_result: os.stat_result) -> Signature:
 
 
 def section_file_name(domain_dir: str | None) -> str:
-    """The index file of a section; a hash, as a domain directory's name can be any name."""
+    """The index file of a section: `d-<name>.json` for an identifier, else a hash of the name."""
     if domain_dir is None:
         return f"{_ROOT_SECTION}.json"
+    if _IDENTIFIER_CHARS.issuperset(domain_dir) and not domain_dir.startswith(".") and len(domain_dir) <= 200:
+        return f"d-{domain_dir}.json"
+    import hashlib
+
     digest = hashlib.sha256(domain_dir.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return f"d-{digest}.json"
+    return f"h-{digest}.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +156,44 @@ def mismatch_problem(path: str, domain: str, declared: str, line: int) -> Proble
 # --- entries ---------------------------------------------------------------------
 
 
+def name_in_section(root: str, path: str, domain_dir: str | None) -> str:
+    """`path` (as the walk spells it) relative to its section's directory: the key of its entry."""
+    base = root if domain_dir is None else os.path.join(root, domain_dir)
+    prefix = base.rstrip(os.sep) + os.sep if base != "." else ""
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def checked_ns_of(entry: Entry) -> int:
+    value: int = entry[_CHECKED]
+    return value
+
+
+def parsed_from_entry(path: str, domain_dir: str | None, entry: Entry, signature: Signature) -> Any:
+    """The `store.ParsedFile` an entry stands for (no stat result), or None unless it can be trusted now.
+
+    Trusted: the file's current `signature` is the entry's, and the entry is not racy.
+    """
+    from seedstore_service.store import ParsedFile
+
+    if not _signature_matches(entry, signature) or _racy(entry):
+        return None
+    problem = entry[_PROBLEM]
+    if problem is not None:
+        return ParsedFile(path, None, Problem(path, problem[0], problem[1]), entry[_REVISION], False, None, 0)
+    stored = stored_from_entry(path, entry)
+    return ParsedFile(path, stored, None, entry[_REVISION], False, None, entry[_DOMAIN_LINE])
+
+
 def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
     """The entry of a `store.ParsedFile` read at `checked_ns`; its signature is that of the read."""
     stat_result = parsed.stat_result
-    signature: tuple[int | None, ...] = (
-        signature_of(stat_result) if stat_result is not None else (None, None, None, None, None)
-    )
+    signature = signature_of(stat_result) if stat_result is not None else None
+    return entry_from_parts(name, signature, checked_ns, parsed)
+
+
+def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, parsed: Any) -> Entry:
+    """The entry of a `store.ParsedFile` whose file had `signature` when the read at `checked_ns` began."""
+    sig: tuple[int | None, ...] = signature if signature is not None else (None, None, None, None, None)
     stored = parsed.stored
     if stored is not None:
         seed = stored.seed
@@ -172,7 +207,7 @@ def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
         provides, texts = match_keys(seed)
         return [
             name,
-            *signature,
+            *sig,
             checked_ns,
             parsed.revision,
             seed.id,
@@ -187,7 +222,7 @@ def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
     problem = parsed.problem
     return [
         name,
-        *signature,
+        *sig,
         checked_ns,
         parsed.revision,
         None,
@@ -332,7 +367,7 @@ class PersistedIndex:
                 )
                 data = encode_section(self._root_text, domain_dir, kept)
                 name = section_file_name(domain_dir)
-                temp_name = f".{name}.tmp-{secrets.token_hex(6)}"
+                temp_name = f".{name}.tmp-{os.urandom(6).hex()}"
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
                 fd = os.open(temp_name, flags, 0o666, dir_fd=directory_fd)
                 try:
@@ -365,17 +400,13 @@ class PersistedIndex:
         seen: dict[str | None, set[str]] = {}
         changed: set[str | None] = set()
         files: list[IndexedFile] = []
-        prefix_by_section: dict[str | None, str] = {}
         for ref in refs:
             section = ref.domain_dir
             entries = sections.get(section)
             if entries is None:
                 entries = sections[section] = self.read_section(section)
                 seen[section] = set()
-                base = self._root_text if section is None else os.path.join(self._root_text, section)
-                prefix_by_section[section] = base.rstrip(os.sep) + os.sep if base != "." else ""
-            prefix = prefix_by_section[section]
-            name = ref.path[len(prefix) :] if ref.path.startswith(prefix) else ref.path
+            name = name_in_section(self._root_text, ref.path, section)
             seen[section].add(name)
             entry = entries.get(name)
             fresh = entry
@@ -419,9 +450,7 @@ class PersistedIndex:
             section = domain_dir_of(self.root, path)
         except ValueError:
             return
-        base = self._root_text if section is None else os.path.join(self._root_text, section)
-        prefix = base.rstrip(os.sep) + os.sep if base != "." else ""
-        name = path[len(prefix) :]
+        name = name_in_section(self._root_text, path, section)
         entries = self.read_section(section)
         if parsed is None:
             entries.pop(name, None)

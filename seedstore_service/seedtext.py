@@ -7,7 +7,6 @@ and writer.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -81,6 +80,8 @@ def text_matches(text: str, capability: str) -> bool:
 
 def revision_of(data: bytes) -> str:
     """A seed file's revision: the first 16 hex digits of the SHA-256 of its bytes."""
+    import hashlib  # here: loading OpenSSL is a cost a read that parses nothing need not pay
+
     return hashlib.sha256(data).hexdigest()[:16]
 
 

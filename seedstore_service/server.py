@@ -223,6 +223,7 @@ async def create_server(settings: Settings) -> SeedStoreServer:
         store, index, equivalents=equivalents, on_changes=feed.publish, runner_path=settings.check_path
     )
     await asyncio.to_thread(operations.refresh_index)
+    _log_refresh(index, "seed index built")
     options = replace(
         settings.server_options or ServerOptions(listen=()),
         listen=settings.listen,
@@ -287,7 +288,26 @@ def _timed_refresh(operations: SeedOperations) -> float:
     """Refresh the index; return the CPU time this thread spent on it."""
     started = time.thread_time()
     operations.refresh_index()
-    return time.thread_time() - started
+    spent = time.thread_time() - started
+    index = getattr(operations, "index", None)  # a test stand-in may have none
+    if index is not None and index.last_refresh is not None and index.last_refresh.read:
+        _log_refresh(index, "seed index refreshed after edits")
+    return spent
+
+
+def _log_refresh(index: SeedIndex, what: str) -> None:
+    """How long a refresh took and how much of the store it had to read and parse."""
+    stats = index.last_refresh
+    if stats is None:
+        return
+    _LOGGER.info(
+        "%s in %.3f s: %d seed files, %d from the persisted index, %d read",
+        what,
+        stats.seconds,
+        stats.files,
+        stats.from_persisted,
+        stats.read,
+    )
 
 
 async def serve(settings: Settings) -> None:

@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,16 +46,6 @@ from typing import TYPE_CHECKING
 
 from seedstore_service import errors
 from seedstore_service.model import ListedSeed, Problem, Seed, Verification
-from seedstore_service.patch import (
-    AddSpec,
-    UpdatePatch,
-    apply_patch,
-    apply_prefer,
-    build_seed,
-    validate_patch,
-    validate_patch_before_load,
-    validate_prefer,
-)
 from seedstore_service.persisted import PersistedIndex, assemble_problems, mismatch_problem, stored_from_entry
 from seedstore_service.seedtext import (
     MAX_IDENTIFIER_LENGTH,
@@ -66,8 +55,12 @@ from seedstore_service.seedtext import (
     validate_identifier,
 )
 
+# Reads import neither the patch rules, the lock library nor YAML: they are imported by the
+# functions that write or parse.
 if TYPE_CHECKING:
     import filelock
+
+    from seedstore_service.patch import AddSpec, UpdatePatch
 
 SEED_SUFFIXES = (".yml", ".yaml")
 LOCK_FILE_NAME = ".seedstore.lock"
@@ -471,7 +464,7 @@ def write_atomically(root: Path, path: Path, data: bytes) -> None:
         # The name is cut so that any target name leaves room for the marker and suffix.
         stem = name[:MAX_IDENTIFIER_LENGTH]
         while True:
-            candidate = f".{stem}{_TEMP_MARKER}{secrets.token_hex(6)}"
+            candidate = f".{stem}{_TEMP_MARKER}{os.urandom(6).hex()}"
             try:
                 # 0o666 before the umask: the permissions a plain write would give.
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -705,6 +698,8 @@ class SeedStore:
 
     def add(self, spec: AddSpec) -> StoredSeed:
         """Write `<root>/<domain>/<id>.yml`; it may replace a valid seed there, never a broken file."""
+        from seedstore_service.patch import build_seed
+
         seed = build_seed(spec)
         validate_identifier(seed.id, "capability id")
         validate_identifier(seed.domain, "domain")
@@ -734,6 +729,8 @@ class SeedStore:
         """
         # SkillSpec's order: the target, priority and ties; the seed; then every other value.
         self._validate_target(seed_id, domain)
+        from seedstore_service.patch import apply_patch, validate_patch, validate_patch_before_load
+
         validate_patch_before_load(patch)
         self._require_root(seed_id)
         with self._locked():
@@ -754,6 +751,8 @@ class SeedStore:
         locate: Locator | None = None,
     ) -> tuple[StoredSeed, tuple[Problem, ...]]:
         self._validate_target(seed_id, domain)
+        from seedstore_service.patch import apply_prefer, validate_prefer
+
         validate_prefer(for_capability, priority)
         self._require_root(seed_id)
         with self._locked():

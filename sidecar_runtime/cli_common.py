@@ -16,16 +16,18 @@
   UNIMPLEMENTED status the server sends for a method it does not have, asks the
   server's reflection service what it serves, and says so.
 
-Nothing here imports grpc at module level: `--help` and `--version` stay fast.
+Nothing here imports grpc or argparse at module level: `--help`, `--version` and local commands stay fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+if TYPE_CHECKING:
+    import argparse  # imported by the functions that build parsers: local commands need none
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -61,28 +63,29 @@ def version_text(prog: str) -> str:
     return f"{prog} {version()}"
 
 
-class _VersionAction(argparse.Action):
-    """argparse's `version` action, reading the metadata only when `--version` is given."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
-        super().__init__(
-            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
-        )
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        sys.stdout.write(version_text(parser.prog) + "\n")
-        parser.exit()
-
-
 def add_version_argument(parser: argparse.ArgumentParser) -> None:
     """`--version`: prints `<prog> <version>` and exits 0."""
-    parser.add_argument("--version", action=_VersionAction, help=VERSION_HELP)
+    import argparse
+
+    class VersionAction(argparse.Action):
+        """argparse's `version` action, reading the metadata only when `--version` is given."""
+
+        def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+            super().__init__(
+                option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+            )
+
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: object,
+            option_string: str | None = None,
+        ) -> None:
+            sys.stdout.write(version_text(parser.prog) + "\n")
+            parser.exit()
+
+    parser.add_argument("--version", action=VersionAction, help=VERSION_HELP)
 
 
 def exit_codes_help(*, refused: bool, success_note: str = "", failed_note: str = "") -> str:

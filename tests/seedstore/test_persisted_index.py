@@ -351,3 +351,43 @@ def test_a_stale_index_after_many_edits_costs_no_wrong_answer_in_the_same_second
         path.write_text(seed_text("say", "voice", capability))
         assert indexed(root) == fresh(root)
         time.sleep(0.01)
+
+
+# -- the service's in-memory index ---------------------------------------------------
+
+
+def test_the_service_index_starts_from_the_persisted_index_and_still_sees_edits(root: Path) -> None:
+    from seedstore_service.index import SeedIndex
+
+    (root / "voice" / "piper.yml").write_text(seed_text("piper", "voice"))
+    (root / "audio" / "x.yml").write_text(seed_text("x", "audio"))
+    time.sleep(persisted.RACY_WINDOW_NS / 1e9 + 0.1)  # past the racy window: entries are trusted
+    first = SeedIndex(SeedStore(root))
+    first.refresh()
+    assert first.last_refresh is not None
+    assert (first.last_refresh.files, first.last_refresh.read) == (4, 4)
+
+    # Between two starts, another program edits (same size, mtime put back), removes and adds files.
+    path = root / "voice" / "say.yml"
+    before = os.stat(path)
+    path.write_text(path.read_text().replace("text_to_speech", "text_to_sound_"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    (root / "audio" / "x.yml").unlink()
+    (root / "audio" / "say.yaml").write_text(seed_text("say", "audio"))
+
+    second = SeedIndex(SeedStore(root))
+    second.refresh()
+    assert second.last_refresh is not None
+    # espeak and piper come from the persisted index; the edited and the new file are read.
+    assert (second.last_refresh.files, second.last_refresh.from_persisted, second.last_refresh.read) == (
+        4,
+        2,
+        2,
+    )
+    reference = SeedStore(root, persisted_index=False)
+    for domain in [None, *DOMAINS]:
+        assert second.scope(domain) == reference.load(domain)
+        for capability in SEARCHES:
+            query = SearchQuery(capability, domain)
+            outcome = SeedOperations(reference).search(query)
+            assert second.search(query) == (outcome.result, outcome.problems)
