@@ -37,7 +37,7 @@ import os
 import stat
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,7 +249,9 @@ def _persistable(entry: Entry) -> bool:
 
 
 def _racy(entry: Entry) -> bool:
-    return max(entry[_MTIME], entry[_CTIME]) + RACY_WINDOW_NS >= entry[_CHECKED]
+    changed_ns: int = max(entry[_MTIME], entry[_CTIME])
+    checked_ns: int = entry[_CHECKED]
+    return changed_ns + RACY_WINDOW_NS >= checked_ns
 
 
 def _same_but_checked(old: Entry, new: Entry) -> bool:
@@ -257,7 +259,7 @@ def _same_but_checked(old: Entry, new: Entry) -> bool:
 
 
 def _signature_matches(entry: Entry, signature: Signature) -> bool:
-    return (
+    return bool(
         entry[_SIZE] == signature[0]
         and entry[_MTIME] == signature[1]
         and entry[_CTIME] == signature[2]
@@ -336,7 +338,7 @@ class PersistedIndex:
             return {}
         return decode_section(data, self._root_text, domain_dir) or {}
 
-    def write_sections(self, sections: dict[str | None, Iterable[Entry]], *, locked: bool = False) -> None:
+    def write_sections(self, sections: Mapping[str | None, Iterable[Entry]], *, locked: bool = False) -> None:
         """Replace these sections' index files; skipped when another process holds the lock.
 
         `locked`: the caller holds the store's lock already.
@@ -352,7 +354,7 @@ class PersistedIndex:
             with contextlib.suppress(OSError, ValueError):
                 self._write(sections)
 
-    def _write(self, sections: dict[str | None, Iterable[Entry]]) -> None:
+    def _write(self, sections: Mapping[str | None, Iterable[Entry]]) -> None:
         from seedstore_service.errors import OutsideStore
         from seedstore_service.store import open_store_directory
 
