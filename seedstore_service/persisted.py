@@ -156,10 +156,14 @@ def mismatch_problem(path: str, domain: str, declared: str, line: int) -> Proble
 # --- entries ---------------------------------------------------------------------
 
 
+def _section_prefix(root: str, domain_dir: str | None) -> str:
+    base = root if domain_dir is None else os.path.join(root, domain_dir)
+    return base.rstrip(os.sep) + os.sep if base != "." else ""
+
+
 def name_in_section(root: str, path: str, domain_dir: str | None) -> str:
     """`path` (as the walk spells it) relative to its section's directory: the key of its entry."""
-    base = root if domain_dir is None else os.path.join(root, domain_dir)
-    prefix = base.rstrip(os.sep) + os.sep if base != "." else ""
+    prefix = _section_prefix(root, domain_dir)
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
@@ -401,6 +405,7 @@ class PersistedIndex:
         sections: dict[str | None, dict[str, Entry]] = {}
         seen: dict[str | None, set[str]] = {}
         changed: set[str | None] = set()
+        prefixes: dict[str | None, str] = {}
         files: list[IndexedFile] = []
         for ref in refs:
             section = ref.domain_dir
@@ -408,7 +413,9 @@ class PersistedIndex:
             if entries is None:
                 entries = sections[section] = self.read_section(section)
                 seen[section] = set()
-            name = name_in_section(self._root_text, ref.path, section)
+                prefixes[section] = _section_prefix(self._root_text, section)
+            prefix = prefixes[section]
+            name = ref.path[len(prefix) :] if ref.path.startswith(prefix) else ref.path
             seen[section].add(name)
             entry = entries.get(name)
             fresh = entry
@@ -466,6 +473,9 @@ def assemble_problems(
 ) -> list[Problem]:
     problems = list(walk_problems)
     for indexed in files:
+        entry = indexed.entry
+        if entry[_PROBLEM] is None and not entry[_NOTES] and (domain is None or entry[_DOMAIN] == domain):
+            continue  # a seed in scope with nothing to report: most files
         problems.extend(indexed.problems(domain))
     problems.sort(key=lambda problem: problem.path)
     return problems
