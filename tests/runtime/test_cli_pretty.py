@@ -13,8 +13,10 @@ from sidecar_runtime.cli_common import pretty
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text()
 values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=5) | st.integers(), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=5) | st.integers(), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
