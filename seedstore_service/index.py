@@ -182,7 +182,7 @@ class SeedIndex:
             seen: set[str] = set()
             saved = self.store.persisted
             sections: dict[str | None, dict[str, persisted.Entry]] = {}
-            from_persisted = 0
+            taken: set[str] = set()  # files whose entry came from the persisted index
             for ref in refs:
                 seen.add(ref.path)
                 old = self._entries.get(ref.path)
@@ -197,7 +197,7 @@ class SeedIndex:
                     entry = _entry_from_persisted(section.get(name), ref.path, ref.domain_dir, signature)
                     if entry is not None:
                         fresh[ref.path] = entry
-                        from_persisted += 1
+                        taken.add(ref.path)
                         continue
                 known = old.parsed.stored if old is not None else None
                 fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns, known)
@@ -206,6 +206,9 @@ class SeedIndex:
                 for path, entry in self._entries.items()
                 if path not in seen and (domain is None or entry.domain_dir == domain)
             ]
+            # The sections of the persisted index that no longer match memory.
+            dirty = {entry.domain_dir for path, entry in fresh.items() if path not in taken}
+            dirty.update(self._entries[path].domain_dir for path in vanished)
             with self._state_lock:
                 events, changed = self._apply(fresh, vanished)
                 walk_changed = domain is None and tuple(walk_problems) != self._walk_problems
@@ -214,21 +217,21 @@ class SeedIndex:
                 if changed or walk_changed:
                     self._scope_cache.clear()
                     self._problem_cache.clear()
-            read = len(fresh) - from_persisted
-            if saved is not None and domain is None and (read or vanished):
-                self._save(saved)
-            self.last_refresh = RefreshStats(len(refs), from_persisted, read, time.perf_counter() - started)
+            read = len(fresh) - len(taken)
+            if saved is not None and domain is None and dirty:
+                self._save(saved, dirty)
+            self.last_refresh = RefreshStats(len(refs), len(taken), read, time.perf_counter() - started)
             return events
 
-    def _save(self, saved: persisted.PersistedIndex) -> None:
-        """Write every section of the persisted index from memory (best effort, see persisted.py)."""
+    def _save(self, saved: persisted.PersistedIndex, dirty: Collection[str | None]) -> None:
+        """Write these sections of the persisted index from memory (best effort, see persisted.py)."""
         with self._state_lock:
-            sections: dict[str | None, list[persisted.Entry]] = {}
+            sections: dict[str | None, list[persisted.Entry]] = {section: [] for section in dirty}
             for path, entry in self._entries.items():
-                if entry.signature is None:
+                if entry.signature is None or entry.domain_dir not in sections:
                     continue
                 name = persisted.name_in_section(str(self.store.root), path, entry.domain_dir)
-                sections.setdefault(entry.domain_dir, []).append(
+                sections[entry.domain_dir].append(
                     persisted.entry_from_parts(name, entry.signature, entry.checked_ns, entry.parsed)
                 )
         saved.write_sections(sections)

@@ -214,7 +214,7 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     equivalents = await asyncio.to_thread(
         load_equivalents, settings.equivalents_file, required=settings.equivalents_required
     )
-    store = SeedStore(settings.store_root.absolute())
+    store = SeedStore(settings.store_root.absolute(), record_writes=False)
     index = SeedIndex(store)
     feed = ChangeFeed(
         asyncio.get_running_loop(), backlog_bytes=settings.watch_backlog_bytes, size_of=_message_bytes
@@ -287,10 +287,10 @@ async def _refresh_forever(operations: SeedOperations, interval: float) -> None:
 def _timed_refresh(operations: SeedOperations) -> float:
     """Refresh the index; return the CPU time this thread spent on it."""
     started = time.thread_time()
-    operations.refresh_index()
+    events = operations.refresh_index()
     spent = time.thread_time() - started
     index = getattr(operations, "index", None)  # a test stand-in may have none
-    if index is not None and index.last_refresh is not None and index.last_refresh.read:
+    if events and index is not None:
         _log_refresh(index, "seed index refreshed after edits")
     return spent
 

@@ -542,6 +542,7 @@ class SeedStore:
         *,
         lock_timeout: float = _DEFAULT_LOCK_TIMEOUT_SECONDS,
         persisted_index: bool = True,
+        record_writes: bool = True,
     ) -> None:
         """`persisted_index`: keep what the files parsed to in `<root>/.seedstore-index/` (persisted.py)."""
         self.root = root
@@ -549,6 +550,10 @@ class SeedStore:
         self._lock_timeout = lock_timeout
         self._lock: filelock.BaseFileLock | None = None  # made on first use: reads seldom need it
         self.persisted = PersistedIndex(root, self._try_locked) if persisted_index else None
+        # Put each file this store writes into the persisted index at once. The service does
+        # not: its in-memory index saves the sections that changed after each refresh, and
+        # an entry a write left stale is only read again at the next start.
+        self._record_writes = record_writes
 
     def __repr__(self) -> str:
         return f"SeedStore({str(self.root)!r})"
@@ -871,7 +876,7 @@ class SeedStore:
 
     def _record(self, path: str, stored: StoredSeed | None) -> None:
         """Tell the persisted index what a write left in `path` (the caller holds the lock)."""
-        if self.persisted is None:
+        if self.persisted is None or not self._record_writes:
             return
         if stored is None:
             self.persisted.record(path, None, 0, locked=True)
