@@ -192,6 +192,8 @@ class SeedIndex:
                 if old is None and saved is not None and signature is not None:
                     section = sections.get(ref.domain_dir)
                     if section is None:
+                        # Walk order keeps a section's files together: hold one section's entries at a time.
+                        sections.clear()
                         section = sections[ref.domain_dir] = saved.read_section(ref.domain_dir)
                     name = persisted.name_in_section(str(self.store.root), ref.path, ref.domain_dir)
                     entry = _entry_from_persisted(section.get(name), ref.path, ref.domain_dir, signature)
