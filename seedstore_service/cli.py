@@ -39,22 +39,16 @@ the service paths print the same object. A usage error prints clap's text.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 import os
 import re
 import sys
+import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeAlias, cast
 
-import grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-
-from clients.errors import SidecarError
-from clients.seedstore import SeedStoreClient
-from seedstore_service import convert, render
+from seedstore_service import render
 from seedstore_service.cliparse import (
     BOOL_VALUES,
     Command,
@@ -78,25 +72,30 @@ from seedstore_service.operations import (
     SeedRemoved,
     SeedVerified,
     SeedView,
-    VerifyProgress,
     VerifyRequest,
     default_equivalents_file,
     load_equivalents,
 )
-from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery
-from seedstore_service.runner import DEFAULT_PATH
-from seedstore_service.server import Settings, add_serve_arguments, serve
 from seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
-from seedstore_service.verification import plan_checks
 from sidecar_runtime import cli_common
-from sidecar_runtime.lifecycle import log_json
+
+# Agents run the local read commands one process per call: grpc, the generated code,
+# the client, the server and asyncio are imported only by the commands that use them
+# (`--server`, `serve`, `verify`).
+if TYPE_CHECKING:
+    import argparse
+
+    from clients.errors import SidecarError
+    from seedstore_service.operations import VerifyProgress
+    from seedstore_service.patch import AddSpec, UpdatePatch
+    from seedstore_service.remote_frontend import RemoteFrontend
 
 SERVER_ENV = "SEEDSTORE_SERVER"
 # A file holding the bearer token to send with --server (a seedstore run with --token-file asks for one).
 TOKEN_FILE_ENV = "SEEDSTORE_TOKEN_FILE"
 
-ProgressListener = Callable[[str, VerifyProgress], None]
+ProgressListener: TypeAlias = Callable[[str, "VerifyProgress"], None]
 """Called with the seed store and each verify event."""
 
 
@@ -104,6 +103,9 @@ ProgressListener = Callable[[str, VerifyProgress], None]
 
 
 class Frontend(Protocol):
+    # What its calls raise for a failure to report (as opposed to a bug).
+    errors: tuple[type[Exception], ...]
+
     def store(self) -> str: ...
     def add(self, spec: AddSpec) -> SeedView: ...
     def update(
@@ -122,7 +124,9 @@ class Frontend(Protocol):
 
 
 class LocalFrontend:
-    """The files themselves, loaded afresh by every command, as SkillSpec does."""
+    """The files themselves, as SkillSpec reads them, through the persisted index (persisted.py)."""
+
+    errors: tuple[type[Exception], ...] = (SeedStoreError,)
 
     def __init__(self, env: Mapping[str, str], equivalents_file: str | None) -> None:
         self._env = env
@@ -139,7 +143,7 @@ class LocalFrontend:
             self._operations = SeedOperations(
                 SeedStore(resolve_store_root(self._env)),
                 equivalents=equivalents,
-                runner_path=self._env.get("PATH") or DEFAULT_PATH,
+                runner_path=self._env.get("PATH") or None,
             )
         return self._operations
 
@@ -155,7 +159,9 @@ class LocalFrontend:
         return self._ops().update(seed_id, domain, patch, expected_revision=expected_revision)
 
     def list_seeds(self, domain: str | None) -> SeedListing:
-        return self._ops().list_seeds(domain)
+        operations = self._ops()
+        entries, problems = operations.store.listing(domain)
+        return SeedListing(operations.seed_store, domain, entries, problems)
 
     def search(self, query: SearchQuery, broaden: bool) -> SearchOutcome:
         return self._ops(with_equivalents=broaden).search(query, broaden_empty=broaden)
@@ -173,6 +179,8 @@ class LocalFrontend:
         return self._ops().scan()
 
     def verify(self, request: VerifyRequest, limits_given: bool, listener: ProgressListener) -> str:
+        import asyncio
+
         operations = self._ops()
 
         async def run() -> None:
@@ -185,76 +193,9 @@ class LocalFrontend:
 
     def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]:
         targets = self._ops().verify_targets(request)
+        from seedstore_service.verification import plan_checks
+
         return {(stored.seed.domain, stored.seed.id): len(plan_checks(stored.seed)) for stored in targets}
-
-
-class RemoteFrontend:
-    """A seedstore service; every response is turned back into the core value the local path returns."""
-
-    def __init__(self, target: str, token_file: str | None = None) -> None:
-        self._client = SeedStoreClient(target, token_file=token_file)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def store(self) -> str:
-        return self._client.get_store().seed_store
-
-    def add(self, spec: AddSpec) -> SeedView:
-        return convert.seed_view_from_proto(self._client.add_seed(convert.add_request(spec)))
-
-    def update(
-        self, seed_id: str, domain: str | None, patch: UpdatePatch, expected_revision: str | None
-    ) -> SeedView:
-        request = convert.update_request(seed_id, domain, patch, expected_revision)
-        return convert.seed_view_from_proto(self._client.update_seed(request))
-
-    def list_seeds(self, domain: str | None) -> SeedListing:
-        # Every page, so the output is the whole listing as SkillSpec prints it.
-        return convert.listing_from_proto(self._client.list_all_seeds(pb.ListSeedsRequest(domain=domain)))
-
-    def search(self, query: SearchQuery, broaden: bool) -> SearchOutcome:
-        response = self._client.search_seeds(convert.search_request(query, broaden))
-        return convert.search_outcome_from_proto(response)
-
-    def inspect(self, seed_id: str, domain: str | None) -> SeedView:
-        request = pb.InspectSeedRequest(id=seed_id, domain=domain)
-        return convert.seed_view_from_proto(self._client.inspect_seed(request))
-
-    def prefer(self, seed_id: str, domain: str | None, for_capability: str, priority: int | None) -> SeedView:
-        request = pb.PreferSeedRequest(
-            id=seed_id, domain=domain, for_capability=for_capability, priority=priority
-        )
-        return convert.seed_view_from_proto(self._client.prefer_seed(request))
-
-    def remove(self, seed_id: str, domain: str | None) -> SeedRemoved:
-        request = pb.RemoveSeedRequest(id=seed_id, domain=domain)
-        return convert.removed_from_proto(self._client.remove_seed(request))
-
-    def scan(self) -> str:
-        return self._client.scan_seeds().seed_store
-
-    def verify(self, request: VerifyRequest, limits_given: bool, listener: ProgressListener) -> str:
-        message = convert.verify_request(request, send_timeout=limits_given, send_concurrency=limits_given)
-        seed_store = ""
-        for response in self._client.verify_seeds(message):
-            seed_store = response.seed_store
-            listener(seed_store, convert.verify_event_from_proto(response))
-        if not seed_store:
-            seed_store = self.store()
-        return seed_store
-
-    def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]:
-        if request.all_in_domain:
-            listing = self.list_seeds(request.domain)
-            targets: list[tuple[str, str | None]] = [(entry.id, entry.domain) for entry in listing.entries]
-        else:
-            targets = [(seed_id, request.domain) for seed_id in dict.fromkeys(request.ids)]
-        planned = {}
-        for seed_id, domain in targets:
-            seed = self.inspect(seed_id, domain).stored.seed
-            planned[(seed.domain, seed.id)] = len(plan_checks(seed))
-        return planned
 
 
 # --- argument parsing ------------------------------------------------------------
@@ -504,6 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     `serve` has no SkillSpec counterpart; it shares its flags with the negotiator's `serve`.
     """
+    import argparse
+
+    from seedstore_service.server import add_serve_arguments
+
     parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False)
     parser.add_argument("--server", metavar="ADDR", help=SERVER_HELP)
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
@@ -594,10 +539,13 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     values["json_style"] = values["json_style"] or cli_common.DEFAULT_JSON_STYLE
     if name == "prefer":
         values["for_capability"] = values.pop("for")
-    return argparse.Namespace(subcommand=name, **values)
+    # argparse.Namespace's attribute access, without importing argparse for a local command.
+    return cast("argparse.Namespace", types.SimpleNamespace(subcommand=name, **values))
 
 
 def _add_spec(args: argparse.Namespace) -> AddSpec:
+    from seedstore_service.patch import AddSpec
+
     return AddSpec(
         id=args.id,
         domain=args.domain,
@@ -620,6 +568,8 @@ def _add_spec(args: argparse.Namespace) -> AddSpec:
 
 
 def _update_patch(args: argparse.Namespace) -> UpdatePatch:
+    from seedstore_service.patch import UpdatePatch
+
     mark: VerificationStatus | None = None
     if args.mark_failed:
         mark = VerificationStatus.FAILED
@@ -684,7 +634,7 @@ def _run_verify(
 
             try:
                 planned: dict[tuple[str, str], int] | None = frontend.planned_checks(request)
-            except (SeedStoreError, SidecarError):
+            except frontend.errors:
                 planned = None  # the verify call itself reports why
             show = stack.enter_context(LiveDisplay(stderr, planned))
 
@@ -823,6 +773,8 @@ def _rust_join_text(base: str, rest: str) -> str:
 
 
 def _error_text(error: SidecarError, target: str) -> str:
+    import grpc
+
     if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         # No ErrorInfo: the service itself was never reached.
         return f"cannot reach the seedstore service at {target}: {error.message}"
@@ -841,6 +793,11 @@ def _local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
 
 
 def _serve(args: argparse.Namespace, env: Mapping[str, str], stderr: TextIO) -> int:
+    import asyncio
+
+    from seedstore_service.server import Settings, serve
+    from sidecar_runtime.lifecycle import log_json
+
     log_json("seedstore", stderr)
     try:
         settings = Settings.from_args(args, env)
@@ -886,6 +843,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if respelling is not None and not respelling.needed:
             respelling = None
     if target is not None:
+        from seedstore_service.remote_frontend import RemoteFrontend
+
         try:
             remote = RemoteFrontend(target, env.get(TOKEN_FILE_ENV) or None)
         except ValueError as error:
@@ -903,9 +862,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = respelling.text(error.message) if respelling is not None else error.message
         cli_common.print_error(message, _local_error_object(error, message), stderr)
         return 1
-    except SidecarError as error:
-        message = _error_text(error, target or "")
-        cli_common.print_error(message, cli_common.status_error_object(error, message), stderr)
+    except frontend.errors as error:
+        # Only the remote front end's SidecarError gets here: SeedStoreError is caught above.
+        sidecar_error = cast("SidecarError", error)
+        message = _error_text(sidecar_error, target or "")
+        cli_common.print_error(message, cli_common.status_error_object(sidecar_error, message), stderr)
         return 1
     except KeyboardInterrupt:
         cli_common.print_error("interrupted", cli_common.error_object("CANCELLED", "", "interrupted"), stderr)

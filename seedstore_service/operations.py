@@ -18,39 +18,19 @@ hold yet); the service runs those on its event loop and saves the thread hop.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from seedstore_service import errors
-from seedstore_service.broadening import (
-    Broadening,
-    EquivalenceTable,
-    broaden,
-    builtin_table,
-    merge_tables,
-    parse_user_table,
-)
-from seedstore_service.index import ChangeEvent, SeedIndex
 from seedstore_service.model import ListedSeed, Outcome, Problem, Verification, VerificationStatus
-from seedstore_service.patch import AddSpec, UpdatePatch
 from seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
 from seedstore_service.render import listed_seed
-from seedstore_service.runner import (
-    DEFAULT_PATH,
-    CheckFinished,
-    CheckStarted,
-    RunnerSettings,
-    SeedChecked,
-    check_seeds,
-    first_check_started,
-)
-from seedstore_service.seedfile import validate_identifier
+from seedstore_service.seedtext import canonical, validate_identifier
 from seedstore_service.store import (
     LoadedScope,
     Locator,
@@ -59,8 +39,16 @@ from seedstore_service.store import (
     locate_in_scope,
     os_error_text,
 )
-from seedstore_service.verification import build_verification
-from sidecar_runtime.metrics import record_verification
+
+# The local CLI's read commands import this module: what only verify, broadening and the
+# service need (asyncio, the check runner, YAML, metrics) is imported where it is used.
+if TYPE_CHECKING:
+    import asyncio
+
+    from seedstore_service.broadening import Broadening, EquivalenceTable
+    from seedstore_service.index import ChangeEvent, SeedIndex
+    from seedstore_service.patch import AddSpec, UpdatePatch
+    from seedstore_service.runner import CheckFinished, CheckStarted, RunnerSettings, SeedChecked
 
 EQUIVALENTS_FILE_NAME = "equivalents.yml"
 DEFAULT_CHECK_TIMEOUT_SECONDS = 10.0
@@ -123,7 +111,17 @@ class SeedVerified:
     revision: str
 
 
-VerifyProgress = CheckStarted | CheckFinished | SeedVerified
+if TYPE_CHECKING:
+    VerifyProgress: TypeAlias = CheckStarted | CheckFinished | SeedVerified
+
+
+def __getattr__(name: str) -> Any:
+    # `VerifyProgress` at run time (an isinstance-able union) without importing the runner up front.
+    if name == "VerifyProgress":
+        from seedstore_service.runner import CheckFinished, CheckStarted
+
+        return CheckStarted | CheckFinished | SeedVerified
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -150,6 +148,8 @@ class VerifyPlan:
         It describes the first check of the first seed, which `run_verify` starts
         without doing anything before it, so it can be sent before any work.
         """
+        from seedstore_service.runner import first_check_started
+
         return first_check_started(self.targets[0].seed) if self.targets else None
 
 
@@ -182,6 +182,8 @@ def load_equivalents(path: Path | None, *, required: bool) -> EquivalenceTable:
         InvalidArgument: the file cannot be parsed (file, field and line named).
         StoreUnavailable: a required file (given explicitly) cannot be read.
     """
+    from seedstore_service.broadening import builtin_table, merge_tables, parse_user_table
+
     if path is None:
         return builtin_table()
     try:
@@ -210,17 +212,26 @@ class SeedOperations:
         equivalents: EquivalenceTable | None = None,
         on_changes: Callable[[Sequence[ChangeEvent]], None] | None = None,
         clock: Callable[[], int] = now_unix,
-        runner_path: str = DEFAULT_PATH,
+        runner_path: str | None = None,
     ) -> None:
         self.store = store
         self.index = index
-        self.equivalents = equivalents if equivalents is not None else builtin_table()
+        self._equivalents = equivalents
         self._on_changes = on_changes
         self._clock = clock
-        self._runner_path = runner_path
+        self._runner_path = runner_path  # None: verification.DEFAULT_PATH
         # A refresh and the publication of its events happen as one step, so
         # watchers receive the changes of successive refreshes in order.
         self._refresh_lock = threading.Lock()
+
+    @property
+    def equivalents(self) -> EquivalenceTable:
+        """The table `search(broaden_empty=True)` uses: the one given, else the built-in one."""
+        if self._equivalents is None:
+            from seedstore_service.broadening import builtin_table
+
+            self._equivalents = builtin_table()
+        return self._equivalents
 
     @property
     def seed_store(self) -> str:
@@ -261,9 +272,7 @@ class SeedOperations:
         """The seed and its scope's problems; without `may_refresh`, `_NotInMemory` instead of disk."""
         index = self.index
         if index is None:
-            validate_identifier(seed_id, "capability id")
-            scope = self.store.load(domain)
-            return locate_in_scope(scope, seed_id), scope.problems
+            return self.store.locate(seed_id, domain)
         return self._find(seed_id, domain, may_refresh=may_refresh), index.problems(domain)
 
     def _find(self, seed_id: str, domain: str | None, *, may_refresh: bool = True) -> StoredSeed:
@@ -271,7 +280,7 @@ class SeedOperations:
         validate_identifier(seed_id, "capability id")
         index = self.index
         if index is None:
-            return locate_in_scope(self.store.load(domain), seed_id)
+            return self.store.locate(seed_id, domain)[0]
         # The candidate files decide a lookup exactly as the whole scope would, without building it.
         try:
             return locate_in_scope(index.lookup(seed_id, domain), seed_id)
@@ -406,6 +415,8 @@ class SeedOperations:
                     extra.append(problem)
             return related_result
 
+        from seedstore_service.broadening import broaden
+
         merged, broadening = broaden(result, query, self.equivalents, run_related)
         all_problems = tuple(sorted((*problems, *extra), key=lambda problem: problem.path))
         return SearchOutcome(self.seed_store, merged, broadening, all_problems)
@@ -414,7 +425,7 @@ class SeedOperations:
         if self.index is not None:
             return self.index.search(query)
         validate_query(query)
-        scope = self.store.load(query.domain)
+        scope = self.store.load_for_search(query.domain, canonical(query.capability))
         return search(((stored.seed, stored.path) for stored in scope.seeds), query), scope.problems
 
     def scan(self) -> str:
@@ -448,7 +459,10 @@ class SeedOperations:
     def plan_verify(self, request: VerifyRequest, *, may_refresh: bool = True) -> VerifyPlan:
         """The request checked and its seeds located (`verify_targets`), ready for `run_verify`."""
         targets = self.verify_targets(request, may_refresh=may_refresh)
-        settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path)
+        from seedstore_service.runner import RunnerSettings
+        from seedstore_service.verification import DEFAULT_PATH
+
+        settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path or DEFAULT_PATH)
         return VerifyPlan(targets, settings, request.concurrency)
 
     async def verify(self, request: VerifyRequest) -> AsyncGenerator[VerifyProgress, None]:
@@ -458,6 +472,8 @@ class SeedOperations:
         verification block; edits made meanwhile are kept), then its SeedVerified is
         yielded. Closing this generator early cancels the running checks.
         """
+        import asyncio
+
         # Planned from memory when it can be, so the first CheckStarted waits for no thread.
         plan = self.plan_verify_from_memory(request)
         if plan is None:
@@ -476,6 +492,11 @@ class SeedOperations:
         soon as its checks have all finished, while the events before its
         SeedVerified are still being sent; SeedVerified follows once it is written.
         """
+        import asyncio
+
+        from seedstore_service.runner import SeedChecked, check_seeds
+        from sidecar_runtime.metrics import record_verification
+
         items = [(stored.seed, stored.path) for stored in plan.targets]
         by_path = {stored.path: stored for stored in plan.targets}
         recording: dict[str, asyncio.Task[SeedVerified]] = {}
@@ -510,6 +531,10 @@ class SeedOperations:
             await asyncio.gather(*recording.values(), return_exceptions=True)
 
     async def _record_verdict(self, checked: SeedChecked, checked_seed: StoredSeed | None) -> SeedVerified:
+        import asyncio
+
+        from seedstore_service.verification import build_verification
+
         verification = build_verification(checked.outcomes, self._clock())
         stored = await asyncio.to_thread(self._write_verdict, checked, verification, checked_seed)
         return SeedVerified(
@@ -595,6 +620,8 @@ class _Watcher:
     __slots__ = ("domain", "pending_bytes", "queue")
 
     def __init__(self, domain: str | None) -> None:
+        import asyncio
+
         self.domain = domain
         self.queue: asyncio.Queue[tuple[ChangeEvent, int] | object] = asyncio.Queue()
         self.pending_bytes = 0

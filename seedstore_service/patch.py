@@ -20,7 +20,7 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.seedfile import MAX_PRIORITY, canonical, empty_alias_message, validate_identifier
+from seedstore_service.seedtext import MAX_PRIORITY, canonical, empty_alias_message, validate_identifier
 
 __all__ = [
     "EVIDENCE_SOURCE_CLI_HELP",

@@ -8,11 +8,11 @@ seeds its lookups narrowed down, so its results must equal `search`'s.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from seedstore_service.model import Seed, VerificationStatus
-from seedstore_service.seedfile import canonical, validate_identifier
+from seedstore_service.seedtext import canonical, validate_identifier
 from sidecar_runtime.wire_names import Gate, Risk
 
 __all__ = [
@@ -23,7 +23,9 @@ __all__ = [
     "RankedCandidate",
     "SearchQuery",
     "SearchResult",
+    "could_match",
     "finish_search",
+    "match_keys",
     "prepare_seed",
     "score_prepared",
     "score_seed",
@@ -157,7 +159,8 @@ def _canonical_set(values: Iterable[str]) -> frozenset[str]:
     return frozenset(canonical(value) for value in values) or _NOTHING
 
 
-def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
+def match_keys(seed: Seed) -> tuple[frozenset[str], frozenset[str]]:
+    """The canonical `provides` entries and alias/evidence texts a search compares."""
     texts = {canonical(alias) for alias in seed.aliases}
     for entry in seed.evidence:
         for text in (entry.command, entry.detail):
@@ -166,11 +169,21 @@ def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
     # A text with no letters or digits is inert: SkillSpec's substring test would let it
     # match every capability.
     texts.discard("")
+    return _canonical_set(seed.provides), frozenset(texts) or _NOTHING
+
+
+def could_match(provides: Collection[str], texts: Iterable[str], requested: str) -> bool:
+    """Whether `score_prepared` can score a seed with these keys (status and risk aside)."""
+    return requested in provides or any(requested in text or text in requested for text in texts)
+
+
+def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
+    provides, texts = match_keys(seed)
     return PreparedSeed(
         seed=seed,
         path=path,
-        provides=_canonical_set(seed.provides),
-        texts=frozenset(texts) or _NOTHING,
+        provides=provides,
+        texts=texts,
         preferred_for=_canonical_set(seed.rank.preferred_for),
         avoid_for=_canonical_set(seed.rank.avoid_for),
         risks=seed_risks(seed),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seedstore_service.model import Outcome, Seed, VerificationStatus
+from seedstore_service.verification import DEFAULT_PATH as DEFAULT_PATH
 from seedstore_service.verification import (
     Check,
     CommandEnd,
@@ -46,8 +47,6 @@ from seedstore_service.verification import (
     verdict,
 )
 from sidecar_runtime import proctree
-
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 _READ_CHUNK = 65536
 # The supervisor exits only once the whole tree is gone, so the pipe is at EOF by then;

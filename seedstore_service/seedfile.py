@@ -14,11 +14,10 @@ Scalar rules copied from serde_yaml 0.9.34 (`de.rs`):
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -37,6 +36,22 @@ from seedstore_service.model import (
     VerificationStatus,
 )
 
+# Re-exported: the pure text rules live in seedtext, which imports no YAML.
+from seedstore_service.seedtext import MAX_IDENTIFIER_LENGTH as MAX_IDENTIFIER_LENGTH
+from seedstore_service.seedtext import MAX_PRIORITY as MAX_PRIORITY
+from seedstore_service.seedtext import MAX_SEED_FILE_BYTES as MAX_SEED_FILE_BYTES
+from seedstore_service.seedtext import canonical as canonical
+from seedstore_service.seedtext import empty_alias_message as empty_alias_message
+from seedstore_service.seedtext import inert_alias_message as inert_alias_message
+from seedstore_service.seedtext import revision_of as revision_of
+from seedstore_service.seedtext import seed_from_json as seed_from_json
+from seedstore_service.seedtext import seed_to_json as seed_to_json
+from seedstore_service.seedtext import text_matches as text_matches
+from seedstore_service.seedtext import validate_identifier as validate_identifier
+
+_U8_MAX = 255
+_U64_MAX = 2**64 - 1
+
 __all__ = [
     "canonical",
     "dump_seed",
@@ -49,67 +64,6 @@ __all__ = [
     "text_matches",
     "validate_identifier",
 ]
-
-MAX_PRIORITY = 100
-# The largest seed file read, and the most a file's YAML may expand to once
-# aliases are followed (characters of every scalar plus one per node).
-# SkillSpec seeds are a few hundred bytes; a bigger file is a Problem, never parsed.
-MAX_SEED_FILE_BYTES = 1024 * 1024
-_U8_MAX = 255
-_U64_MAX = 2**64 - 1
-
-# ---------------------------------------------------------------------------
-# Identifiers and canonical text (SkillSpec §4, §6)
-# ---------------------------------------------------------------------------
-
-_IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
-# Ids and domains become file and directory names, and the store writes a seed
-# through `.<id>.yaml.tmp-<12 hex digits>` (23 characters around the id): 200
-# keeps that name under NAME_MAX (255 bytes; identifier characters are one byte
-# each). SkillSpec has no limit; the same one applies to every identifier.
-MAX_IDENTIFIER_LENGTH = 200
-
-
-def validate_identifier(value: str, field: str) -> str:
-    """Apply SkillSpec's only path-traversal guard, plus a length limit; return the value unchanged.
-
-    Raises:
-        InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, uses a char outside `[a-z0-9_.-]`,
-            or is longer than MAX_IDENTIFIER_LENGTH.
-    """
-    if not value or value.startswith(".") or not _IDENTIFIER_CHARS.issuperset(value):
-        raise InvalidIdentifier(value, field)
-    if len(value) > MAX_IDENTIFIER_LENGTH:
-        raise InvalidIdentifier(value, field, f"longer than {MAX_IDENTIFIER_LENGTH} characters")
-    return value
-
-
-_NOT_ASCII_ALNUM = re.compile(r"[^A-Za-z0-9]+")
-
-
-def canonical(text: str) -> str:
-    """SkillSpec's canonical form: `"Voice  Message!"` → `voice_message`, `"--"` → `""`.
-
-    ASCII-lowercase; every char that is not ASCII alphanumeric becomes `_`; empty parts are dropped.
-    One regular expression does it (a run of other chars is one separator), then `lower()`, which
-    can only meet ASCII by then: lowering first would turn some non-ASCII letters into ASCII
-    ones (the Kelvin sign into `k`). Every index build and every search canonicalises; a
-    char-by-char loop made this a fifth of building the index.
-    """
-    return _NOT_ASCII_ALNUM.sub("_", text).strip("_").lower()
-
-
-def text_matches(text: str, capability: str) -> bool:
-    """SkillSpec's alias/evidence test: plain substring containment, either way, on canonical forms."""
-    text_form = canonical(text)
-    capability_form = canonical(capability)
-    return capability_form in text_form or text_form in capability_form
-
-
-def revision_of(data: bytes) -> str:
-    """A seed file's revision: the first 16 hex digits of the SHA-256 of its bytes."""
-    return hashlib.sha256(data).hexdigest()[:16]
-
 
 # ---------------------------------------------------------------------------
 # Reading
@@ -432,16 +386,6 @@ class _SeedReader:
                     )
                 )
         return Verification(status=status, verified_at_unix=verified_at, outcomes=tuple(outcomes))
-
-
-def inert_alias_message(alias: str) -> str:
-    """Why a stored alias with no letters or digits never matches (SkillSpec lets it match every search)."""
-    return f'alias "{excerpt(alias)}" has no letters or digits, so it never matches'
-
-
-def empty_alias_message(alias: str) -> str:
-    """Why an alias with no letters or digits is refused (SkillSpec lets it match every search)."""
-    return f'alias "{excerpt(alias)}" has no letters or digits, so it would match every capability'
 
 
 _KIND_TAGS = {
@@ -982,68 +926,3 @@ def dump_seed(seed: Seed) -> str:
         return dump_seed_via_emitter(seed)
     lines.append("")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------
-# JSON
-# ---------------------------------------------------------------------------
-
-
-def _tie_breakers_json(ties: Mapping[str, str]) -> dict[str, str]:
-    return dict(sorted(ties.items()))
-
-
-def seed_to_json(seed: Seed) -> dict[str, Any]:
-    """The seed object SkillSpec prints (add, update, prefer, inspect): serde order, empty fields absent."""
-    result: dict[str, Any] = {"id": seed.id, "domain": seed.domain, "kind": seed.kind}
-    for name, optional in (("command", seed.command), ("adapter", seed.adapter), ("script", seed.script)):
-        if optional is not None:
-            result[name] = optional
-    if seed.provides:
-        result["provides"] = list(seed.provides)
-    if seed.aliases:
-        result["aliases"] = list(seed.aliases)
-    if not seed.rank.is_empty():
-        rank: dict[str, Any] = {}
-        if seed.rank.default_priority is not None:
-            rank["default_priority"] = seed.rank.default_priority
-        if seed.rank.preferred_for:
-            rank["preferred_for"] = list(seed.rank.preferred_for)
-        if seed.rank.avoid_for:
-            rank["avoid_for"] = list(seed.rank.avoid_for)
-        if seed.rank.tie_breakers:
-            rank["tie_breakers"] = _tie_breakers_json(seed.rank.tie_breakers)
-        result["rank"] = rank
-    if seed.evidence:
-        evidence = []
-        for entry in seed.evidence:
-            item: dict[str, Any] = {"source": entry.source}
-            if entry.command is not None:
-                item["command"] = entry.command
-            if entry.detail is not None:
-                item["detail"] = entry.detail
-            evidence.append(item)
-        result["evidence"] = evidence
-    if seed.auth_env:
-        result["auth"] = {"env": list(seed.auth_env)}
-    if seed.risk.external_service or seed.risk.may_cost_money:
-        risk: dict[str, Any] = {}
-        if seed.risk.external_service:
-            risk["external_service"] = True
-        if seed.risk.may_cost_money:
-            risk["may_cost_money"] = True
-        result["risk"] = risk
-    if seed.promotion is not None:
-        result["promotion"] = {"suggested_skill_id": seed.promotion.suggested_skill_id}
-    if seed.verification is not None:
-        verification: dict[str, Any] = {
-            "status": seed.verification.status.value,
-            "verified_at_unix": seed.verification.verified_at_unix,
-        }
-        if seed.verification.outcomes:
-            verification["outcomes"] = [
-                {"check": outcome.check, "ok": outcome.ok, "message": outcome.message}
-                for outcome in seed.verification.outcomes
-            ]
-        result["verification"] = verification
-    return result

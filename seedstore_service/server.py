@@ -214,7 +214,7 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     equivalents = await asyncio.to_thread(
         load_equivalents, settings.equivalents_file, required=settings.equivalents_required
     )
-    store = SeedStore(settings.store_root.absolute())
+    store = SeedStore(settings.store_root.absolute(), record_writes=False)
     index = SeedIndex(store)
     feed = ChangeFeed(
         asyncio.get_running_loop(), backlog_bytes=settings.watch_backlog_bytes, size_of=_message_bytes
@@ -223,6 +223,7 @@ async def create_server(settings: Settings) -> SeedStoreServer:
         store, index, equivalents=equivalents, on_changes=feed.publish, runner_path=settings.check_path
     )
     await asyncio.to_thread(operations.refresh_index)
+    _log_refresh(index, "seed index built")
     options = replace(
         settings.server_options or ServerOptions(listen=()),
         listen=settings.listen,
@@ -286,8 +287,27 @@ async def _refresh_forever(operations: SeedOperations, interval: float) -> None:
 def _timed_refresh(operations: SeedOperations) -> float:
     """Refresh the index; return the CPU time this thread spent on it."""
     started = time.thread_time()
-    operations.refresh_index()
-    return time.thread_time() - started
+    events = operations.refresh_index()
+    spent = time.thread_time() - started
+    index = getattr(operations, "index", None)  # a test stand-in may have none
+    if events and index is not None:
+        _log_refresh(index, "seed index refreshed after edits")
+    return spent
+
+
+def _log_refresh(index: SeedIndex, what: str) -> None:
+    """How long a refresh took and how much of the store it had to read and parse."""
+    stats = index.last_refresh
+    if stats is None:
+        return
+    _LOGGER.info(
+        "%s in %.3f s: %d seed files, %d from the persisted index, %d read",
+        what,
+        stats.seconds,
+        stats.files,
+        stats.from_persisted,
+        stats.read,
+    )
 
 
 async def serve(settings: Settings) -> None:

@@ -37,35 +37,30 @@ import contextlib
 import dataclasses
 import os
 import re
-import secrets
 import stat
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import filelock
+from typing import TYPE_CHECKING
 
 from seedstore_service import errors
-from seedstore_service.model import Problem, Seed, Verification
-from seedstore_service.patch import (
-    AddSpec,
-    UpdatePatch,
-    apply_patch,
-    apply_prefer,
-    build_seed,
-    validate_patch,
-    validate_patch_before_load,
-    validate_prefer,
-)
-from seedstore_service.seedfile import (
+from seedstore_service.model import ListedSeed, Problem, Seed, Verification
+from seedstore_service.persisted import PersistedIndex, assemble_problems, mismatch_problem, stored_from_entry
+from seedstore_service.seedtext import (
     MAX_IDENTIFIER_LENGTH,
     MAX_SEED_FILE_BYTES,
     canonical,
-    dump_seed,
-    parse_seed_with_notes,
     revision_of,
     validate_identifier,
 )
+
+# Reads import neither the patch rules, the lock library nor YAML: they are imported by the
+# functions that write or parse.
+if TYPE_CHECKING:
+    import filelock
+
+    from seedstore_service.patch import AddSpec, UpdatePatch
 
 SEED_SUFFIXES = (".yml", ".yaml")
 LOCK_FILE_NAME = ".seedstore.lock"
@@ -313,6 +308,8 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
     except UnicodeDecodeError:
         reason = f"failed to read {path}: stream did not contain valid UTF-8"
         return ParsedFile(path, None, Problem(path, 0, reason), revision, False, stat_result, 0)
+    from seedstore_service.seedfile import parse_seed_with_notes
+
     try:
         seed, notes = parse_seed_with_notes(text, path)
     except errors.SeedMalformed as err:
@@ -330,16 +327,15 @@ def stored_seed(seed: Seed, path: str, data: bytes) -> StoredSeed:
     notes: tuple[Problem, ...] = ()
     if not all(canonical(alias) for alias in seed.aliases):
         # Rare (only a file written so by another tool has such an alias): read the lines back.
+        from seedstore_service.seedfile import parse_seed_with_notes
+
         _, found = parse_seed_with_notes(data.decode("utf-8"), path)
         notes = tuple(Problem(path, line, reason) for line, reason in found)
     return StoredSeed(seed, path, revision_of(data), notes)
 
 
 def domain_mismatch_problem(stored: StoredSeed, domain: str, line: int) -> Problem:
-    reason = (
-        f'seed {stored.path} is stored under domain "{domain}" but declares domain "{stored.seed.domain}"'
-    )
-    return Problem(stored.path, line, reason)
+    return mismatch_problem(stored.path, domain, stored.seed.domain, line)
 
 
 def malformed_error(problem: Problem) -> errors.SeedMalformed:
@@ -373,14 +369,20 @@ def scope_from_files(
     return LoadedScope(tuple(seeds), tuple(problems))
 
 
-def locate_in_scope(scope: LoadedScope, seed_id: str) -> StoredSeed:
-    """The single seed with that id in a loaded scope, or the SkillSpec error for why not."""
+def locate_in_scope(
+    scope: LoadedScope, seed_id: str, loaded_paths: Iterable[str] | None = None
+) -> StoredSeed:
+    """The single seed with that id in a loaded scope, or the SkillSpec error for why not.
+
+    `loaded_paths`: the paths of every seed the whole scope loads, when `scope.seeds`
+    holds only those that can match (the problems are always the whole scope's).
+    """
     matches = [stored for stored in scope.seeds if stored.seed.id == seed_id]
     if len(matches) > 1:
         raise errors.AmbiguousSeed(seed_id, [stored.path for stored in matches])
     if matches:
         return matches[0]
-    loaded = {stored.path for stored in scope.seeds}
+    loaded = set(loaded_paths) if loaded_paths is not None else {stored.path for stored in scope.seeds}
     for problem in scope.problems:
         if file_stem(problem.path) == seed_id and problem.path not in loaded:
             # The broken file may well be this seed: never guess, never overwrite it.
@@ -462,7 +464,7 @@ def write_atomically(root: Path, path: Path, data: bytes) -> None:
         # The name is cut so that any target name leaves room for the marker and suffix.
         stem = name[:MAX_IDENTIFIER_LENGTH]
         while True:
-            candidate = f".{stem}{_TEMP_MARKER}{secrets.token_hex(6)}"
+            candidate = f".{stem}{_TEMP_MARKER}{os.urandom(6).hex()}"
             try:
                 # 0o666 before the umask: the permissions a plain write would give.
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -510,9 +512,15 @@ def remove_file(root: Path, path: Path) -> None:
         raise errors.StoreUnavailable(f"failed to remove {path}: {os_error_text(err)}") from err
 
 
+def dump_seed_text(seed: Seed) -> str:
+    from seedstore_service.seedfile import dump_seed
+
+    return dump_seed(seed)
+
+
 def _seed_bytes(seed: Seed) -> bytes:
     """The file for `seed`; InvalidArgument when it would be more than a seed file may hold."""
-    data = dump_seed(seed).encode("utf-8")
+    data = dump_seed_text(seed).encode("utf-8")
     if len(data) > MAX_SEED_FILE_BYTES:
         raise errors.InvalidArgument(
             f"the seed would take {len(data)} bytes, more than the {MAX_SEED_FILE_BYTES} "
@@ -528,10 +536,24 @@ def _seed_bytes(seed: Seed) -> bytes:
 class SeedStore:
     """A SkillSpec capability seed store rooted at `root` (`.../capabilities`)."""
 
-    def __init__(self, root: Path, *, lock_timeout: float = _DEFAULT_LOCK_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        lock_timeout: float = _DEFAULT_LOCK_TIMEOUT_SECONDS,
+        persisted_index: bool = True,
+        record_writes: bool = True,
+    ) -> None:
+        """`persisted_index`: keep what the files parsed to in `<root>/.seedstore-index/` (persisted.py)."""
         self.root = root
         self._lock_path = root / LOCK_FILE_NAME
-        self._lock = filelock.FileLock(str(self._lock_path), timeout=lock_timeout)
+        self._lock_timeout = lock_timeout
+        self._lock: filelock.BaseFileLock | None = None  # made on first use: reads seldom need it
+        self.persisted = PersistedIndex(root, self._try_locked) if persisted_index else None
+        # Put each file this store writes into the persisted index at once. The service does
+        # not: its in-memory index saves the sections that changed after each refresh, and
+        # an entry a write left stale is only read again at the next start.
+        self._record_writes = record_writes
 
     def __repr__(self) -> str:
         return f"SeedStore({str(self.root)!r})"
@@ -542,12 +564,65 @@ class SeedStore:
         """Every seed in scope plus a Problem per file that could not be used; never raises for a file."""
         if domain is not None:
             validate_identifier(domain, "domain")
+        if self.persisted is not None:
+            files, walk_problems = self.persisted.scan(domain)
+            seeds = [
+                stored_from_entry(indexed.path, indexed.entry)
+                for indexed in files
+                if indexed.in_scope(domain)
+            ]
+            return LoadedScope(tuple(seeds), tuple(assemble_problems(files, domain, walk_problems)))
         refs, walk_problems = walk_seed_files(self.root, domain)
         parsed = [read_seed_file(ref.path, ref.domain_dir) for ref in refs]
         return scope_from_files(parsed, domain, walk_problems)
 
+    def load_for_search(self, domain: str | None, requested: str) -> LoadedScope:
+        """`load(domain)` without seeds a search of `requested` (a canonical term) excludes for not matching.
+
+        Those seeds change no search result; the problems are the whole scope's.
+        """
+        if self.persisted is None or not requested:
+            return self.load(domain)
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        files, walk_problems = self.persisted.scan(domain)
+        seeds = [
+            stored_from_entry(indexed.path, indexed.entry)
+            for indexed in files
+            if indexed.in_scope(domain) and indexed.could_match(requested)
+        ]
+        return LoadedScope(tuple(seeds), tuple(assemble_problems(files, domain, walk_problems)))
+
+    def listing(self, domain: str | None) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
+        """The `list` rows of the scope and its problems; no Seed is built for a seed the index holds."""
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        if self.persisted is None:
+            from seedstore_service.render import listed_seed
+
+            scope = self.load(domain)
+            rows = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
+            return rows, scope.problems
+        files, walk_problems = self.persisted.scan(domain)
+        rows = tuple(indexed.listed() for indexed in files if indexed.in_scope(domain))
+        return rows, tuple(assemble_problems(files, domain, walk_problems))
+
     def locate(self, seed_id: str, domain: str | None) -> tuple[StoredSeed, tuple[Problem, ...]]:
         validate_identifier(seed_id, "capability id")
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        if self.persisted is not None:
+            # Only the seeds holding the id are built; the answer is the whole scope's.
+            files, walk_problems = self.persisted.scan(domain)
+            loaded = [indexed for indexed in files if indexed.in_scope(domain)]
+            matches = tuple(
+                stored_from_entry(indexed.path, indexed.entry)
+                for indexed in loaded
+                if indexed.seed_id == seed_id
+            )
+            problems = tuple(assemble_problems(files, domain, walk_problems))
+            scope = LoadedScope(matches, problems)
+            return locate_in_scope(scope, seed_id, (indexed.path for indexed in loaded)), problems
         scope = self.load(domain)
         return locate_in_scope(scope, seed_id), scope.problems
 
@@ -628,6 +703,8 @@ class SeedStore:
 
     def add(self, spec: AddSpec) -> StoredSeed:
         """Write `<root>/<domain>/<id>.yml`; it may replace a valid seed there, never a broken file."""
+        from seedstore_service.patch import build_seed
+
         seed = build_seed(spec)
         validate_identifier(seed.id, "capability id")
         validate_identifier(seed.domain, "domain")
@@ -636,7 +713,9 @@ class SeedStore:
         with self._locked():
             self._refuse_unusable_file(path)
             write_atomically(self.root, path, data)
-        return StoredSeed(seed, str(path), revision_of(data))
+            stored = stored_seed(seed, str(path), data)
+            self._record(str(path), stored)
+        return stored
 
     def update(
         self,
@@ -655,6 +734,8 @@ class SeedStore:
         """
         # SkillSpec's order: the target, priority and ties; the seed; then every other value.
         self._validate_target(seed_id, domain)
+        from seedstore_service.patch import apply_patch, validate_patch, validate_patch_before_load
+
         validate_patch_before_load(patch)
         self._require_root(seed_id)
         with self._locked():
@@ -675,6 +756,8 @@ class SeedStore:
         locate: Locator | None = None,
     ) -> tuple[StoredSeed, tuple[Problem, ...]]:
         self._validate_target(seed_id, domain)
+        from seedstore_service.patch import apply_prefer, validate_prefer
+
         validate_prefer(for_capability, priority)
         self._require_root(seed_id)
         with self._locked():
@@ -692,6 +775,7 @@ class SeedStore:
         with self._locked():
             current, problems = self._locate_for_write(seed_id, domain, locate)
             remove_file(self.root, Path(current.path))
+            self._record(current.path, None)
         return current.path, problems
 
     def write_verification(
@@ -723,14 +807,40 @@ class SeedStore:
 
     # -- helpers ---------------------------------------------------------
 
+    def _file_lock(self) -> filelock.BaseFileLock:
+        if self._lock is None:
+            import filelock
+
+            self._lock = filelock.FileLock(str(self._lock_path), timeout=self._lock_timeout)
+        return self._lock
+
+    @contextlib.contextmanager
+    def _try_locked(self) -> Iterator[bool]:
+        """Hold the store's lock if it is free now (or already held here); yields whether it is held."""
+        import filelock
+
+        lock = self._file_lock()
+        try:
+            lock.acquire(timeout=0)
+        except (filelock.Timeout, OSError):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        import filelock
+
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise errors.StoreUnavailable(f"failed to write {self.root}: {os_error_text(err)}") from err
+        lock = self._file_lock()
         try:
-            self._lock.acquire(poll_interval=_LOCK_POLL_SECONDS)
+            lock.acquire(poll_interval=_LOCK_POLL_SECONDS)
         except filelock.Timeout as err:
             raise errors.StoreUnavailable(f"timed out waiting for the store lock {self._lock_path}") from err
         except OSError as err:
@@ -738,7 +848,7 @@ class SeedStore:
         try:
             yield
         finally:
-            self._lock.release()
+            lock.release()
 
     @staticmethod
     def _validate_target(seed_id: str, domain: str | None) -> None:
@@ -760,7 +870,30 @@ class SeedStore:
         """Write `seed` back to the file it was found in (its name may differ from the id)."""
         data = _seed_bytes(seed)
         write_atomically(self.root, Path(current.path), data)
-        return stored_seed(seed, current.path, data)
+        stored = stored_seed(seed, current.path, data)
+        self._record(current.path, stored)
+        return stored
+
+    def _record(self, path: str, stored: StoredSeed | None) -> None:
+        """Tell the persisted index what a write left in `path` (the caller holds the lock)."""
+        if self.persisted is None or not self._record_writes:
+            return
+        if stored is None:
+            self.persisted.record(path, None, 0, locked=True)
+            return
+        checked_ns = time.time_ns()
+        try:
+            domain_dir = domain_dir_of(self.root, path)
+            stat_result = os.stat(path)
+        except (ValueError, OSError):
+            return
+        # The file was written moments ago, so its entry is racy: the next load compares its
+        # bytes with this revision, and an edit made since by another program is seen then.
+        domain_line = 0
+        if domain_dir is not None and stored.seed.domain != domain_dir:
+            domain_line = _domain_key_line(dump_seed_text(stored.seed))
+        parsed = ParsedFile(path, stored, None, stored.revision, False, stat_result, domain_line)
+        self.persisted.record(path, parsed, checked_ns, locked=True)
 
     @staticmethod
     def _refuse_unusable_file(path: Path) -> None:

@@ -19,6 +19,9 @@ from pathlib import Path
 
 from seedstore_service.model import Outcome, Seed, Verification, VerificationStatus
 
+# The PATH checks search when neither the environment nor the service's settings give one.
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
 # --- the plan ---------------------------------------------------------------
 
 

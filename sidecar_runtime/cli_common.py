@@ -16,16 +16,19 @@
   UNIMPLEMENTED status the server sends for a method it does not have, asks the
   server's reflection service what it serves, and says so.
 
-Nothing here imports grpc at module level: `--help` and `--version` stay fast.
+Nothing here imports grpc or argparse at module level: `--help`, `--version` and local commands stay fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TextIO
+from json.encoder import encode_basestring as _ENCODE_STRING  # the C escaper ensure_ascii=False uses
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+if TYPE_CHECKING:
+    import argparse  # imported by the functions that build parsers: local commands need none
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -61,28 +64,29 @@ def version_text(prog: str) -> str:
     return f"{prog} {version()}"
 
 
-class _VersionAction(argparse.Action):
-    """argparse's `version` action, reading the metadata only when `--version` is given."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
-        super().__init__(
-            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
-        )
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        sys.stdout.write(version_text(parser.prog) + "\n")
-        parser.exit()
-
-
 def add_version_argument(parser: argparse.ArgumentParser) -> None:
     """`--version`: prints `<prog> <version>` and exits 0."""
-    parser.add_argument("--version", action=_VersionAction, help=VERSION_HELP)
+    import argparse
+
+    class VersionAction(argparse.Action):
+        """argparse's `version` action, reading the metadata only when `--version` is given."""
+
+        def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+            super().__init__(
+                option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+            )
+
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: object,
+            option_string: str | None = None,
+        ) -> None:
+            sys.stdout.write(version_text(parser.prog) + "\n")
+            parser.exit()
+
+    parser.add_argument("--version", action=VersionAction, help=VERSION_HELP)
 
 
 def exit_codes_help(*, refused: bool, success_note: str = "", failed_note: str = "") -> str:
@@ -97,7 +101,73 @@ def dumps(value: Any, style: str = DEFAULT_JSON_STYLE) -> str:
     """One JSON document in `style` (see the module docstring), non-ASCII kept as is."""
     if style == "compact":
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    return pretty(value)
+
+
+class _NotPlain(Exception):
+    """A value `pretty` leaves to json.dumps (a non-str key, a float, an unknown type)."""
+
+
+def pretty(value: Any) -> str:
+    """`json.dumps(value, indent=2, ensure_ascii=False)`, byte for byte, faster.
+
+    json.dumps with an indent runs its pure-Python encoder; a `list` of 10,000 seeds spent
+    most of its time there. This walks dicts and lists itself and leaves each string to
+    the C escaper. Anything but str keys and str/int/bool/None/dict/list values goes to
+    json.dumps whole.
+    """
+    try:
+        return _pretty(value, "")
+    except _NotPlain:
+        return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _scalar(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return _ENCODE_STRING(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if kind is int:
+        return int.__repr__(value)
+    raise _NotPlain
+
+
+def _pretty(value: Any, indent: str) -> str:
+    kind = type(value)
+    if kind is dict:
+        if not value:
+            return "{}"
+        inner = indent + "  "
+        parts = []
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            item_kind = type(item)
+            if item_kind is str:
+                parts.append(f"{inner}{_ENCODE_STRING(key)}: {_ENCODE_STRING(item)}")
+            elif item_kind is dict or item_kind is list:
+                parts.append(f"{inner}{_ENCODE_STRING(key)}: {_pretty(item, inner)}")
+            else:
+                parts.append(f"{inner}{_ENCODE_STRING(key)}: {_scalar(item)}")
+        return "{\n" + ",\n".join(parts) + "\n" + indent + "}"
+    if kind is list:
+        if not value:
+            return "[]"
+        inner = indent + "  "
+        if all(type(item) is str for item in value):
+            items = [inner + _ENCODE_STRING(item) for item in value]
+        else:
+            items = [
+                inner + (_pretty(item, inner) if type(item) in (dict, list) else _scalar(item))
+                for item in value
+            ]
+        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
+    return _scalar(value)
 
 
 def dumps_line(value: Any) -> str:

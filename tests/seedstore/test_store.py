@@ -13,6 +13,7 @@ import pytest
 from seedstore_service import errors, store
 from seedstore_service.model import Outcome, Problem, Seed, Verification, VerificationStatus
 from seedstore_service.patch import AddSpec, UpdatePatch, apply_patch, build_seed
+from seedstore_service.persisted import INDEX_DIR_NAME
 from seedstore_service.seedfile import dump_seed, parse_seed, revision_of
 from seedstore_service.store import SeedStore, StoredSeed, resolve_store_root
 
@@ -56,11 +57,16 @@ def put_seed(root: Path, seed: Seed, file_name: str | None = None, domain_dir: s
 
 
 def tree(directory: Path) -> dict[str, bytes]:
-    """Every file under `directory` with its bytes, to prove nothing was touched."""
+    """Every file under `directory` with its bytes, to prove nothing was touched.
+
+    The lock and the persisted index (a cache of what the files parse to) are not the store's content.
+    """
     return {
         str(path.relative_to(directory)): path.read_bytes()
         for path in sorted(directory.rglob("*"))
-        if path.is_file() and path.name != store.LOCK_FILE_NAME
+        if path.is_file()
+        and path.name != store.LOCK_FILE_NAME
+        and INDEX_DIR_NAME not in path.relative_to(directory).parts
     }
 
 

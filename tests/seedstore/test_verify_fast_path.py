@@ -133,7 +133,7 @@ def test_a_file_still_holding_the_known_bytes_is_not_parsed_again(
     def no_parse(text: str, where: str) -> tuple[Seed, tuple[tuple[int, str], ...]]:
         raise AssertionError("parsed bytes that were already parsed")
 
-    monkeypatch.setattr("seedstore_service.store.parse_seed_with_notes", no_parse)
+    monkeypatch.setattr("seedstore_service.seedfile.parse_seed_with_notes", no_parse)
     again = read_seed_file(path, "dev", known)
     assert again.stored is known
     assert again.problem is None
@@ -167,7 +167,7 @@ def test_a_racy_file_reread_by_the_index_keeps_its_parse_until_its_bytes_change(
         parses.append(where)
         return real_parse(text, where)
 
-    monkeypatch.setattr("seedstore_service.store.parse_seed_with_notes", counting_parse)
+    monkeypatch.setattr("seedstore_service.seedfile.parse_seed_with_notes", counting_parse)
     # Written just now, so the index reads it again on every refresh (racy mtime).
     assert seed_index.refresh() == []
     assert parses == []

@@ -1,0 +1,481 @@
+"""The persisted index: what each seed file parsed to, kept on disk so a load need not parse YAML.
+
+The files stay the source of truth; the index only saves parsing them again.
+
+* Where: `<root>/.seedstore-index/`, one file per section of the store (each
+  domain directory, and the files lying in the root). The names end in `.json`,
+  never `.yml`/`.yaml`, so neither SkillSpec nor our loader reads them as seeds.
+  A domain load reads its own section only.
+* Trust: an entry is used only while the file's signature is what it was when
+  the file was read: size, mtime_ns, ctime_ns, inode and device (ctime cannot
+  be set back by another program, so an edit that restores the mtime is still
+  seen). A file whose mtime or ctime lies within `RACY_WINDOW_NS` of the read
+  that made its entry is read again on every load and its bytes compared
+  (by revision, a hash): coarse file-system clocks could give a same-size edit
+  inside one tick the same signature. New and removed files are found by the
+  directory walk every load already does.
+* Integrity: a file is a header line (format, version, store root, section,
+  the body's length and CRC-32) and a JSON body. A truncated, foreign, corrupt
+  or other-version file is ignored, and the section rebuilt from the seed files.
+* Writing: a section is rewritten only when something in it changed, to a
+  temporary name in the index directory then renamed over the old one (through
+  a descriptor of that directory, as every write of the store is), while
+  holding the store's lock. Readers take the lock without waiting: when a writer
+  holds it they skip saving (the next load saves). Two writers never interleave,
+  and a reader always sees a whole file. Saving is best effort: a read-only store
+  still loads, from the seed files.
+
+`load_scope` answers exactly what `store.load` from the files answers; the
+tests compare the two on random edit sequences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seedstore_service.model import ListedSeed, Problem, VerificationStatus
+from seedstore_service.ranking import could_match, match_keys
+from seedstore_service.seedtext import seed_from_json, seed_to_json
+
+INDEX_DIR_NAME = ".seedstore-index"
+FORMAT = "agentsidecar-seedstore-index"
+VERSION = 1
+# A file modified this close to the read that made its entry is compared by content on every load.
+RACY_WINDOW_NS = 2_000_000_000
+_ROOT_SECTION = "root"
+_IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+# The most an index file may hold: a million seeds' entries, far beyond any store.
+_MAX_INDEX_BYTES = 1 << 30
+
+# An entry, as stored (a JSON array; positions below):
+# [name, size, mtime_ns, ctime_ns, ino, dev, checked_ns, revision,
+#  seed id or null, declared domain, seed JSON text, notes [[line, reason], ...],
+#  problem [line, reason] or null, domain_line, the `list` row [kind, provides, status, risks] or null,
+#  the search keys [canonical provides, canonical texts] (ranking.match_keys) or null]
+_NAME, _SIZE, _MTIME, _CTIME, _INO, _DEV, _CHECKED, _REVISION = range(8)
+_ID, _DOMAIN, _SEED, _NOTES, _PROBLEM, _DOMAIN_LINE, _ROW, _KEYS = range(8, 16)
+_ENTRY_LENGTH = 16
+
+Entry = list[Any]
+Signature = tuple[int, int, int, int, int]
+
+
+def signature_of(stat_result: os.stat_result) -> Signature:
+    return (
+        stat_result.st_size,
+        stat_result.st_mtime_ns,
+        stat_result.st_ctime_ns,
+        stat_result.st_ino,
+        stat_result.st_dev,
+    )
+
+
+def section_file_name(domain_dir: str | None) -> str:
+    """The index file of a section: `d-<name>.json` for an identifier, else a hash of the name."""
+    if domain_dir is None:
+        return f"{_ROOT_SECTION}.json"
+    if _IDENTIFIER_CHARS.issuperset(domain_dir) and not domain_dir.startswith(".") and len(domain_dir) <= 200:
+        return f"d-{domain_dir}.json"
+    import hashlib
+
+    digest = hashlib.sha256(domain_dir.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return f"h-{digest}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedFile:
+    """One seed file of a load, with the entry that describes it now."""
+
+    path: str
+    domain_dir: str | None
+    entry: Entry
+
+    @property
+    def seed_id(self) -> str | None:
+        value: str | None = self.entry[_ID]
+        return value
+
+    def problems(self, domain: str | None) -> Iterator[Problem]:
+        """What this file adds to the scope's problems (the rules of `store.scope_from_files`)."""
+        entry = self.entry
+        problem = entry[_PROBLEM]
+        if problem is not None:
+            yield Problem(self.path, problem[0], problem[1])
+        elif domain is not None and entry[_DOMAIN] != domain:
+            yield mismatch_problem(self.path, domain, entry[_DOMAIN], entry[_DOMAIN_LINE])
+        else:
+            for line, reason in entry[_NOTES]:
+                yield Problem(self.path, line, reason)
+
+    def in_scope(self, domain: str | None) -> bool:
+        """Whether the file holds a seed the scope loads."""
+        entry = self.entry
+        return entry[_PROBLEM] is None and (domain is None or entry[_DOMAIN] == domain)
+
+    def could_match(self, requested: str) -> bool:
+        """`ranking.could_match` on the seed's keys: False only when a search of `requested` excludes it."""
+        provides, texts = self.entry[_KEYS]
+        return could_match(provides, texts, requested)
+
+    def seed_json(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.entry[_SEED])
+        return value
+
+    def listed(self) -> ListedSeed:
+        """The `list` row of the seed, from the entry (no Seed is built)."""
+        entry = self.entry
+        kind, provides, status, risks = entry[_ROW]
+        return ListedSeed(
+            id=entry[_ID],
+            domain=entry[_DOMAIN],
+            kind=kind,
+            path=self.path,
+            provides=tuple(provides),
+            verification_status=VerificationStatus(status),
+            risks=tuple(risks),
+            revision=entry[_REVISION],
+        )
+
+
+def mismatch_problem(path: str, domain: str, declared: str, line: int) -> Problem:
+    return Problem(
+        path, line, f'seed {path} is stored under domain "{domain}" but declares domain "{declared}"'
+    )
+
+
+# --- entries ---------------------------------------------------------------------
+
+
+def _section_prefix(root: str, domain_dir: str | None) -> str:
+    base = root if domain_dir is None else os.path.join(root, domain_dir)
+    return base.rstrip(os.sep) + os.sep if base != "." else ""
+
+
+def name_in_section(root: str, path: str, domain_dir: str | None) -> str:
+    """`path` (as the walk spells it) relative to its section's directory: the key of its entry."""
+    prefix = _section_prefix(root, domain_dir)
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def checked_ns_of(entry: Entry) -> int:
+    value: int = entry[_CHECKED]
+    return value
+
+
+def parsed_from_entry(path: str, domain_dir: str | None, entry: Entry, signature: Signature) -> Any:
+    """The `store.ParsedFile` an entry stands for (no stat result), or None unless it can be trusted now.
+
+    Trusted: the file's current `signature` is the entry's, and the entry is not racy.
+    """
+    from seedstore_service.store import ParsedFile
+
+    if not _signature_matches(entry, signature) or _racy(entry):
+        return None
+    problem = entry[_PROBLEM]
+    if problem is not None:
+        return ParsedFile(path, None, Problem(path, problem[0], problem[1]), entry[_REVISION], False, None, 0)
+    stored = stored_from_entry(path, entry)
+    return ParsedFile(path, stored, None, entry[_REVISION], False, None, entry[_DOMAIN_LINE])
+
+
+def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
+    """The entry of a `store.ParsedFile` read at `checked_ns`; its signature is that of the read."""
+    stat_result = parsed.stat_result
+    signature = signature_of(stat_result) if stat_result is not None else None
+    return entry_from_parts(name, signature, checked_ns, parsed)
+
+
+def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, parsed: Any) -> Entry:
+    """The entry of a `store.ParsedFile` whose file had `signature` when the read at `checked_ns` began."""
+    sig: tuple[int | None, ...] = signature if signature is not None else (None, None, None, None, None)
+    stored = parsed.stored
+    if stored is not None:
+        seed = stored.seed
+        notes = [[problem.line, problem.reason] for problem in stored.notes]
+        seed_text = json.dumps(seed_to_json(seed), ensure_ascii=False, separators=(",", ":"))
+        flags = (
+            ("external_service", seed.risk.external_service),
+            ("may_cost_money", seed.risk.may_cost_money),
+        )
+        row = [seed.kind, list(seed.provides), seed.verification_status.value, [n for n, on in flags if on]]
+        provides, texts = match_keys(seed)
+        return [
+            name,
+            *sig,
+            checked_ns,
+            parsed.revision,
+            seed.id,
+            seed.domain,
+            seed_text,
+            notes,
+            None,
+            parsed.domain_line,
+            row,
+            [sorted(provides), sorted(texts)],
+        ]
+    problem = parsed.problem
+    return [
+        name,
+        *sig,
+        checked_ns,
+        parsed.revision,
+        None,
+        "",
+        "",
+        [],
+        [problem.line, problem.reason],
+        0,
+        None,
+        None,
+    ]
+
+
+def stored_from_entry(path: str, entry: Entry) -> Any:
+    """The `store.StoredSeed` of a seed entry."""
+    from seedstore_service.store import StoredSeed
+
+    notes = tuple(Problem(path, line, reason) for line, reason in entry[_NOTES])
+    return StoredSeed(seed_from_json(json.loads(entry[_SEED])), path, entry[_REVISION], notes)
+
+
+def _persistable(entry: Entry) -> bool:
+    return entry[_SIZE] is not None
+
+
+def _racy(entry: Entry) -> bool:
+    changed_ns: int = max(entry[_MTIME], entry[_CTIME])
+    checked_ns: int = entry[_CHECKED]
+    return changed_ns + RACY_WINDOW_NS >= checked_ns
+
+
+def _same_but_checked(old: Entry, new: Entry) -> bool:
+    return old[:_CHECKED] == new[:_CHECKED] and old[_CHECKED + 1 :] == new[_CHECKED + 1 :]
+
+
+def _signature_matches(entry: Entry, signature: Signature) -> bool:
+    return bool(
+        entry[_SIZE] == signature[0]
+        and entry[_MTIME] == signature[1]
+        and entry[_CTIME] == signature[2]
+        and entry[_INO] == signature[3]
+        and entry[_DEV] == signature[4]
+    )
+
+
+# --- index files ---------------------------------------------------------------
+
+
+def _header(root: str, domain_dir: str | None, body: bytes) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "root": root,
+        "section": domain_dir,
+        "length": len(body),
+        "crc32": zlib.crc32(body),
+    }
+
+
+def encode_section(root: str, domain_dir: str | None, entries: Iterable[Entry]) -> bytes:
+    body = json.dumps(list(entries), ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8", "surrogateescape"
+    )
+    header = json.dumps(_header(root, domain_dir, body), ensure_ascii=False, separators=(",", ":"))
+    return header.encode("utf-8", "surrogateescape") + b"\n" + body
+
+
+def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, Entry] | None:
+    """The entries of an index file by name, or None when it is not a whole index of this section."""
+    head, newline, body = data.partition(b"\n")
+    if not newline:
+        return None
+    try:
+        header = json.loads(head)
+        if header != _header(root, domain_dir, body):
+            return None
+        entries = json.loads(body)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    result: dict[str, Entry] = {}
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != _ENTRY_LENGTH or not isinstance(entry[_NAME], str):
+            return None
+        result[entry[_NAME]] = entry
+    return result
+
+
+class PersistedIndex:
+    """The index files of one store; `try_lock` yields whether the store's lock is now held."""
+
+    def __init__(self, root: Path, try_lock: Callable[[], contextlib.AbstractContextManager[bool]]) -> None:
+        self.root = root
+        self._root_text = str(root)
+        self._directory = root / INDEX_DIR_NAME
+        self._try_lock = try_lock
+
+    def read_section(self, domain_dir: str | None) -> dict[str, Entry]:
+        """The entries of a section's index file; empty when it is missing or cannot be used."""
+        path = os.path.join(str(self._directory), section_file_name(domain_dir))
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError:
+            return {}
+        try:
+            with open(fd, "rb") as handle:
+                stat_result = os.fstat(handle.fileno())
+                if not stat.S_ISREG(stat_result.st_mode) or stat_result.st_size > _MAX_INDEX_BYTES:
+                    return {}
+                data = handle.read(_MAX_INDEX_BYTES + 1)
+        except OSError:
+            return {}
+        return decode_section(data, self._root_text, domain_dir) or {}
+
+    def write_sections(self, sections: Mapping[str | None, Iterable[Entry]], *, locked: bool = False) -> None:
+        """Replace these sections' index files; skipped when another process holds the lock.
+
+        `locked`: the caller holds the store's lock already.
+        """
+        if not sections or not self.root.is_dir():
+            return  # a read never creates the store
+        lock: contextlib.AbstractContextManager[bool] = (
+            contextlib.nullcontext(True) if locked else self._try_lock()
+        )
+        with lock as held:
+            if not held:
+                return
+            with contextlib.suppress(OSError, ValueError):
+                self._write(sections)
+
+    def _write(self, sections: Mapping[str | None, Iterable[Entry]]) -> None:
+        from seedstore_service.errors import OutsideStore
+        from seedstore_service.store import open_store_directory
+
+        try:
+            directory_fd = open_store_directory(self.root, self._directory, create=True)
+        except OutsideStore:
+            return
+        try:
+            for domain_dir, entries in sections.items():
+                kept = sorted(
+                    (entry for entry in entries if _persistable(entry)), key=lambda entry: entry[_NAME]
+                )
+                data = encode_section(self._root_text, domain_dir, kept)
+                name = section_file_name(domain_dir)
+                temp_name = f".{name}.tmp-{os.urandom(6).hex()}"
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+                fd = os.open(temp_name, flags, 0o666, dir_fd=directory_fd)
+                try:
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(fd, view) :]
+                    finally:
+                        os.close(fd)
+                    os.replace(temp_name, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(temp_name, dir_fd=directory_fd)
+                    raise
+        finally:
+            os.close(directory_fd)
+
+    # -- loading ---------------------------------------------------------
+
+    def scan(self, domain: str | None) -> tuple[list[IndexedFile], list[Problem]]:
+        """Every seed file of the scope (the walk's order) with an up-to-date entry, and the walk's problems.
+
+        Files that are new, changed or racy are read (and parsed when their bytes
+        changed); the sections that changed are saved.
+        """
+        from seedstore_service.store import read_seed_file, walk_seed_files
+
+        refs, walk_problems = walk_seed_files(self.root, domain)
+        sections: dict[str | None, dict[str, Entry]] = {}
+        seen: dict[str | None, set[str]] = {}
+        changed: set[str | None] = set()
+        prefixes: dict[str | None, str] = {}
+        files: list[IndexedFile] = []
+        for ref in refs:
+            section = ref.domain_dir
+            entries = sections.get(section)
+            if entries is None:
+                entries = sections[section] = self.read_section(section)
+                seen[section] = set()
+                prefixes[section] = _section_prefix(self._root_text, section)
+            prefix = prefixes[section]
+            name = ref.path[len(prefix) :] if ref.path.startswith(prefix) else ref.path
+            seen[section].add(name)
+            entry = entries.get(name)
+            fresh = entry
+            try:
+                current = signature_of(os.stat(ref.path))
+            except OSError:
+                current = None
+            if entry is None or current is None or not _signature_matches(entry, current) or _racy(entry):
+                checked_ns = time.time_ns()
+                known = None
+                if entry is not None and entry[_PROBLEM] is None:
+                    with contextlib.suppress(Exception):
+                        known = stored_from_entry(ref.path, entry)
+                parsed = read_seed_file(ref.path, ref.domain_dir, known)
+                fresh = entry_from_parsed(name, parsed, checked_ns)
+                if _persistable(fresh):
+                    if fresh != entry:
+                        entries[name] = fresh
+                        # A racy entry read again to the same result: saving it would change nothing.
+                        if entry is None or not _racy(fresh) or not _same_but_checked(entry, fresh):
+                            changed.add(section)
+                elif entry is not None:
+                    del entries[name]
+                    changed.add(section)
+            assert fresh is not None
+            files.append(IndexedFile(ref.path, section, fresh))
+        for section, entries in sections.items():
+            gone = [name for name in entries if name not in seen[section]]
+            for name in gone:
+                del entries[name]
+                changed.add(section)
+        if changed:
+            self.write_sections({section: sections[section].values() for section in changed})
+        return files, walk_problems
+
+    def record(self, path: str, parsed: Any, checked_ns: int, *, locked: bool) -> None:
+        """Put the file just written (`parsed`: what it now holds, or None when removed) into its section."""
+        from seedstore_service.store import domain_dir_of
+
+        try:
+            section = domain_dir_of(self.root, path)
+        except ValueError:
+            return
+        name = name_in_section(self._root_text, path, section)
+        entries = self.read_section(section)
+        if parsed is None:
+            entries.pop(name, None)
+        else:
+            entries[name] = entry_from_parsed(name, parsed, checked_ns)
+        self.write_sections({section: entries.values()}, locked=locked)
+
+
+def assemble_problems(
+    files: Iterable[IndexedFile], domain: str | None, walk_problems: Iterable[Problem]
+) -> list[Problem]:
+    problems = list(walk_problems)
+    for indexed in files:
+        entry = indexed.entry
+        if entry[_PROBLEM] is None and not entry[_NOTES] and (domain is None or entry[_DOMAIN] == domain):
+            continue  # a seed in scope with nothing to report: most files
+        problems.extend(indexed.problems(domain))
+    problems.sort(key=lambda problem: problem.path)
+    return problems
