@@ -280,6 +280,15 @@ class AuditWatcherDropped(NegotiatorError):
         self.queue_size = queue_size
 
 
+class ShuttingDown(NegotiatorError):
+    """The negotiator is stopping: an open watch ends so that shutdown need not wait for it."""
+
+    reason = "SHUTTING_DOWN"
+
+    def __init__(self) -> None:
+        super().__init__("the negotiator is shutting down; watch again (another instance, or after restart)")
+
+
 class OutputSchemaViolation(NegotiatorError):
     reason = "OUTPUT_SCHEMA_VIOLATION"
 

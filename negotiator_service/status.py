@@ -70,6 +70,7 @@ import grpc
 from negotiator_service import errors
 from negotiator_service.model import CapabilityState, Verdict
 from sidecar_runtime.richstatus import PreconditionViolation, RichError
+from sidecar_runtime.rpcerrors import ErrorTable
 
 DOMAIN = "negotiator.agentsidecar"
 # ErrorInfo metadata `rule` of ADAPTER_TARGET_NOT_ALLOWED.
@@ -291,6 +292,10 @@ def _depth_exceeded(error: errors.DelegationDepthExceeded) -> RichError:
     )
 
 
+def _shutting_down(error: errors.ShuttingDown) -> RichError:
+    return _rich(error, grpc.StatusCode.UNAVAILABLE)
+
+
 def _audit_watcher_dropped(error: errors.AuditWatcherDropped) -> RichError:
     return _rich(error, grpc.StatusCode.RESOURCE_EXHAUSTED, {"queueSize": str(error.queue_size)})
 
@@ -467,6 +472,7 @@ STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] 
         errors.ReplyTooLarge: _reply_too_large,
         errors.DelegationDepthExceeded: _depth_exceeded,
         errors.AuditWatcherDropped: _audit_watcher_dropped,
+        errors.ShuttingDown: _shutting_down,
         errors.ConversationBusy: _conversation_busy,
         errors.DeclarationChanged: _declaration_changed,
         errors.ConversationAdapterMismatch: _conversation_adapter_mismatch,
@@ -517,3 +523,9 @@ def unexpected_error(exc: BaseException, operation: str) -> RichError:
         domain=DOMAIN,
         metadata={"operation": operation, "exception": type(exc).__name__},
     )
+
+
+# What the servicer's error decorators send (sidecar_runtime.rpcerrors).
+ERRORS: ErrorTable[errors.NegotiatorError] = ErrorTable(
+    errors.NegotiatorError, to_rich_error, unexpected_error
+)

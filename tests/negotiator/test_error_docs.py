@@ -9,7 +9,7 @@ from pathlib import Path
 
 from test_status import all_subclasses, sample
 
-from negotiator_service import errors, servicer
+from negotiator_service import errors
 from negotiator_service.status import to_rich_error
 from tests.error_docs import RUNTIME, documented, rows, section
 
@@ -25,8 +25,6 @@ def negotiator_pairs() -> set[tuple[str, str]]:
             continue
         rich = to_rich_error(sample(cls))
         pairs.add((rich.code.name, rich.reason))
-    shutting_down = servicer._shutting_down()  # how the servicer ends watches at shutdown
-    pairs.add((shutting_down.code.name, shutting_down.reason))
     return pairs
 
 
