@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import grpc
 
@@ -155,27 +156,22 @@ def _unavailable(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> R
     )
 
 
-def _base(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
-    # The base class is raised by nobody on purpose; should it be, it is still a server bug.
-    return internal_error(error)
-
-
 _Builder = Callable[[errors.SeedStoreError, Mapping[str, str] | None], RichError]
 
-# Exact classes; a subclass not listed here falls back to its nearest listed
-# ancestor, and a test walks the tree so none is forgotten.
-STATUS_TABLE: Mapping[type[errors.SeedStoreError], _Builder] = {
-    errors.SeedStoreError: _base,
-    errors.InvalidArgument: _invalid_argument,
-    errors.InvalidIdentifier: _invalid_argument,
-    errors.SeedNotFound: _not_found,
-    errors.AmbiguousSeed: _ambiguous,
-    errors.SeedMalformed: _malformed,
-    errors.RevisionMismatch: _revision_mismatch,
-    errors.OutsideStore: _outside_store,
-    errors.WatchBacklogExceeded: _watch_backlog,
-    errors.StoreUnavailable: _unavailable,
-}
+# Keyed by class; an error takes the row of its nearest listed class (InvalidIdentifier
+# that of InvalidArgument), and a test walks the tree so no concrete class is left out.
+STATUS_TABLE: Mapping[type[errors.SeedStoreError], _Builder] = MappingProxyType(
+    {
+        errors.InvalidArgument: _invalid_argument,
+        errors.SeedNotFound: _not_found,
+        errors.AmbiguousSeed: _ambiguous,
+        errors.SeedMalformed: _malformed,
+        errors.RevisionMismatch: _revision_mismatch,
+        errors.OutsideStore: _outside_store,
+        errors.WatchBacklogExceeded: _watch_backlog,
+        errors.StoreUnavailable: _unavailable,
+    }
+)
 
 
 def to_rich_error(error: BaseException, fields: Mapping[str, str] | None = None) -> RichError:
