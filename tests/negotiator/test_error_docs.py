@@ -7,14 +7,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from test_status import all_subclasses, concrete_errors, sample
+from test_status import concrete_errors, error_tree, sample
 
 from negotiator_service import errors
 from negotiator_service.status import to_rich_error
 from tests.error_docs import RUNTIME, documented, rows, section
 
 # Bases only their subclasses are raised as (test_bases_are_never_raised checks the sources).
-BASES = tuple(cls for cls in (errors.NegotiatorError, *all_subclasses(errors.NegotiatorError)) if cls.abstract)
+BASES = tuple(cls for cls in error_tree() if cls.abstract)
 SOURCES = Path(errors.__file__).parent
 
 

@@ -20,6 +20,11 @@ def all_subclasses(cls: type[errors.NegotiatorError]) -> list[type[errors.Negoti
     return found
 
 
+def error_tree() -> list[type[errors.NegotiatorError]]:
+    """The whole tree, its root included."""
+    return [errors.NegotiatorError, *all_subclasses(errors.NegotiatorError)]
+
+
 def concrete_errors() -> list[type[errors.NegotiatorError]]:
     """The classes that are raised: every class of the tree but its abstract bases."""
     return [cls for cls in all_subclasses(errors.NegotiatorError) if not cls.abstract]
@@ -137,7 +142,7 @@ EXPECTED_CODES = {
 
 def test_the_table_is_complete() -> None:
     """Every concrete class reaches a row, every base is abstract, every row is a class of the tree."""
-    tree = [errors.NegotiatorError, *all_subclasses(errors.NegotiatorError)]
+    tree = error_tree()
     assert len(concrete_errors()) >= 15
     unmapped = [c.__name__ for c in concrete_errors() if not any(k in STATUS_TABLE for k in c.__mro__)]
     assert unmapped == []
@@ -155,9 +160,7 @@ def test_the_table_is_complete() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    "base", [c for c in (errors.NegotiatorError, *all_subclasses(errors.NegotiatorError)) if c.abstract]
-)
+@pytest.mark.parametrize("base", [c for c in error_tree() if c.abstract], ids=lambda c: c.__name__)
 def test_a_base_cannot_be_raised(base: type[errors.NegotiatorError]) -> None:
     arguments = ("a", "it broke") if issubclass(base, errors.AdapterFailure) else ("boom",)
     with pytest.raises(TypeError, match=f"{base.__name__} is abstract"):

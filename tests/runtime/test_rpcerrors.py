@@ -110,24 +110,27 @@ class Failing:
 async def call(channel: grpc.aio.Channel, name: str, how: bytes) -> tuple[list[bytes], grpc.aio.AioRpcError]:
     path = f"/{SERVICE}/{name}"
     received: list[bytes] = []
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
+
+    async def run() -> None:
         if name == "Unary":
-            received.append(await channel.unary_unary(path)(how))
+            received.append(await channel.unary_unary(path, None, None)(how))
         elif name == "Bidi":
-            async for message in channel.stream_stream(path)(iter([how])):
+            async for message in channel.stream_stream(path, None, None)(iter([how])):
                 received.append(message)
         else:
-            async for message in channel.unary_stream(path)(how):
+            async for message in channel.unary_stream(path, None, None)(how):
                 received.append(message)
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await run()
     return received, raised.value
 
 
 @pytest.fixture
 async def channel(socket_dir: Path) -> AsyncIterator[tuple[grpc.aio.Channel, Failing]]:
     failing = Failing()
-    running = await start_server(
-        failing.register, (SERVICE,), ServerOptions(listen=(f"unix:{socket_dir / 'f.sock'}",), grace_seconds=0)
-    )
+    options = ServerOptions(listen=(f"unix:{socket_dir / 'f.sock'}",), grace_seconds=0)
+    running = await start_server(failing.register, (SERVICE,), options)
     try:
         async with grpc.aio.insecure_channel(running.bound[0]) as opened:
             yield opened, failing
@@ -168,7 +171,8 @@ async def test_a_bug_is_internal_with_error_info_and_logged_once(
     assert "a bug" in decoded.message
     logged = [r for r in caplog.records if r.name == __name__]
     assert [r.getMessage() for r in logged] == [f"{name} failed unexpectedly"]
-    assert logged[0].exc_info is not None and logged[0].exc_info[0] is ZeroDivisionError
+    assert logged[0].exc_info is not None
+    assert logged[0].exc_info[0] is ZeroDivisionError
 
 
 @pytest.mark.parametrize("name", SHAPES)

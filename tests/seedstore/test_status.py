@@ -50,7 +50,7 @@ def test_every_error_class_is_in_the_table() -> None:
     classes = concrete_errors()
     assert classes >= {errors.InvalidIdentifier, errors.SeedMalformed, errors.StoreUnavailable}
     assert [c.__name__ for c in classes if not any(k in STATUS_TABLE for k in c.__mro__)] == []
-    tree = {errors.SeedStoreError, *all_subclasses(errors.SeedStoreError)}
+    tree: set[type[errors.SeedStoreError]] = {errors.SeedStoreError, *all_subclasses(errors.SeedStoreError)}
     assert {c for c in tree if c.__subclasses__() and not c.abstract} == REFINED
     assert set(STATUS_TABLE) <= tree
     assert {c.__name__ for c in tree if c.abstract} == {"SeedStoreError", "CallerError", "StoreError"}
