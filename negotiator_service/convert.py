@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from agentsidecar.common.v1 import common_pb2
@@ -24,7 +25,8 @@ from agentsidecar.negotiator.v1 import negotiator_pb2
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
 from negotiator_service.bootstrap_plan import BootstrapCall, BootstrapResult, Candidate
-from negotiator_service.errors import InvalidRequest
+from negotiator_service.declarations import validate_shortname
+from negotiator_service.errors import ConfigError, InvalidRequest
 from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     AdapterKind,
@@ -64,6 +66,7 @@ from negotiator_service.tools import (
     ToolDraft,
     ToolResultMessage,
 )
+from sidecar_runtime.addresses import Address, parse_address
 from sidecar_runtime.wire_names import Gate, GateValue, Risk, RiskValue, UnknownGate, UnknownRisk
 
 # Doubles hold every integer up to 2**53 exactly; beyond that a "whole"
@@ -737,3 +740,42 @@ def bootstrap_response(result: BootstrapResult) -> negotiator_pb2.BootstrapRespo
             )
         )
     return response
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRegistration:
+    """A RegisterAdapter request, checked: where the adapter listens and the shortname it must have."""
+
+    address: Address
+    shortname: str  # "" when the caller expects none in particular
+
+
+def register_adapter_request(request: negotiator_pb2.RegisterAdapterRequest) -> RemoteRegistration:
+    """The registration a RegisterAdapter asks for; InvalidRequest names every bad field at once."""
+    problems: list[tuple[str, str]] = []
+    address: Address | None = None
+    if not request.target:
+        problems.append(("target", "is required: unix:PATH or HOST:PORT"))
+    else:
+        try:
+            address = parse_address(request.target)
+        except ValueError as exc:
+            problems.append(("target", str(exc)))
+    if request.shortname:
+        try:
+            validate_shortname(request.shortname)
+        except ConfigError as exc:
+            problems.append(("shortname", exc.message))
+    if problems or address is None:
+        raise InvalidRequest(problems)
+    return RemoteRegistration(address, request.shortname)
+
+
+def probe_model(request: negotiator_pb2.ProbeAdapterRequest) -> str:
+    """The model a ProbeAdapter names ("": the adapter's own); InvalidRequest for one it could not be."""
+    model = request.model
+    if model != model.strip() or (model and not model.isprintable()):
+        raise InvalidRequest(
+            [("model", "must be a model name without surrounding space or control characters")]
+        )
+    return model

@@ -1,71 +1,110 @@
 """The negotiator's error taxonomy. No grpc here: `status.py` maps it once.
 
-NegotiatorError
-├── InvalidRequest              malformed request; names each bad field
-├── AdapterNotFound             no adapter with that shortname
-├── AdapterKindMismatch         `adapter` names a harness or `agent` a framework
-├── UnsupportedCapability       the declaration cannot honour the call (every gap)
-├── AdapterAlreadyExists        register with a shortname already taken
-├── AdapterNotRemovable         deregister of a config-defined adapter
-├── AdapterNotProbeable         ProbeAdapter names an adapter with no upstream to probe
-├── ConfigError                 bad config file, or config widening a declaration
-├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
-├── AdapterTargetNotAllowed     RegisterAdapter names a host the operator did not allow
-├── RegistrationStoreFailed     a runtime registration could not be written to the state directory
-├── ConversationBusy            another call of the conversation is running (caller set no_wait)
-├── DeclarationChanged          the adapter's declaration differs from the conversation's pinned one
-├── ConversationAdapterMismatch the conversation is bound to another adapter
-├── ConversationStateCorrupt    the stored conversation cannot be read back
-├── ConversationStoreFailed     the conversation state could not be read or written
-├── DelegationDepthExceeded     the call arrived deeper in a delegation chain than allowed
-├── AuditWatcherDropped         a WatchAudit stream fell too far behind and was cut
-├── SeedstoreNotConfigured      Bootstrap without a seedstore address
-├── SeedstoreUnavailable        the seedstore did not answer
-├── SeedstoreRefused            the seedstore answered with an error
-├── NoSeedFound                 no seed, even after broadening (no unseeded fallback without asking)
-├── SeedNotACandidate           the caller's pick is not among the candidates
-├── AskPolicyRequiresChoice     the top candidates are too close; the caller must pick
-├── GatesNotApproved            the seed requires gates the request does not approve
-├── SeedNotVerified             the seed's verification status is not `verified`
-├── SeedHasNoCommand            the seed has no runnable command
-├── SeedCommandNotFound         the seed's program does not exist here
-├── SeedCommandFailed           the seed's command could not start, or overflowed its output cap
-├── SeedCommandTimeout          the seed's command outlived the caller's time budget
-├── OutputSchemaViolation       the adapter's output broke the schema
-├── ReplyTooLarge               the reply would exceed the largest message this negotiator sends
-└── AdapterFailure              the adapter failed while running
-    ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
-    ├── AdapterTimeout          the caller's time ran out
-    ├── AdapterRateLimited      the provider throttled us
-    ├── AdapterReplyTooLarge    the reply or status broke the negotiator's own message/metadata limits
-    ├── AdapterRefused          the adapter itself refused at its edge
-    ├── AdapterMisconfigured    the adapter's own setup is wrong (credentials, binary)
-    ├── AdapterInternal         anything else; the cause is named
-    ├── McpServerUnavailable    an MCP server of the call could not be started, reached or listed
-    └── McpServerTimeout        an MCP server did not finish initialize / tools/list in time
+Abstract bases group the errors by who must act; only the leaves are raised.
 
-MCP admission (mcp_policy.py), before dispatch:
-└── McpServerNotAllowed         a caller-supplied MCP server the operator's config does not admit
+NegotiatorError                     abstract
+├── CallerError                     abstract: the call cannot be served as sent
+│   ├── InvalidRequest              malformed request; names each bad field
+│   ├── ConfigError                 bad config file, or config widening a declaration
+│   ├── AdapterNotFound             no adapter with that shortname
+│   ├── AdapterAlreadyExists        register with a shortname already taken
+│   ├── AdapterKindMismatch         `adapter` names a harness or `agent` a framework
+│   ├── UnsupportedCapability       the declaration cannot honour the call (every gap)
+│   ├── AdapterNotRemovable         deregister of a config-defined adapter
+│   ├── AdapterNotProbeable         ProbeAdapter names an adapter with no upstream to probe
+│   ├── AdapterTargetNotAllowed     RegisterAdapter names a host the operator did not allow
+│   ├── McpServerNotAllowed         a caller-supplied MCP server the operator's config does not admit
+│   ├── DelegationDepthExceeded     the call arrived deeper in a delegation chain than allowed
+│   ├── ConversationBusy            another call of the conversation is running (caller set no_wait)
+│   ├── DeclarationChanged          the adapter's declaration differs from the conversation's pinned one
+│   └── ConversationAdapterMismatch the conversation is bound to another adapter
+├── StoreError                      abstract: the negotiator's state directory
+│   ├── ConversationStateCorrupt    the stored conversation cannot be read back
+│   ├── ConversationStoreFailed     the conversation state could not be read or written
+│   └── RegistrationStoreFailed     a runtime registration could not be written
+├── UpstreamError                   abstract: an adapter, a remote or the seedstore
+│   ├── AdapterFailure              abstract: the adapter failed while running
+│   │   ├── AdapterUnavailable      cannot reach it, or it answered garbage it may not repeat
+│   │   ├── AdapterTimeout          the caller's time ran out
+│   │   ├── AdapterRateLimited      the provider throttled us
+│   │   ├── AdapterReplyTooLarge    the reply or status broke the negotiator's own message/metadata limits
+│   │   ├── AdapterRefused          the adapter itself refused at its edge
+│   │   ├── AdapterMisconfigured    the adapter's own setup is wrong (credentials, binary)
+│   │   ├── AdapterInternal         anything else; the cause is named
+│   │   ├── McpServerUnavailable    an MCP server of the call could not be started, reached or listed
+│   │   └── McpServerTimeout        an MCP server did not finish initialize / tools/list in time
+│   ├── AdapterRegistrationFailed   a remote adapter's declaration is missing or invalid
+│   ├── OutputSchemaViolation       the adapter's output broke the schema
+│   ├── ReplyTooLarge               the reply would exceed the largest message this negotiator sends
+│   ├── SeedstoreUnavailable        the seedstore did not answer
+│   └── SeedstoreRefused            the seedstore answered with an error
+├── SeedRefusal                     abstract: Bootstrap found no seed it may run, or its run failed
+│   ├── SeedstoreNotConfigured      Bootstrap without a seedstore address
+│   ├── NoSeedFound                 no seed, even after broadening (no unseeded fallback without asking)
+│   ├── SeedNotACandidate           the caller's pick is not among the candidates
+│   ├── AskPolicyRequiresChoice     the top candidates are too close; the caller must pick
+│   ├── GatesNotApproved            the seed requires gates the request does not approve
+│   ├── SeedNotVerified             the seed's verification status is not `verified`
+│   ├── SeedHasNoCommand            the seed has no runnable command
+│   ├── SeedCommandNotFound         the seed's program does not exist here
+│   ├── SeedCommandFailed           the seed's command could not start, or overflowed its output cap
+│   └── SeedCommandTimeout          the seed's command outlived the caller's time budget
+└── WatchEnded                      abstract: the server ended a watch; watch again
+    ├── AuditWatcherDropped         a WatchAudit stream fell too far behind and was cut
+    └── ShuttingDown                the negotiator is stopping
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from negotiator_service.model import Decision
 
 
 class NegotiatorError(Exception):
-    """Base of every negotiator error. `reason` is the ErrorInfo reason."""
+    """Base of every negotiator error. `reason` is the ErrorInfo reason.
+
+    The bases of the tree are abstract: only a concrete error says what went
+    wrong, so constructing a base raises TypeError. A class is concrete
+    unless it is declared with `abstract=True`.
+    """
 
     reason = "NEGOTIATOR_ERROR"
+    abstract: ClassVar[bool] = True
+
+    def __init_subclass__(cls, *, abstract: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.abstract = abstract
 
     def __init__(self, message: str) -> None:
+        if type(self).abstract:
+            raise TypeError(f"{type(self).__name__} is abstract; raise one of its subclasses")
         super().__init__(message)
         self.message = message
 
 
-class InvalidRequest(NegotiatorError):
+class CallerError(NegotiatorError, abstract=True):
+    """The call cannot be served as sent: the caller changes the request (or waits, when busy)."""
+
+
+class StoreError(NegotiatorError, abstract=True):
+    """The negotiator's own state directory failed or holds something unreadable."""
+
+
+class UpstreamError(NegotiatorError, abstract=True):
+    """Something the negotiator called (an adapter, a remote, the seedstore) failed or answered wrongly."""
+
+
+class SeedRefusal(NegotiatorError, abstract=True):
+    """Bootstrap found no seed it may run for the call, or the seed's command did not complete."""
+
+
+class WatchEnded(NegotiatorError, abstract=True):
+    """The server ended a watch stream; the caller watches again."""
+
+
+class InvalidRequest(CallerError):
     reason = "INVALID_REQUEST"
 
     def __init__(self, violations: Sequence[tuple[str, str]]) -> None:
@@ -74,7 +113,7 @@ class InvalidRequest(NegotiatorError):
         super().__init__("; ".join(f"{f}: {d}" for f, d in self.violations))
 
 
-class AdapterNotFound(NegotiatorError):
+class AdapterNotFound(CallerError):
     reason = "ADAPTER_NOT_FOUND"
 
     def __init__(self, shortname: str) -> None:
@@ -82,7 +121,7 @@ class AdapterNotFound(NegotiatorError):
         self.shortname = shortname
 
 
-class AdapterKindMismatch(NegotiatorError):
+class AdapterKindMismatch(CallerError):
     reason = "ADAPTER_KIND_MISMATCH"
 
     def __init__(self, shortname: str, kind: str, selected_by: str) -> None:
@@ -93,7 +132,7 @@ class AdapterKindMismatch(NegotiatorError):
         self.selected_by = selected_by
 
 
-class UnsupportedCapability(NegotiatorError):
+class UnsupportedCapability(CallerError):
     reason = "UNSUPPORTED_CAPABILITY"
 
     def __init__(self, decision: Decision) -> None:
@@ -102,7 +141,7 @@ class UnsupportedCapability(NegotiatorError):
         self.decision = decision
 
 
-class AdapterAlreadyExists(NegotiatorError):
+class AdapterAlreadyExists(CallerError):
     reason = "ADAPTER_ALREADY_EXISTS"
 
     def __init__(self, shortname: str) -> None:
@@ -110,7 +149,7 @@ class AdapterAlreadyExists(NegotiatorError):
         self.shortname = shortname
 
 
-class AdapterNotRemovable(NegotiatorError):
+class AdapterNotRemovable(CallerError):
     reason = "ADAPTER_NOT_REMOVABLE"
 
     def __init__(self, shortname: str) -> None:
@@ -118,7 +157,7 @@ class AdapterNotRemovable(NegotiatorError):
         self.shortname = shortname
 
 
-class AdapterNotProbeable(NegotiatorError):
+class AdapterNotProbeable(CallerError):
     """ProbeAdapter named an adapter whose implementation has no upstream to probe."""
 
     reason = "ADAPTER_NOT_PROBEABLE"
@@ -131,11 +170,11 @@ class AdapterNotProbeable(NegotiatorError):
         self.implementation = implementation
 
 
-class ConfigError(NegotiatorError):
+class ConfigError(CallerError):
     reason = "CONFIG_INVALID"
 
 
-class AdapterRegistrationFailed(NegotiatorError):
+class AdapterRegistrationFailed(UpstreamError):
     """A remote adapter answered, but with a declaration that cannot be registered."""
 
     reason = "ADAPTER_REGISTRATION_FAILED"
@@ -148,7 +187,7 @@ class AdapterRegistrationFailed(NegotiatorError):
         self.shortname = shortname
 
 
-class AdapterTargetNotAllowed(NegotiatorError):
+class AdapterTargetNotAllowed(CallerError):
     """RegisterAdapter named a TCP host other than loopback that the operator did not allow.
 
     Refused before any connection is tried, so RegisterAdapter cannot probe
@@ -167,7 +206,7 @@ class AdapterTargetNotAllowed(NegotiatorError):
         self.host = host
 
 
-class RegistrationStoreFailed(NegotiatorError):
+class RegistrationStoreFailed(StoreError):
     """Writing the runtime registrations to the state directory failed (disk full, permissions).
 
     The registration or removal it was for did not happen: the file and the
@@ -182,7 +221,7 @@ class RegistrationStoreFailed(NegotiatorError):
         self.cause = cause
 
 
-class ConversationBusy(NegotiatorError):
+class ConversationBusy(CallerError):
     """Another call of the conversation holds it, and the caller asked not to wait."""
 
     reason = "CONVERSATION_BUSY"
@@ -194,7 +233,7 @@ class ConversationBusy(NegotiatorError):
         self.conversation_id = conversation_id
 
 
-class DeclarationChanged(NegotiatorError):
+class DeclarationChanged(CallerError):
     """The adapter's declaration is not the one the conversation was pinned to at its first call."""
 
     reason = "DECLARATION_CHANGED"
@@ -210,7 +249,7 @@ class DeclarationChanged(NegotiatorError):
         self.current_version = current_version
 
 
-class ConversationAdapterMismatch(NegotiatorError):
+class ConversationAdapterMismatch(CallerError):
     """A conversation belongs to the adapter of its first call; its state means nothing to another."""
 
     reason = "CONVERSATION_ADAPTER_MISMATCH"
@@ -225,7 +264,7 @@ class ConversationAdapterMismatch(NegotiatorError):
         self.requested_adapter = requested_adapter
 
 
-class ConversationStateCorrupt(NegotiatorError):
+class ConversationStateCorrupt(StoreError):
     """The stored record of a conversation is unreadable; options.new_conversation replaces it."""
 
     reason = "CONVERSATION_STATE_CORRUPT"
@@ -239,7 +278,7 @@ class ConversationStateCorrupt(NegotiatorError):
         self.cause = cause
 
 
-class ConversationStoreFailed(NegotiatorError):
+class ConversationStoreFailed(StoreError):
     """Reading or writing the conversation store failed (disk full, permissions)."""
 
     reason = "CONVERSATION_STORE_FAILED"
@@ -250,7 +289,7 @@ class ConversationStoreFailed(NegotiatorError):
         self.cause = cause
 
 
-class DelegationDepthExceeded(NegotiatorError):
+class DelegationDepthExceeded(CallerError):
     """A call arrived at a delegation depth above the limit that applies to it (0 is top level)."""
 
     reason = "DELEGATION_DEPTH_EXCEEDED"
@@ -267,7 +306,7 @@ class DelegationDepthExceeded(NegotiatorError):
         self.limit = limit
 
 
-class AuditWatcherDropped(NegotiatorError):
+class AuditWatcherDropped(WatchEnded):
     """A WatchAudit stream did not keep up; it is cut rather than let it slow any call down."""
 
     reason = "AUDIT_WATCHER_DROPPED"
@@ -280,7 +319,16 @@ class AuditWatcherDropped(NegotiatorError):
         self.queue_size = queue_size
 
 
-class OutputSchemaViolation(NegotiatorError):
+class ShuttingDown(WatchEnded):
+    """The negotiator is stopping: an open watch ends so that shutdown need not wait for it."""
+
+    reason = "SHUTTING_DOWN"
+
+    def __init__(self) -> None:
+        super().__init__("the negotiator is shutting down; watch again (another instance, or after restart)")
+
+
+class OutputSchemaViolation(UpstreamError):
     reason = "OUTPUT_SCHEMA_VIOLATION"
 
     def __init__(self, adapter: str, violations: Sequence[tuple[str, str]]) -> None:
@@ -291,7 +339,7 @@ class OutputSchemaViolation(NegotiatorError):
         super().__init__(f'adapter "{adapter}" returned output that violates the schema: {listed}')
 
 
-class ReplyTooLarge(NegotiatorError):
+class ReplyTooLarge(UpstreamError):
     """The adapter answered, but the reply is larger than the negotiator may send.
 
     Checked before anything is committed: the call fails whole, its
@@ -310,7 +358,9 @@ class ReplyTooLarge(NegotiatorError):
         self.limit = limit
 
 
-class AdapterFailure(NegotiatorError):
+class AdapterFailure(UpstreamError, abstract=True):
+    """The adapter failed while running a call; each subclass names how."""
+
     reason = "ADAPTER_FAILED"
 
     def __init__(self, adapter: str, cause: str) -> None:
@@ -357,7 +407,7 @@ class AdapterInternal(AdapterFailure):
 # --- MCP servers (mcp_policy.py, mcp_tools.py) -------------------------------------
 
 
-class McpServerNotAllowed(NegotiatorError):
+class McpServerNotAllowed(CallerError):
     """A caller-supplied MCP server that the operator's `mcp:` config does not admit (before dispatch)."""
 
     reason = "MCP_SERVER_NOT_ALLOWED"
@@ -391,7 +441,7 @@ class McpServerTimeout(AdapterFailure):
 # --- capability bootstrap (bootstrap.py) -------------------------------------------
 
 
-class SeedstoreNotConfigured(NegotiatorError):
+class SeedstoreNotConfigured(SeedRefusal):
     """Bootstrap needs a seedstore, and this negotiator was started without one."""
 
     reason = "SEEDSTORE_NOT_CONFIGURED"
@@ -403,7 +453,7 @@ class SeedstoreNotConfigured(NegotiatorError):
         )
 
 
-class SeedstoreUnavailable(NegotiatorError):
+class SeedstoreUnavailable(UpstreamError):
     """The seedstore did not answer (not running, unreachable, shutting down, too slow)."""
 
     reason = "SEEDSTORE_UNAVAILABLE"
@@ -414,7 +464,7 @@ class SeedstoreUnavailable(NegotiatorError):
         self.cause = cause
 
 
-class SeedstoreRefused(NegotiatorError):
+class SeedstoreRefused(UpstreamError):
     """The seedstore answered with an error other than unavailability or a bad request field."""
 
     reason = "SEEDSTORE_REFUSED"
@@ -428,8 +478,8 @@ class SeedstoreRefused(NegotiatorError):
         self.cause = cause
 
 
-class NoSeedFound(NegotiatorError):
-    """No seed matched, not even after broadening: seed 001 forbids an unseeded fallback without asking."""
+class NoSeedFound(SeedRefusal):
+    """No seed matched, not even after broadening; an unseeded fallback needs the caller's approval."""
 
     reason = "NO_SEED_FOUND"
 
@@ -453,7 +503,7 @@ class NoSeedFound(NegotiatorError):
         self.fallback_policy = fallback_policy
 
 
-class SeedNotACandidate(NegotiatorError):
+class SeedNotACandidate(SeedRefusal):
     """The caller picked a seed the search did not return."""
 
     reason = "SEED_NOT_A_CANDIDATE"
@@ -468,7 +518,7 @@ class SeedNotACandidate(NegotiatorError):
         self.candidates = tuple(candidates)
 
 
-class AskPolicyRequiresChoice(NegotiatorError):
+class AskPolicyRequiresChoice(SeedRefusal):
     """The top candidates score too close to choose, and the caller picked none."""
 
     reason = "ASK_POLICY_REQUIRES_CHOICE"
@@ -485,7 +535,7 @@ class AskPolicyRequiresChoice(NegotiatorError):
         self.tied = tuple(tied)
 
 
-class GatesNotApproved(NegotiatorError):
+class GatesNotApproved(SeedRefusal):
     """The seed requires gates the request does not approve."""
 
     reason = "GATES_NOT_APPROVED"
@@ -499,8 +549,8 @@ class GatesNotApproved(NegotiatorError):
         self.missing = tuple(missing)
 
 
-class SeedNotVerified(NegotiatorError):
-    """Seed 001: an unverified (or failed) seed is not used until it is verified."""
+class SeedNotVerified(SeedRefusal):
+    """An unverified (or failed) seed is not run until it is verified."""
 
     reason = "SEED_NOT_VERIFIED"
 
@@ -512,7 +562,7 @@ class SeedNotVerified(NegotiatorError):
         self.status = status
 
 
-class SeedHasNoCommand(NegotiatorError):
+class SeedHasNoCommand(SeedRefusal):
     """The chosen seed has no command line that can be run."""
 
     reason = "SEED_HAS_NO_COMMAND"
@@ -523,7 +573,7 @@ class SeedHasNoCommand(NegotiatorError):
         self.cause = cause
 
 
-class SeedCommandNotFound(NegotiatorError):
+class SeedCommandNotFound(SeedRefusal):
     """The seed's program does not exist here (on this negotiator's PATH, or at its path)."""
 
     reason = "SEED_COMMAND_NOT_FOUND"
@@ -535,7 +585,7 @@ class SeedCommandNotFound(NegotiatorError):
         self.cause = cause
 
 
-class SeedCommandFailed(NegotiatorError):
+class SeedCommandFailed(SeedRefusal):
     """The seed's command could not be started (permissions, not executable) or overflowed its output cap."""
 
     reason = "SEED_COMMAND_FAILED"
@@ -546,7 +596,7 @@ class SeedCommandFailed(NegotiatorError):
         self.cause = cause
 
 
-class SeedCommandTimeout(NegotiatorError):
+class SeedCommandTimeout(SeedRefusal):
     """The seed's command outlived the caller's time budget; its process group was killed."""
 
     reason = "SEED_COMMAND_TIMEOUT"

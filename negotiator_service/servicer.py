@@ -1,7 +1,10 @@
 """NegotiatorService over grpc.aio: converts protos, calls the Broker or the registry.
 
-Every failure leaves through `status.to_rich_error` (the taxonomy) or
-`status.unexpected_error` (INTERNAL), so no handler ever ends with UNKNOWN.
+Each method converts the request, calls the core and converts the answer
+back; its errors leave through one decorator per method shape
+(sidecar_runtime.rpcerrors) with the status table `status.ERRORS`: the
+taxonomy's statuses, INTERNAL for anything else, never UNKNOWN. A timeout of
+the budget the sidecar's default deadline gave is DEFAULT_TIMEOUT_EXCEEDED.
 
 Brokered calls carry the caller's clock and place in a delegation chain:
 - `time_budget` is `context.time_remaining()` minus a small margin (so the
@@ -25,7 +28,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterator
 from dataclasses import replace
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
@@ -33,23 +36,15 @@ from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from negotiator_service import convert, tools
 from negotiator_service.bootstrap import Bootstrapper
 from negotiator_service.broker import Broker
-from negotiator_service.conversations import (
-    ConversationManager,
-    ConversationStore,
-    Turn,
-    default_state_dir,
-    new_conversation_id,
-    owner_of,
-)
-from negotiator_service.declarations import validate_shortname
+from negotiator_service.conversations import ConversationManager, Turn, new_conversation_id, owner_of
 from negotiator_service.errors import (
     AdapterTargetNotAllowed,
     AdapterTimeout,
-    ConfigError,
     InvalidRequest,
     NegotiatorError,
     ReplyTooLarge,
     SeedCommandTimeout,
+    ShuttingDown,
 )
 from negotiator_service.model import (
     Adapter,
@@ -66,13 +61,14 @@ from negotiator_service.model import (
 from negotiator_service.prober import Prober
 from negotiator_service.registrations import RuntimeRegistrations
 from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
-from negotiator_service.status import DOMAIN, to_rich_error, unexpected_error
+from negotiator_service.status import ERRORS
 from negotiator_service.tools import CallerMessage, StartMessage
-from sidecar_runtime.addresses import Address, parse_address
+from sidecar_runtime.addresses import Address
 from sidecar_runtime.auth import bearer_values, is_loopback, require_token
 from sidecar_runtime.handlers import call_metadata
 from sidecar_runtime.limits import default_timeout_exceeded, default_timeout_of
-from sidecar_runtime.richstatus import RichError, abort_with
+from sidecar_runtime.richstatus import RichError
+from sidecar_runtime.rpcerrors import stream_stream, unary_stream, unary_unary
 
 SERVICE_NAME = "agentsidecar.negotiator.v1.NegotiatorService"
 DELEGATION_DEPTH_KEY = "x-delegation-depth"
@@ -85,16 +81,28 @@ Context = grpc.aio.ServicerContext[Any, Any]
 _LOGGER = logging.getLogger("negotiator_service.servicer")
 
 
+def _default_timeout(
+    servicer: NegotiatorServicer, error: NegotiatorError, context: Context
+) -> RichError | None:
+    return servicer._default_timeout_error(context, error)
+
+
+# Every method's errors leave through the status table (status.ERRORS), one decorator per shape.
+_unary = unary_unary(ERRORS, refine=_default_timeout)
+_server_stream = unary_stream(ERRORS, refine=_default_timeout)
+_bidi = stream_stream(ERRORS, refine=_default_timeout)
+
+
 class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     def __init__(
         self,
         broker: Broker,
         registry: AdapterRegistry,
         connect_remote: ConnectRemote,
+        conversations: ConversationManager,
         *,
         deadline_margin: float = DEFAULT_DEADLINE_MARGIN_SECONDS,
         logger: logging.Logger | None = None,
-        conversations: ConversationManager | None = None,
         bootstrapper: Bootstrapper | None = None,
         client_certificates: bool = True,
         adapter_hosts: Collection[str] = (),
@@ -103,7 +111,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         registrations: RuntimeRegistrations | None = None,
         prober: Prober | None = None,
     ) -> None:
-        """`bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
+        """`conversations` runs the calls that name a conversation (server.py builds its store).
+
+        `bootstrapper` serves Bootstrap (default: one without a seedstore, which refuses every request).
 
         `client_certificates` False says no listener asks callers for a TLS
         client certificate (no mutual TLS), so callers are named by their
@@ -129,9 +139,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         """
         self._broker = broker
         self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
-        self._conversations = conversations or ConversationManager(
-            ConversationStore(default_state_dir()), broker.preview
-        )
+        self._conversations = conversations
         self._registry = registry
         self._registrations = registrations or RuntimeRegistrations(registry)
         self._prober = prober or Prober(registry)
@@ -154,37 +162,22 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
 
     # -- adapters --------------------------------------------------------
 
+    @_unary
     async def ListAdapters(
         self, request: negotiator_pb2.ListAdaptersRequest, context: Context
     ) -> negotiator_pb2.ListAdaptersResponse:
-        try:
-            size = _page_size(request.page_size)
-            after = _page_start(request.page_token)
-            response = negotiator_pb2.ListAdaptersResponse()
-            entries = [entry for entry in self._registry.list() if entry.shortname > after]
-            budget = LIST_PAGE_BYTES
-            for entry in entries[:size]:
-                adapter = convert.adapter_to_proto(entry)
-                cost = adapter.ByteSize() + _FIELD_FRAMING_BYTES
-                if response.adapters and cost > budget:
-                    break
-                response.adapters.append(adapter)
-                budget -= cost
-            if len(response.adapters) < len(entries):
-                response.next_page_token = _page_token(response.adapters[-1].declaration.shortname)
-            return response
-        except Exception as error:
-            await self._fail(context, "ListAdapters", error)
+        size = _page_size(request.page_size)
+        after = _page_start(request.page_token)
+        return _adapters_page([entry for entry in self._registry.list() if entry.shortname > after], size)
 
+    @_unary
     async def GetAdapter(
         self, request: negotiator_pb2.GetAdapterRequest, context: Context
     ) -> negotiator_pb2.GetAdapterResponse:
-        try:
-            entry = self._registry.get(_required_shortname(request.shortname))
-            return negotiator_pb2.GetAdapterResponse(adapter=convert.adapter_to_proto(entry))
-        except Exception as error:
-            await self._fail(context, "GetAdapter", error)
+        entry = self._registry.get(_required_shortname(request.shortname))
+        return negotiator_pb2.GetAdapterResponse(adapter=convert.adapter_to_proto(entry))
 
+    @_server_stream
     async def WatchAdapters(
         self, request: negotiator_pb2.WatchAdaptersRequest, context: Context
     ) -> AsyncIterator[negotiator_pb2.WatchAdaptersResponse]:
@@ -196,18 +189,12 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                 next_change = asyncio.ensure_future(anext(changes))
                 await asyncio.wait({next_change, closing}, return_when=asyncio.FIRST_COMPLETED)
                 if not next_change.done():
-                    await abort_with(context, _shutting_down())
+                    raise ShuttingDown()
                 try:
                     change, entry = next_change.result()
                 except StopAsyncIteration:  # the registry closed
-                    await abort_with(context, _shutting_down())
-                    return
+                    raise ShuttingDown() from None
                 yield convert.watch_response(change, entry)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            self._logger.exception("WatchAdapters failed unexpectedly")
-            await abort_with(context, unexpected_error(exc, "WatchAdapters"))
         finally:
             closing.cancel()
             if next_change is not None and not next_change.done():
@@ -216,134 +203,94 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             if isinstance(changes, AsyncGenerator):
                 await changes.aclose()
 
+    @_unary
     async def RegisterAdapter(
         self, request: negotiator_pb2.RegisterAdapterRequest, context: Context
     ) -> negotiator_pb2.RegisterAdapterResponse:
+        registration = convert.register_adapter_request(request)
+        target = registration.address.target
+        check_adapter_target(registration.address, self._adapter_hosts)
+        adapter = await self._connect_remote(target, registration.shortname)
+        entry = RegisteredAdapter(adapter=adapter, source="runtime", target=target)
         try:
-            problems: list[tuple[str, str]] = []
-            address: Address | None = None
-            if not request.target:
-                problems.append(("target", "is required: unix:PATH or HOST:PORT"))
-            else:
-                try:
-                    address = parse_address(request.target)
-                except ValueError as exc:
-                    problems.append(("target", str(exc)))
-            if request.shortname:
-                try:
-                    validate_shortname(request.shortname)
-                except ConfigError as exc:
-                    problems.append(("shortname", exc.message))
-            if problems or address is None:
-                raise InvalidRequest(problems)
-            target = address.target
-            check_adapter_target(address, self._adapter_hosts)
-            adapter = await self._connect_remote(target, request.shortname)
-            entry = RegisteredAdapter(adapter=adapter, source="runtime", target=target)
-            try:
-                await self._registrations.register(entry)
-            except BaseException:
-                await adapter.close()
-                raise
-            self._logger.info("registered remote adapter %s at %s", entry.shortname, target)
-            return negotiator_pb2.RegisterAdapterResponse(adapter=convert.adapter_to_proto(entry))
-        except Exception as error:
-            await self._fail(context, "RegisterAdapter", error)
+            await self._registrations.register(entry)
+        except BaseException:
+            await adapter.close()
+            raise
+        self._logger.info("registered remote adapter %s at %s", entry.shortname, target)
+        return negotiator_pb2.RegisterAdapterResponse(adapter=convert.adapter_to_proto(entry))
 
+    @_unary
     async def DeregisterAdapter(
         self, request: negotiator_pb2.DeregisterAdapterRequest, context: Context
     ) -> negotiator_pb2.DeregisterAdapterResponse:
-        try:
-            entry = await self._registrations.deregister(_required_shortname(request.shortname))
-            response = negotiator_pb2.DeregisterAdapterResponse(adapter=convert.adapter_to_proto(entry))
-            await entry.adapter.close()
-            self._logger.info("deregistered adapter %s", entry.shortname)
-            return response
-        except Exception as error:
-            await self._fail(context, "DeregisterAdapter", error)
+        entry = await self._registrations.deregister(_required_shortname(request.shortname))
+        response = negotiator_pb2.DeregisterAdapterResponse(adapter=convert.adapter_to_proto(entry))
+        await entry.adapter.close()
+        self._logger.info("deregistered adapter %s", entry.shortname)
+        return response
 
+    @_unary
     async def ProbeAdapter(
         self, request: negotiator_pb2.ProbeAdapterRequest, context: Context
     ) -> negotiator_pb2.ProbeAdapterResponse:
-        try:
-            shortname = _required_shortname(request.shortname)
-            if request.model != request.model.strip() or (request.model and not request.model.isprintable()):
-                raise InvalidRequest(
-                    [("model", "must be a model name without surrounding space or control characters")]
-                )
-            entry, evidence = await self._prober.probe(shortname, request.model)
-            verdicts = ", ".join(f"{e.kind.value}={e.verdict.value}" for e in evidence)
-            self._logger.info("probed adapter %s: %s", shortname, verdicts)
-            return negotiator_pb2.ProbeAdapterResponse(
-                adapter=convert.adapter_to_proto(entry),
-                evidence=[convert.probe_evidence_to_proto(item) for item in evidence],
-            )
-        except Exception as error:
-            await self._fail(context, "ProbeAdapter", error)
+        shortname = _required_shortname(request.shortname)
+        model = convert.probe_model(request)
+        entry, evidence = await self._prober.probe(shortname, model)
+        verdicts = ", ".join(f"{e.kind.value}={e.verdict.value}" for e in evidence)
+        self._logger.info("probed adapter %s: %s", shortname, verdicts)
+        return negotiator_pb2.ProbeAdapterResponse(
+            adapter=convert.adapter_to_proto(entry),
+            evidence=[convert.probe_evidence_to_proto(item) for item in evidence],
+        )
 
     # -- calls -----------------------------------------------------------
 
+    @_unary
     async def Negotiate(
         self, request: negotiator_pb2.NegotiateRequest, context: Context
     ) -> negotiator_pb2.NegotiateResponse:
-        try:
-            try:
-                call = with_conversation_id(convert.negotiate_request(request))
-                decision = self._broker.negotiate(call, caller=self._caller(context))
-            except InvalidRequest as error:
-                # The call is nested here: point at it from the top of this request.
-                which = request.WhichOneof("call")
-                if which is None:
-                    raise
-                raise InvalidRequest([(f"{which}.{f}", d) for f, d in error.violations]) from error
-            return convert.negotiate_response(decision)
-        except Exception as error:
-            await self._fail(context, "Negotiate", error)
+        # The call is nested in the request: its field paths are pointed at from the top.
+        with _prefixed(request.WhichOneof("call")):
+            call = with_conversation_id(convert.negotiate_request(request))
+            decision = self._broker.negotiate(call, caller=self._caller(context))
+        return convert.negotiate_response(decision)
 
+    @_unary
     async def Produce(
         self, request: negotiator_pb2.ProduceRequest, context: Context
     ) -> negotiator_pb2.ProduceResponse:
-        try:
-            call = with_conversation_id(convert.produce_request(request))
-            return await self._brokered(call, context, convert.produce_response)
-        except Exception as error:
-            await self._fail(context, "Produce", error)
+        call = with_conversation_id(convert.produce_request(request))
+        return await self._brokered(call, context, convert.produce_response)
 
+    @_unary
     async def Invoke(
         self, request: negotiator_pb2.InvokeRequest, context: Context
     ) -> negotiator_pb2.InvokeResponse:
-        try:
-            call = with_conversation_id(convert.invoke_request(request))
-            return await self._brokered(call, context, convert.invoke_response)
-        except Exception as error:
-            await self._fail(context, "Invoke", error)
+        call = with_conversation_id(convert.invoke_request(request))
+        return await self._brokered(call, context, convert.invoke_response)
 
     # grpc.aio serves a server-streaming method that writes with `context.write` and returns None;
     # the generated stub types only the generator form.
+    @_server_stream
     async def ProduceStream(  # type: ignore[override]
         self, request: negotiator_pb2.ProduceStreamRequest, context: Context
     ) -> None:
-        try:
-            with _nested("produce", request.HasField("produce")):
-                call = with_conversation_id(convert.produce_request(request.produce))
-                await self._streamed(
-                    call, context, convert.produce_response, negotiator_pb2.ProduceStreamResponse
-                )
-        except Exception as error:
-            await self._fail(context, "ProduceStream", error)
+        with _nested("produce", request.HasField("produce")):
+            call = with_conversation_id(convert.produce_request(request.produce))
+            await self._streamed(
+                call, context, convert.produce_response, negotiator_pb2.ProduceStreamResponse
+            )
 
+    @_server_stream
     async def InvokeStream(  # type: ignore[override]
         self, request: negotiator_pb2.InvokeStreamRequest, context: Context
     ) -> None:
-        try:
-            with _nested("invoke", request.HasField("invoke")):
-                call = with_conversation_id(convert.invoke_request(request.invoke))
-                await self._streamed(
-                    call, context, convert.invoke_response, negotiator_pb2.InvokeStreamResponse
-                )
-        except Exception as error:
-            await self._fail(context, "InvokeStream", error)
+        with _nested("invoke", request.HasField("invoke")):
+            call = with_conversation_id(convert.invoke_request(request.invoke))
+            await self._streamed(call, context, convert.invoke_response, negotiator_pb2.InvokeStreamResponse)
 
+    @_bidi
     async def ToolSession(
         self, request_iterator: AsyncIterator[negotiator_pb2.ToolSessionRequest], context: Context
     ) -> AsyncIterator[negotiator_pb2.ToolSessionResponse]:
@@ -354,83 +301,77 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         the session cancels this work (closing the adapter's stream) when the
         caller goes away.
         """
-        try:
-            delegation_depth = _delegation_depth(context)
+        delegation_depth = _delegation_depth(context)
 
-            async def dispatch(
-                call: CallRequest, toolbox: ToolBox | None, emit: tools.Emit | None
-            ) -> tuple[AdapterReply, Decision]:
-                # The final message wraps the response: its tag and length prefix.
-                sized: _SizedReply[Any] = (
-                    _sized(convert.produce_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
-                    if call.kind is CallKind.PRODUCE
-                    else _sized(convert.invoke_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+        async def dispatch(
+            call: CallRequest, toolbox: ToolBox | None, emit: tools.Emit | None
+        ) -> tuple[AdapterReply, Decision]:
+            # The final message wraps the response: its tag and length prefix.
+            sized: _SizedReply[Any] = (
+                _sized(convert.produce_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+                if call.kind is CallKind.PRODUCE
+                else _sized(convert.invoke_response, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+            )
+
+            def turn_dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
+                if emit is not None:
+                    return streamed_turn(turn, emit)
+                return self._broker.call(
+                    call,
+                    time_budget=self._time_budget(context),
+                    delegation_depth=turn.delegation_depth,
+                    conversation_state=turn.state,
+                    tools=toolbox,
+                    caller=self._caller(context),
+                    audit_operation="tool_session",
+                    check_reply=sized.check,
                 )
 
-                def turn_dispatch(turn: Turn) -> Awaitable[tuple[AdapterReply, Decision]]:
-                    if emit is not None:
-                        return streamed_turn(turn, emit)
-                    return self._broker.call(
-                        call,
-                        time_budget=self._time_budget(context),
-                        delegation_depth=turn.delegation_depth,
-                        conversation_state=turn.state,
-                        tools=toolbox,
-                        caller=self._caller(context),
-                        audit_operation="tool_session",
-                        check_reply=sized.check,
-                    )
+            async def streamed_turn(turn: Turn, emit: tools.Emit) -> tuple[AdapterReply, Decision]:
+                stream = self._broker.stream(
+                    call,
+                    time_budget=self._time_budget(context),
+                    delegation_depth=turn.delegation_depth,
+                    conversation_state=turn.state,
+                    tools=toolbox,
+                    caller=self._caller(context),
+                    audit_operation="tool_session",
+                    check_reply=sized.check,
+                )
+                decision: Decision | None = None
+                reply: AdapterReply | None = None
+                # Closed with this task: the adapter's upstream must not outlive the session.
+                async with contextlib.aclosing(stream):
+                    async for item in stream:
+                        if isinstance(item, AdapterReply):
+                            reply = item
+                            continue
+                        if isinstance(item, Decision):
+                            decision = item
+                        emit(item)
+                assert reply is not None  # the broker's stream ends with the reply or raises
+                assert decision is not None
+                return reply, decision
 
-                async def streamed_turn(turn: Turn, emit: tools.Emit) -> tuple[AdapterReply, Decision]:
-                    stream = self._broker.stream(
-                        call,
-                        time_budget=self._time_budget(context),
-                        delegation_depth=turn.delegation_depth,
-                        conversation_state=turn.state,
-                        tools=toolbox,
-                        caller=self._caller(context),
-                        audit_operation="tool_session",
-                        check_reply=sized.check,
-                    )
-                    decision: Decision | None = None
-                    reply: AdapterReply | None = None
-                    # Closed with this task: the adapter's upstream must not outlive the session.
-                    async with contextlib.aclosing(stream):
-                        async for item in stream:
-                            if isinstance(item, AdapterReply):
-                                reply = item
-                                continue
-                            if isinstance(item, Decision):
-                                decision = item
-                            emit(item)
-                    assert reply is not None  # the broker's stream ends with the reply or raises
-                    assert decision is not None
-                    return reply, decision
+            refused = self._conversation_refused("tool_session", call, context, delegation_depth)
+            try:
+                return await self._conversations.run(
+                    call, delegation_depth, turn_dispatch, refused=refused, owner=self._owner(context)
+                )
+            except InvalidRequest as error:
+                # The broker's own checks (setting values) name fields of the call inside `start`.
+                which = f"start.{call.kind.value}"
+                raise InvalidRequest([(f"{which}.{f}", d) for f, d in error.violations]) from error
 
-                refused = self._conversation_refused("tool_session", call, context, delegation_depth)
-                try:
-                    return await self._conversations.run(
-                        call, delegation_depth, turn_dispatch, refused=refused, owner=self._owner(context)
-                    )
-                except InvalidRequest as error:
-                    # The broker's own checks (setting values) name fields of the call inside `start`.
-                    which = f"start.{call.kind.value}"
-                    raise InvalidRequest([(f"{which}.{f}", d) for f, d in error.violations]) from error
-
-            incoming = (
-                _with_generated_id(convert.tool_session_request(message))
-                async for message in request_iterator
-            )
-            async for message in tools.run_session(incoming, dispatch):
-                yield convert.tool_session_response(message)
-        except NegotiatorError as error:
-            await abort_with(context, to_rich_error(error))
-        except Exception as exc:
-            self._logger.exception("ToolSession failed unexpectedly")
-            await abort_with(context, unexpected_error(exc, "ToolSession"))
+        incoming = (
+            _with_generated_id(convert.tool_session_request(message)) async for message in request_iterator
+        )
+        async for message in tools.run_session(incoming, dispatch):
+            yield convert.tool_session_response(message)
 
     # -- audit and capability bootstrap -----------------------------------
 
+    @_server_stream
     async def WatchAudit(
         self, request: negotiator_pb2.WatchAuditRequest, context: Context
     ) -> AsyncIterator[negotiator_pb2.WatchAuditResponse]:
@@ -450,26 +391,20 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
                 next_record = asyncio.ensure_future(subscription.next())
                 await asyncio.wait({next_record, closing}, return_when=asyncio.FIRST_COMPLETED)
                 if not next_record.done():
-                    await abort_with(context, _shutting_down())
+                    raise ShuttingDown()
                 try:
+                    # AuditWatcherDropped when this watcher fell behind its buffer.
                     record = next_record.result()
                 except StopAsyncIteration:  # the audit log closed: the server is stopping
-                    await abort_with(context, _shutting_down())
-                    return
+                    raise ShuttingDown() from None
                 yield convert.watch_audit_response(record)
-        except grpc.aio.AbortError:
-            raise
-        except NegotiatorError as error:  # AuditWatcherDropped: this watcher fell behind
-            await abort_with(context, to_rich_error(error))
-        except Exception as exc:
-            self._logger.exception("WatchAudit failed unexpectedly")
-            await abort_with(context, unexpected_error(exc, "WatchAudit"))
         finally:
             closing.cancel()
             if next_record is not None and not next_record.done():
                 next_record.cancel()
             subscription.close()
 
+    @_unary
     async def Bootstrap(
         self, request: negotiator_pb2.BootstrapRequest, context: Context
     ) -> negotiator_pb2.BootstrapResponse:
@@ -477,16 +412,13 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         if request.run:
             # The token layer leaves Bootstrap open with --open-reads; a run executes a command.
             await require_token(context, "with `run` set")
-        try:
-            result = await self._bootstrapper.bootstrap(
-                convert.bootstrap_request(request),
-                time_budget=self._time_budget(context),
-                caller=self._caller(context),
-                delegation_depth=_delegation_depth(context),
-            )
-            return convert.bootstrap_response(result)
-        except Exception as error:
-            await self._fail(context, "Bootstrap", error)
+        result = await self._bootstrapper.bootstrap(
+            convert.bootstrap_request(request),
+            time_budget=self._time_budget(context),
+            caller=self._caller(context),
+            delegation_depth=_delegation_depth(context),
+        )
+        return convert.bootstrap_response(result)
 
     # -- plumbing --------------------------------------------------------
 
@@ -644,20 +576,6 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
             return None
         return default_timeout_exceeded(seconds)
 
-    async def _fail(self, context: Context, operation: str, error: Exception) -> NoReturn:
-        """End a unary call that raised `error` with its rich status (never UNKNOWN).
-
-        Every unary method ends in `except Exception as error: await
-        self._fail(...)` rather than running its work inside a wrapper: one
-        coroutine fewer per call on the paths that matter most.
-        """
-        if isinstance(error, NegotiatorError):
-            await abort_with(context, self._default_timeout_error(context, error) or to_rich_error(error))
-        else:
-            self._logger.error("%s failed unexpectedly", operation, exc_info=error)
-            await abort_with(context, unexpected_error(error, operation))
-        raise AssertionError("abort_with never returns")
-
 
 ANY_HOST = "*"
 # ListAdapters paging (AIP-158): page_size 0 is the default, larger than the maximum is the maximum.
@@ -673,6 +591,22 @@ def _page_size(requested: int) -> int:
     if requested < 0:
         raise InvalidRequest([("page_size", f"must not be negative, got {requested}")])
     return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _adapters_page(entries: list[RegisteredAdapter], size: int) -> negotiator_pb2.ListAdaptersResponse:
+    """A ListAdapters page: up to `size` of `entries` within LIST_PAGE_BYTES, and the token after it."""
+    response = negotiator_pb2.ListAdaptersResponse()
+    budget = LIST_PAGE_BYTES
+    for entry in entries[:size]:
+        adapter = convert.adapter_to_proto(entry)
+        cost = adapter.ByteSize() + _FIELD_FRAMING_BYTES
+        if response.adapters and cost > budget:
+            break
+        response.adapters.append(adapter)
+        budget -= cost
+    if len(response.adapters) < len(entries):
+        response.next_page_token = _page_token(response.adapters[-1].declaration.shortname)
+    return response
 
 
 def _page_token(last_shortname: str) -> str:
@@ -832,9 +766,18 @@ def _nested(field: str, present: bool) -> Iterator[None]:
     """Field paths of a call nested in its request's `field`, pointed at from the top of that request."""
     if not present:
         raise InvalidRequest([(field, "is required: the call to stream")])
+    with _prefixed(field):
+        yield
+
+
+@contextlib.contextmanager
+def _prefixed(field: str | None) -> Iterator[None]:
+    """InvalidRequest field paths raised inside, prefixed with `field` (unchanged when None)."""
     try:
         yield
     except InvalidRequest as error:
+        if field is None:
+            raise
         raise InvalidRequest([(f"{field}.{f}", d) for f, d in error.violations]) from error
 
 
@@ -842,12 +785,3 @@ def peer_identity(context: Context) -> str:
     """The caller as its peer address (`unix:`, `ipv4:HOST:PORT`, ...)."""
     peer: str = context.peer() or ""
     return peer or "unknown"
-
-
-def _shutting_down() -> RichError:
-    return RichError(
-        code=grpc.StatusCode.UNAVAILABLE,
-        message="the negotiator is shutting down; watch again (another instance, or after restart)",
-        reason="SHUTTING_DOWN",
-        domain=DOMAIN,
-    )

@@ -70,6 +70,7 @@ import grpc
 from negotiator_service import errors
 from negotiator_service.model import CapabilityState, Verdict
 from sidecar_runtime.richstatus import PreconditionViolation, RichError
+from sidecar_runtime.rpcerrors import ErrorTable
 
 DOMAIN = "negotiator.agentsidecar"
 # ErrorInfo metadata `rule` of ADAPTER_TARGET_NOT_ALLOWED.
@@ -291,6 +292,10 @@ def _depth_exceeded(error: errors.DelegationDepthExceeded) -> RichError:
     )
 
 
+def _shutting_down(error: errors.ShuttingDown) -> RichError:
+    return _rich(error, grpc.StatusCode.UNAVAILABLE)
+
+
 def _audit_watcher_dropped(error: errors.AuditWatcherDropped) -> RichError:
     return _rich(error, grpc.StatusCode.RESOURCE_EXHAUSTED, {"queueSize": str(error.queue_size)})
 
@@ -397,7 +402,7 @@ def _seed_not_verified(error: errors.SeedNotVerified) -> RichError:
     )
 
 
-def _seed_has_no_command(error: errors.SeedHasNoCommand) -> RichError:
+def _seed_refusal(error: errors.SeedHasNoCommand | errors.SeedCommandFailed) -> RichError:
     return _rich(
         error,
         grpc.StatusCode.FAILED_PRECONDITION,
@@ -412,15 +417,6 @@ def _seed_command_not_found(error: errors.SeedCommandNotFound) -> RichError:
         grpc.StatusCode.FAILED_PRECONDITION,
         {"seed": error.seed, "program": error.program, "cause": error.cause},
         precondition_violations=(PreconditionViolation(error.reason, error.program, error.message),),
-    )
-
-
-def _seed_command_failed(error: errors.SeedCommandFailed) -> RichError:
-    return _rich(
-        error,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        {"seed": error.seed, "cause": error.cause},
-        precondition_violations=(PreconditionViolation(error.reason, error.seed, error.cause),),
     )
 
 
@@ -443,58 +439,59 @@ def _mcp_failure(code: grpc.StatusCode) -> Callable[[Any], RichError]:
     return build
 
 
-def _generic(error: errors.NegotiatorError) -> RichError:
-    return _rich(error, grpc.StatusCode.INTERNAL)
-
-
-# Keyed by exact class; `to_rich_error` walks the MRO so a subclass added
-# later still maps to its parent's status until it gets its own row.
+# Keyed by class: an error takes the row of the nearest class of its MRO, so a row for a
+# base serves every subclass without one (AdapterFailure: AdapterReplyTooLarge and
+# AdapterInternal). The bases themselves are abstract; tests/negotiator/test_status.py
+# checks that every concrete class reaches a row.
 STATUS_TABLE: Mapping[type[errors.NegotiatorError], Callable[[Any], RichError]] = MappingProxyType(
     {
-        errors.NegotiatorError: _generic,
+        # caller errors
         errors.InvalidRequest: _invalid_request,
+        errors.ConfigError: _config,
         errors.AdapterNotFound: _not_found,
+        errors.AdapterAlreadyExists: _already_exists,
         errors.AdapterKindMismatch: _kind_mismatch,
         errors.UnsupportedCapability: _unsupported,
-        errors.AdapterAlreadyExists: _already_exists,
         errors.AdapterNotRemovable: _not_removable,
         errors.AdapterNotProbeable: _not_probeable,
-        errors.ConfigError: _config,
-        errors.AdapterRegistrationFailed: _registration_failed,
         errors.AdapterTargetNotAllowed: _target_not_allowed,
-        errors.RegistrationStoreFailed: _registration_store_failed,
-        errors.OutputSchemaViolation: _output_violation,
-        errors.ReplyTooLarge: _reply_too_large,
+        errors.McpServerNotAllowed: _mcp_not_allowed,
         errors.DelegationDepthExceeded: _depth_exceeded,
-        errors.AuditWatcherDropped: _audit_watcher_dropped,
         errors.ConversationBusy: _conversation_busy,
         errors.DeclarationChanged: _declaration_changed,
         errors.ConversationAdapterMismatch: _conversation_adapter_mismatch,
+        # store errors
         errors.ConversationStateCorrupt: _conversation_failure(grpc.StatusCode.DATA_LOSS),
         errors.ConversationStoreFailed: _conversation_failure(grpc.StatusCode.INTERNAL),
+        errors.RegistrationStoreFailed: _registration_store_failed,
+        # upstream errors
         errors.AdapterFailure: _adapter_failure(grpc.StatusCode.INTERNAL),
         errors.AdapterUnavailable: _adapter_failure(grpc.StatusCode.UNAVAILABLE),
         errors.AdapterTimeout: _adapter_failure(grpc.StatusCode.DEADLINE_EXCEEDED),
         errors.AdapterRateLimited: _rate_limited,
-        errors.AdapterReplyTooLarge: _adapter_failure(grpc.StatusCode.INTERNAL),
         errors.AdapterRefused: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
         errors.AdapterMisconfigured: _adapter_failure(grpc.StatusCode.FAILED_PRECONDITION),
-        errors.AdapterInternal: _adapter_failure(grpc.StatusCode.INTERNAL),
-        errors.McpServerNotAllowed: _mcp_not_allowed,
         errors.McpServerUnavailable: _mcp_failure(grpc.StatusCode.UNAVAILABLE),
         errors.McpServerTimeout: _mcp_failure(grpc.StatusCode.DEADLINE_EXCEEDED),
-        errors.SeedstoreNotConfigured: _seedstore_not_configured,
+        errors.AdapterRegistrationFailed: _registration_failed,
+        errors.OutputSchemaViolation: _output_violation,
+        errors.ReplyTooLarge: _reply_too_large,
         errors.SeedstoreUnavailable: _seedstore_unavailable,
         errors.SeedstoreRefused: _seedstore_refused,
+        # seed refusals (Bootstrap)
+        errors.SeedstoreNotConfigured: _seedstore_not_configured,
         errors.NoSeedFound: _no_seed_found,
         errors.SeedNotACandidate: _seed_not_a_candidate,
         errors.AskPolicyRequiresChoice: _ask_policy_requires_choice,
         errors.GatesNotApproved: _gates_not_approved,
         errors.SeedNotVerified: _seed_not_verified,
-        errors.SeedHasNoCommand: _seed_has_no_command,
+        errors.SeedHasNoCommand: _seed_refusal,
         errors.SeedCommandNotFound: _seed_command_not_found,
-        errors.SeedCommandFailed: _seed_command_failed,
+        errors.SeedCommandFailed: _seed_refusal,
         errors.SeedCommandTimeout: _seed_command_timeout,
+        # watches the server ended
+        errors.AuditWatcherDropped: _audit_watcher_dropped,
+        errors.ShuttingDown: _shutting_down,
     }
 )
 
@@ -505,7 +502,7 @@ def to_rich_error(error: errors.NegotiatorError) -> RichError:
         build = STATUS_TABLE.get(cls)
         if build is not None:
             return build(error)
-    raise AssertionError("NegotiatorError is in the table")  # pragma: no cover
+    raise AssertionError(f"{type(error).__name__} reaches no row of STATUS_TABLE")  # pragma: no cover
 
 
 def unexpected_error(exc: BaseException, operation: str) -> RichError:
@@ -517,3 +514,9 @@ def unexpected_error(exc: BaseException, operation: str) -> RichError:
         domain=DOMAIN,
         metadata={"operation": operation, "exception": type(exc).__name__},
     )
+
+
+# What the servicer's error decorators send (sidecar_runtime.rpcerrors).
+ERRORS: ErrorTable[errors.NegotiatorError] = ErrorTable(
+    errors.NegotiatorError, to_rich_error, unexpected_error
+)

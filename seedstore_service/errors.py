@@ -1,21 +1,28 @@
 """The seedstore's error taxonomy. No grpc here: `status.py` maps it once.
 
-    SeedStoreError
-    ├── InvalidArgument            bad flag value (priority, tie, missing provides)
-    │   └── InvalidIdentifier      identifier rule broken; names the field
-    ├── SeedNotFound               unknown seed id
-    ├── AmbiguousSeed              id found in several files; pass --domain
-    ├── SeedMalformed              the targeted seed's file cannot be parsed
-    ├── RevisionMismatch           expected revision differs from the file's
-    ├── OutsideStore               a write would land outside the store (a linked directory)
-    ├── WatchBacklogExceeded       a watcher fell too far behind; list and watch again
-    ├── StoreUnavailable           HOME/SKILLSPEC_HOME unset, I/O failure
+    SeedStoreError                 abstract
+    ├── CallerError                abstract: the request names something wrong or stale
+    │   ├── InvalidArgument        bad flag value (priority, tie, missing provides)
+    │   │   └── InvalidIdentifier  identifier rule broken; names the field
+    │   ├── SeedNotFound           unknown seed id
+    │   ├── AmbiguousSeed          id found in several files; pass --domain
+    │   ├── RevisionMismatch       expected revision differs from the file's
+    │   └── WatchBacklogExceeded   a watcher fell too far behind; list and watch again
+    └── StoreError                 abstract: the store's files or directory stand in the way
+        ├── SeedMalformed          the targeted seed's file cannot be parsed
+        ├── OutsideStore           a write would land outside the store (a linked directory)
+        └── StoreUnavailable       HOME/SKILLSPEC_HOME unset, I/O failure
+
+Only the leaves (and InvalidArgument, which InvalidIdentifier refines) are
+raised; constructing an abstract base raises TypeError.
 
 Messages are SkillSpec's, so the CLI prints the same `error: ...` line
 whether it ran locally or through the service.
 """
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 # How much of a value from a request or a seed file an error quotes: enough to
 # recognise it, never a whole file (a symlinked `/etc/passwd`) or a whole request.
@@ -46,16 +53,35 @@ def _escaped(char: str) -> str:
 
 
 class SeedStoreError(Exception):
-    """Base of every seedstore error. `reason` is the ErrorInfo reason."""
+    """Base of every seedstore error. `reason` is the ErrorInfo reason.
+
+    A class is concrete unless declared with `abstract=True`; constructing an
+    abstract one raises TypeError, since only a concrete error says what went wrong.
+    """
 
     reason = "SEEDSTORE_ERROR"
+    abstract: ClassVar[bool] = True
+
+    def __init_subclass__(cls, *, abstract: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.abstract = abstract
 
     def __init__(self, message: str) -> None:
+        if type(self).abstract:
+            raise TypeError(f"{type(self).__name__} is abstract; raise one of its subclasses")
         super().__init__(message)
         self.message = message
 
 
-class InvalidArgument(SeedStoreError):
+class CallerError(SeedStoreError, abstract=True):
+    """The request names something invalid, unknown, ambiguous or stale; the caller changes it."""
+
+
+class StoreError(SeedStoreError, abstract=True):
+    """The store's files or directory stand in the way of the request."""
+
+
+class InvalidArgument(CallerError):
     reason = "INVALID_ARGUMENT"
 
     def __init__(self, message: str, field: str = "") -> None:
@@ -74,7 +100,7 @@ class InvalidIdentifier(InvalidArgument):
         self.value = value
 
 
-class SeedNotFound(SeedStoreError):
+class SeedNotFound(CallerError):
     reason = "SEED_NOT_FOUND"
 
     def __init__(self, seed_id: str) -> None:
@@ -82,7 +108,7 @@ class SeedNotFound(SeedStoreError):
         self.seed_id = seed_id
 
 
-class AmbiguousSeed(SeedStoreError):
+class AmbiguousSeed(CallerError):
     reason = "SEED_AMBIGUOUS"
 
     def __init__(self, seed_id: str, paths: list[str]) -> None:
@@ -91,7 +117,7 @@ class AmbiguousSeed(SeedStoreError):
         self.paths = paths
 
 
-class SeedMalformed(SeedStoreError):
+class SeedMalformed(StoreError):
     reason = "SEED_MALFORMED"
 
     def __init__(self, path: str, line: int, detail: str) -> None:
@@ -101,7 +127,7 @@ class SeedMalformed(SeedStoreError):
         self.detail = detail
 
 
-class RevisionMismatch(SeedStoreError):
+class RevisionMismatch(CallerError):
     reason = "REVISION_MISMATCH"
 
     def __init__(self, seed_id: str, expected: str, actual: str) -> None:
@@ -114,7 +140,7 @@ class RevisionMismatch(SeedStoreError):
         self.actual = actual
 
 
-class OutsideStore(SeedStoreError):
+class OutsideStore(StoreError):
     """A write whose directory resolves outside the store root; reads may follow links there, writes never."""
 
     reason = "OUTSIDE_STORE"
@@ -125,7 +151,7 @@ class OutsideStore(SeedStoreError):
         self.root = root
 
 
-class WatchBacklogExceeded(SeedStoreError):
+class WatchBacklogExceeded(CallerError):
     """A WatchSeeds stream whose reader fell behind by more than the per-watcher budget."""
 
     reason = "WATCH_BACKLOG_EXCEEDED"
@@ -139,5 +165,5 @@ class WatchBacklogExceeded(SeedStoreError):
         self.limit_bytes = limit_bytes
 
 
-class StoreUnavailable(SeedStoreError):
+class StoreUnavailable(StoreError):
     reason = "STORE_UNAVAILABLE"

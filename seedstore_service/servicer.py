@@ -3,7 +3,8 @@
 Blocking operations (files, the store lock) run in worker threads so one slow
 disk never stalls other calls. Reads the in-memory index can answer at once
 (search, inspect) run on the event loop instead: for them the thread hop cost
-more than the read. Errors leave through `status.py`.
+more than the read. Errors leave through `status.py`'s table, by the runtime's
+decorators (`sidecar_runtime.rpcerrors`), one per method shape.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 
 from seedstore_service import convert, paging
 from seedstore_service.operations import ChangeFeed, SeedOperations
-from seedstore_service.status import stream_errors, unary_errors
+from seedstore_service.status import error_table
+from sidecar_runtime.rpcerrors import unary_stream, unary_unary
 from sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES
 
 _Context = grpc.aio.ServicerContext[Any, Any]
@@ -27,6 +29,8 @@ _Context = grpc.aio.ServicerContext[Any, Any]
 # Core field labels that name a differently spelled field of a particular request.
 _VERIFY_FIELDS = {"capability id": "ids"}
 _UPDATE_FIELDS = {"tie key": "add_ties", "tie": "add_ties", "alias": "add_aliases"}
+
+_ERRORS = error_table()
 
 
 class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
@@ -46,16 +50,16 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         # What the repeated items of a ListSeeds or SearchSeeds reply may take, so the reply fits.
         self._reply_item_bytes = max(max_message_bytes - paging.REPLY_HEADROOM_BYTES, max_message_bytes // 2)
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def GetStore(self, request: pb.GetStoreRequest, context: _Context) -> pb.GetStoreResponse:
         return pb.GetStoreResponse(seed_store=self._operations.seed_store)
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def AddSeed(self, request: pb.AddSeedRequest, context: _Context) -> pb.AddSeedResponse:
         spec = convert.add_spec_from_request(request)
         return convert.add_response(await asyncio.to_thread(self._operations.add, spec))
 
-    @unary_errors(_UPDATE_FIELDS)
+    @unary_unary(error_table(_UPDATE_FIELDS))
     async def UpdateSeed(self, request: pb.UpdateSeedRequest, context: _Context) -> pb.UpdateSeedResponse:
         patch = convert.update_patch_from_request(request)
         view = await asyncio.to_thread(
@@ -67,7 +71,7 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         )
         return convert.update_response(view)
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def ListSeeds(self, request: pb.ListSeedsRequest, context: _Context) -> pb.ListSeedsResponse:
         domain = request.domain if request.HasField("domain") else None
 
@@ -79,7 +83,7 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
 
         return await asyncio.to_thread(listing)
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def SearchSeeds(self, request: pb.SearchSeedsRequest, context: _Context) -> pb.SearchSeedsResponse:
         query = convert.search_query_from_request(request)
         outcome = self._operations.search_from_memory(query, broaden_empty=request.broaden)
@@ -89,7 +93,7 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
             outcome, max_candidates=request.max_candidates, max_bytes=self._reply_item_bytes
         )
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def InspectSeed(self, request: pb.InspectSeedRequest, context: _Context) -> pb.InspectSeedResponse:
         domain = request.domain if request.HasField("domain") else None
         view = self._operations.inspect_from_memory(request.id, domain)
@@ -97,7 +101,7 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
             view = await asyncio.to_thread(self._operations.inspect, request.id, domain)
         return convert.inspect_response(view)
 
-    @stream_errors(_VERIFY_FIELDS)
+    @unary_stream(error_table(_VERIFY_FIELDS))
     async def VerifySeeds(
         self, request: pb.VerifySeedsRequest, context: _Context
     ) -> AsyncGenerator[pb.VerifySeedsResponse, None]:
@@ -119,7 +123,7 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
             async for event in events:
                 yield convert.verify_event_to_proto(seed_store, event)
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def PreferSeed(self, request: pb.PreferSeedRequest, context: _Context) -> pb.PreferSeedResponse:
         view = await asyncio.to_thread(
             self._operations.prefer,
@@ -130,16 +134,16 @@ class SeedStoreServicer(seedstore_pb2_grpc.SeedStoreServiceServicer):
         )
         return convert.prefer_response(view)
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def RemoveSeed(self, request: pb.RemoveSeedRequest, context: _Context) -> pb.RemoveSeedResponse:
         domain = request.domain if request.HasField("domain") else None
         return convert.remove_response(await asyncio.to_thread(self._operations.remove, request.id, domain))
 
-    @unary_errors()
+    @unary_unary(_ERRORS)
     async def ScanSeeds(self, request: pb.ScanSeedsRequest, context: _Context) -> pb.ScanSeedsResponse:
         return convert.scan_response(self._operations.scan())
 
-    @stream_errors()
+    @unary_stream(_ERRORS)
     async def WatchSeeds(
         self, request: pb.WatchSeedsRequest, context: _Context
     ) -> AsyncGenerator[pb.WatchSeedsResponse, None]:

@@ -10,21 +10,18 @@ becomes INTERNAL (never UNKNOWN) and is logged with its traceback.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import grpc
 
 from seedstore_service import errors
-from sidecar_runtime.richstatus import PreconditionViolation, RichError, abort_with
+from sidecar_runtime.richstatus import PreconditionViolation, RichError
+from sidecar_runtime.rpcerrors import ErrorTable
 
 ERROR_DOMAIN = "seedstore.agentsidecar"
 INTERNAL_REASON = "INTERNAL"
-
-_LOGGER = logging.getLogger(__name__)
 
 # SkillSpec names fields in its messages ("invalid identifier "X" in capability
 # id"); clients need the request field instead. Labels not listed here are
@@ -159,27 +156,22 @@ def _unavailable(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> R
     )
 
 
-def _base(error: errors.SeedStoreError, _: Mapping[str, str] | None) -> RichError:
-    # The base class is raised by nobody on purpose; should it be, it is still a server bug.
-    return internal_error(error)
-
-
 _Builder = Callable[[errors.SeedStoreError, Mapping[str, str] | None], RichError]
 
-# Exact classes; a subclass not listed here falls back to its nearest listed
-# ancestor, and a test walks the tree so none is forgotten.
-STATUS_TABLE: Mapping[type[errors.SeedStoreError], _Builder] = {
-    errors.SeedStoreError: _base,
-    errors.InvalidArgument: _invalid_argument,
-    errors.InvalidIdentifier: _invalid_argument,
-    errors.SeedNotFound: _not_found,
-    errors.AmbiguousSeed: _ambiguous,
-    errors.SeedMalformed: _malformed,
-    errors.RevisionMismatch: _revision_mismatch,
-    errors.OutsideStore: _outside_store,
-    errors.WatchBacklogExceeded: _watch_backlog,
-    errors.StoreUnavailable: _unavailable,
-}
+# Keyed by class; an error takes the row of its nearest listed class (InvalidIdentifier
+# that of InvalidArgument), and a test walks the tree so no concrete class is left out.
+STATUS_TABLE: Mapping[type[errors.SeedStoreError], _Builder] = MappingProxyType(
+    {
+        errors.InvalidArgument: _invalid_argument,
+        errors.SeedNotFound: _not_found,
+        errors.AmbiguousSeed: _ambiguous,
+        errors.SeedMalformed: _malformed,
+        errors.RevisionMismatch: _revision_mismatch,
+        errors.OutsideStore: _outside_store,
+        errors.WatchBacklogExceeded: _watch_backlog,
+        errors.StoreUnavailable: _unavailable,
+    }
+)
 
 
 def to_rich_error(error: BaseException, fields: Mapping[str, str] | None = None) -> RichError:
@@ -192,97 +184,20 @@ def to_rich_error(error: BaseException, fields: Mapping[str, str] | None = None)
     return internal_error(error)
 
 
-def internal_error(error: BaseException) -> RichError:
+def internal_error(error: BaseException, operation: str = "") -> RichError:
+    """A bug: INTERNAL with an ErrorInfo, never UNKNOWN; metadata names the exception (and the RPC)."""
+    metadata = {"exception": type(error).__name__}
+    if operation:
+        metadata["operation"] = operation
     return RichError(
         code=grpc.StatusCode.INTERNAL,
         message=f"internal error: {type(error).__name__}: {error}",
         reason=INTERNAL_REASON,
         domain=ERROR_DOMAIN,
-        metadata={"exception": type(error).__name__},
+        metadata=metadata,
     )
 
 
-async def _abort_for(
-    context: grpc.aio.ServicerContext[Any, Any], error: Exception, fields: Mapping[str, str] | None
-) -> None:
-    """End the call with `error`'s mapped status (INTERNAL, logged, for anything outside the taxonomy)."""
-    if isinstance(error, errors.SeedStoreError):
-        await abort_with(context, to_rich_error(error, fields))
-    else:
-        _LOGGER.exception("unexpected error in a seedstore call")
-        await abort_with(context, internal_error(error))
-
-
-@contextlib.asynccontextmanager
-async def rpc_errors(
-    context: grpc.aio.ServicerContext[Any, Any], fields: Mapping[str, str] | None = None
-) -> AsyncIterator[None]:
-    """Abort the call with the mapped status when the body raises.
-
-    Cancellation and grpc's own abort pass through untouched.
-    """
-    try:
-        yield
-    except grpc.aio.AbortError:
-        raise
-    except Exception as error:
-        await _abort_for(context, error, fields)
-
-
-_Servicer = TypeVar("_Servicer")
-_Request = TypeVar("_Request")
-_Response = TypeVar("_Response")
-_Context = grpc.aio.ServicerContext[Any, Any]
-UnaryMethod = Callable[[_Servicer, _Request, _Context], Awaitable[_Response]]
-StreamMethod = Callable[[_Servicer, _Request, _Context], AsyncGenerator[_Response, None]]
-
-
-def unary_errors(
-    fields: Mapping[str, str] | None = None,
-) -> Callable[[UnaryMethod[_Servicer, _Request, _Response]], UnaryMethod[_Servicer, _Request, _Response]]:
-    """Decorate a unary servicer method so every error leaves it as a mapped status."""
-
-    def decorate(
-        method: UnaryMethod[_Servicer, _Request, _Response],
-    ) -> UnaryMethod[_Servicer, _Request, _Response]:
-        @functools.wraps(method)
-        async def wrapper(self: _Servicer, request: _Request, context: _Context) -> _Response:
-            async with rpc_errors(context, fields):
-                return await method(self, request, context)
-            raise AssertionError("unreachable: rpc_errors aborts the call")
-
-        return wrapper
-
-    return decorate
-
-
-def stream_errors(
-    fields: Mapping[str, str] | None = None,
-) -> Callable[[StreamMethod[_Servicer, _Request, _Response]], StreamMethod[_Servicer, _Request, _Response]]:
-    """Decorate a server-streaming servicer method (an async generator) the same way."""
-
-    def decorate(
-        method: StreamMethod[_Servicer, _Request, _Response],
-    ) -> StreamMethod[_Servicer, _Request, _Response]:
-        @functools.wraps(method)
-        async def wrapper(
-            self: _Servicer, request: _Request, context: _Context
-        ) -> AsyncGenerator[_Response, None]:
-            # `rpc_errors` and `aclosing`, spelled out: a stream's first message
-            # waits for this wrapper, and two context managers cost more than the
-            # handlers' own work before it.
-            stream = method(self, request, context)
-            try:
-                try:
-                    async for response in stream:
-                        yield response
-                finally:
-                    await stream.aclose()
-            except grpc.aio.AbortError:
-                raise
-            except Exception as error:
-                await _abort_for(context, error, fields)
-
-        return wrapper
-
-    return decorate
+def error_table(fields: Mapping[str, str] | None = None) -> ErrorTable[errors.SeedStoreError]:
+    """What the servicer's error decorators send; `fields` maps core labels to the RPC's request fields."""
+    return ErrorTable(errors.SeedStoreError, functools.partial(to_rich_error, fields=fields), internal_error)

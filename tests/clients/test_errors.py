@@ -78,9 +78,8 @@ REFUSAL = Decision(
     ),
 )
 
-# One instance of every class in the negotiator's table, and what a client must raise for it.
+# One instance of every concrete class of the negotiator's tree, and what a client must raise for it.
 NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorError, type[SidecarError]]] = {
-    nerrors.NegotiatorError: (nerrors.NegotiatorError("boom"), errors.InternalError),
     nerrors.InvalidRequest: (nerrors.InvalidRequest([("prompt", "empty")]), errors.InvalidArgumentError),
     nerrors.AdapterNotFound: (nerrors.AdapterNotFound("x"), errors.AdapterNotFoundError),
     nerrors.AdapterKindMismatch: (
@@ -127,7 +126,6 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
         nerrors.AdapterReplyTooLarge("x", "trailers too long"),
         errors.AdapterInternalError,
     ),
-    nerrors.AdapterFailure: (nerrors.AdapterFailure("x", "crashed"), errors.AdapterInternalError),
     nerrors.AdapterUnavailable: (nerrors.AdapterUnavailable("x", "gone"), errors.AdapterUnavailableError),
     nerrors.AdapterTimeout: (nerrors.AdapterTimeout("x", "late"), errors.AdapterTimeoutError),
     nerrors.AdapterRateLimited: (
@@ -166,6 +164,7 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
         errors.DelegationDepthExceededError,
     ),
     nerrors.AuditWatcherDropped: (nerrors.AuditWatcherDropped(1000), errors.AuditWatcherDroppedError),
+    nerrors.ShuttingDown: (nerrors.ShuttingDown(), errors.UnavailableError),
     nerrors.SeedstoreNotConfigured: (nerrors.SeedstoreNotConfigured(), errors.FailedPreconditionError),
     nerrors.SeedstoreUnavailable: (
         nerrors.SeedstoreUnavailable("unix:/run/seedstore.sock", "UNAVAILABLE: connection refused"),
@@ -222,7 +221,6 @@ NEGOTIATOR_CASES: dict[type[nerrors.NegotiatorError], tuple[nerrors.NegotiatorEr
 }
 
 SEEDSTORE_CASES: dict[type[serrors.SeedStoreError], tuple[serrors.SeedStoreError, type[SidecarError]]] = {
-    serrors.SeedStoreError: (serrors.SeedStoreError("boom"), errors.InternalError),
     serrors.InvalidArgument: (
         serrors.InvalidArgument("priority too high", "priority"),
         errors.InvalidArgumentError,
@@ -267,9 +265,22 @@ RUNTIME_CASES: list[tuple[RichError, type[SidecarError]]] = [
 ]
 
 
+def concrete(base: type[Any]) -> set[type[Any]]:
+    found, todo = set(), [base]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if not cls.abstract:
+            found.add(cls)
+    return found
+
+
 def test_the_cases_cover_every_row_of_both_status_tables() -> None:
-    assert set(NEGOTIATOR_CASES) == set(nstatus.STATUS_TABLE)
-    assert set(SEEDSTORE_CASES) == set(sstatus.STATUS_TABLE)
+    assert set(NEGOTIATOR_CASES) == concrete(nerrors.NegotiatorError)
+    assert set(SEEDSTORE_CASES) == concrete(serrors.SeedStoreError)
+    # ...and every row of both tables serves one of them (the abstract bases are never raised).
+    assert all(any(issubclass(case, row) for case in NEGOTIATOR_CASES) for row in nstatus.STATUS_TABLE)
+    assert all(any(issubclass(case, row) for case in SEEDSTORE_CASES) for row in sstatus.STATUS_TABLE)
     assert {(rich.domain, rich.reason) for rich, _ in RUNTIME_CASES} == {
         (auth.DOMAIN, auth.TOKEN_MISSING),
         (auth.DOMAIN, auth.TOKEN_INVALID),

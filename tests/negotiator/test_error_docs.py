@@ -7,26 +7,22 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from test_status import all_subclasses, sample
+from test_status import concrete_errors, error_tree, sample
 
-from negotiator_service import errors, servicer
+from negotiator_service import errors
 from negotiator_service.status import to_rich_error
 from tests.error_docs import RUNTIME, documented, rows, section
 
 # Bases only their subclasses are raised as (test_bases_are_never_raised checks the sources).
-BASES = (errors.AdapterFailure,)
+BASES = tuple(cls for cls in error_tree() if cls.abstract)
 SOURCES = Path(errors.__file__).parent
 
 
 def negotiator_pairs() -> set[tuple[str, str]]:
     pairs = set()
-    for cls in all_subclasses(errors.NegotiatorError):
-        if cls in BASES:
-            continue
+    for cls in concrete_errors():
         rich = to_rich_error(sample(cls))
         pairs.add((rich.code.name, rich.reason))
-    shutting_down = servicer._shutting_down()  # how the servicer ends watches at shutdown
-    pairs.add((shutting_down.code.name, shutting_down.reason))
     return pairs
 
 

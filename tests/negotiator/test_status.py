@@ -20,6 +20,16 @@ def all_subclasses(cls: type[errors.NegotiatorError]) -> list[type[errors.Negoti
     return found
 
 
+def error_tree() -> list[type[errors.NegotiatorError]]:
+    """The whole tree, its root included."""
+    return [errors.NegotiatorError, *all_subclasses(errors.NegotiatorError)]
+
+
+def concrete_errors() -> list[type[errors.NegotiatorError]]:
+    """The classes that are raised: every class of the tree but its abstract bases."""
+    return [cls for cls in all_subclasses(errors.NegotiatorError) if not cls.abstract]
+
+
 def sample(cls: type[errors.NegotiatorError]) -> errors.NegotiatorError:
     """One instance of each error class."""
     samples: dict[type[errors.NegotiatorError], errors.NegotiatorError] = {
@@ -43,6 +53,7 @@ def sample(cls: type[errors.NegotiatorError]) -> errors.NegotiatorError:
         errors.AdapterRateLimited: errors.AdapterRateLimited("a", "slow down", retry_after=1.5),
         errors.DelegationDepthExceeded: errors.DelegationDepthExceeded(2, 1, "options.max_depth.depth"),
         errors.AuditWatcherDropped: errors.AuditWatcherDropped(1000),
+        errors.ShuttingDown: errors.ShuttingDown(),
         errors.ConversationBusy: errors.ConversationBusy("c1"),
         errors.DeclarationChanged: errors.DeclarationChanged("c1", "a", "sha256:1", "sha256:2"),
         errors.ConversationAdapterMismatch: errors.ConversationAdapterMismatch("c1", "a", "b"),
@@ -100,13 +111,13 @@ EXPECTED_CODES = {
     errors.ReplyTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.DelegationDepthExceeded: grpc.StatusCode.FAILED_PRECONDITION,
     errors.AuditWatcherDropped: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ShuttingDown: grpc.StatusCode.UNAVAILABLE,
     errors.ConversationBusy: grpc.StatusCode.ABORTED,
     errors.DeclarationChanged: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ConversationAdapterMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ConversationStateCorrupt: grpc.StatusCode.DATA_LOSS,
     errors.ConversationStoreFailed: grpc.StatusCode.INTERNAL,
     errors.RegistrationStoreFailed: grpc.StatusCode.INTERNAL,
-    errors.AdapterFailure: grpc.StatusCode.INTERNAL,
     errors.AdapterUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.AdapterTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.AdapterRateLimited: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -129,14 +140,34 @@ EXPECTED_CODES = {
 }
 
 
-def test_every_error_class_has_its_own_row() -> None:
-    subclasses = all_subclasses(errors.NegotiatorError)
-    assert len(subclasses) >= 15
-    missing = [cls.__name__ for cls in subclasses if cls not in STATUS_TABLE]
-    assert missing == []
+def test_the_table_is_complete() -> None:
+    """Every concrete class reaches a row, every base is abstract, every row is a class of the tree."""
+    tree = error_tree()
+    assert len(concrete_errors()) >= 15
+    unmapped = [c.__name__ for c in concrete_errors() if not any(k in STATUS_TABLE for k in c.__mro__)]
+    assert unmapped == []
+    concrete_bases = [c.__name__ for c in tree if c.__subclasses__() and not c.abstract]
+    assert concrete_bases == []
+    assert set(STATUS_TABLE) <= set(tree)
+    assert {c.__name__ for c in tree if c.abstract} == {
+        "NegotiatorError",
+        "CallerError",
+        "StoreError",
+        "UpstreamError",
+        "AdapterFailure",
+        "SeedRefusal",
+        "WatchEnded",
+    }
 
 
-@pytest.mark.parametrize("cls", all_subclasses(errors.NegotiatorError), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("base", [c for c in error_tree() if c.abstract], ids=lambda c: c.__name__)
+def test_a_base_cannot_be_raised(base: type[errors.NegotiatorError]) -> None:
+    arguments = ("a", "it broke") if issubclass(base, errors.AdapterFailure) else ("boom",)
+    with pytest.raises(TypeError, match=f"{base.__name__} is abstract"):
+        raise base(*arguments)
+
+
+@pytest.mark.parametrize("cls", concrete_errors(), ids=lambda c: c.__name__)
 def test_each_error_maps_to_its_code_with_error_info(cls: type[errors.NegotiatorError]) -> None:
     error = sample(cls)
     rich = to_rich_error(error)
@@ -147,7 +178,9 @@ def test_each_error_maps_to_its_code_with_error_info(cls: type[errors.Negotiator
     assert rich.message == error.message
 
 
-@pytest.mark.parametrize("cls", [c for c in all_subclasses(errors.AdapterFailure)], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", [c for c in all_subclasses(errors.AdapterFailure) if not c.abstract], ids=lambda c: c.__name__
+)
 def test_adapter_failures_name_adapter_and_cause(cls: type[errors.AdapterFailure]) -> None:
     rich = to_rich_error(sample(cls))
     assert rich.metadata["adapter"] == "a"

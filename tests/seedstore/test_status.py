@@ -36,10 +36,30 @@ def all_subclasses(cls: type[errors.SeedStoreError]) -> Iterator[type[errors.See
         yield from all_subclasses(subclass)
 
 
+def concrete_errors() -> set[type[errors.SeedStoreError]]:
+    return {cls for cls in all_subclasses(errors.SeedStoreError) if not cls.abstract}
+
+
+# The one concrete class refined by another: InvalidIdentifier is an InvalidArgument that names
+# the identifier rule, and callers catching InvalidArgument catch both.
+REFINED = {errors.InvalidArgument}
+
+
 def test_every_error_class_is_in_the_table() -> None:
-    classes = set(all_subclasses(errors.SeedStoreError))
+    """Every concrete class reaches a row, every other base is abstract, every row is a class of the tree."""
+    classes = concrete_errors()
     assert classes >= {errors.InvalidIdentifier, errors.SeedMalformed, errors.StoreUnavailable}
-    assert classes <= set(STATUS_TABLE)
+    assert [c.__name__ for c in classes if not any(k in STATUS_TABLE for k in c.__mro__)] == []
+    tree: set[type[errors.SeedStoreError]] = {errors.SeedStoreError, *all_subclasses(errors.SeedStoreError)}
+    assert {c for c in tree if c.__subclasses__() and not c.abstract} == REFINED
+    assert set(STATUS_TABLE) <= tree
+    assert {c.__name__ for c in tree if c.abstract} == {"SeedStoreError", "CallerError", "StoreError"}
+
+
+@pytest.mark.parametrize("base", [errors.SeedStoreError, errors.CallerError, errors.StoreError])
+def test_a_base_cannot_be_raised(base: type[errors.SeedStoreError]) -> None:
+    with pytest.raises(TypeError, match=f"{base.__name__} is abstract"):
+        raise base("boom")
 
 
 EXAMPLES: list[tuple[errors.SeedStoreError, grpc.StatusCode]] = [
@@ -62,7 +82,7 @@ EXAMPLES: list[tuple[errors.SeedStoreError, grpc.StatusCode]] = [
 
 
 def test_examples_cover_every_class() -> None:
-    assert {type(error) for error, _ in EXAMPLES} == set(all_subclasses(errors.SeedStoreError))
+    assert {type(error) for error, _ in EXAMPLES} == concrete_errors()
 
 
 @pytest.mark.parametrize(("error", "code"), EXAMPLES, ids=lambda value: type(value).__name__)
