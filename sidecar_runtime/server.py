@@ -211,11 +211,10 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
     """Serve every method of `service` from the like-named method of `servicer`, as a generic handler.
 
     What the generated `add_*Servicer_to_server` does, minus its second
-    registration of each method with `add_registered_method_handlers`:
-    with that, grpcio 1.85's asyncio server spent about 85,000 more
-    instructions per unary call (callgrind, the negotiator's Invoke behind
-    the runtime's interceptor: ~600k with it, ~510k without), more than the
-    negotiator's own work on the call. The handlers are the same: the
+    registration of each method with `add_registered_method_handlers`,
+    which adds work to every unary call grpc.aio's server runs behind an
+    interceptor (`bench/count_instructions.py` measures it). The handlers
+    are the same: the
     generated message classes' FromString and SerializeToString. A
     servicer lacking a method raises TypeError (subclass the generated
     `*Servicer` base to answer UNIMPLEMENTED for the methods you leave out).
