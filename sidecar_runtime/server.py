@@ -436,13 +436,13 @@ def _prepare_socket_path(path: Path) -> None:
 def settle_heap() -> None:
     """Exempt everything start-up built from the cyclic garbage collector's later passes.
 
-    A sidecar's start-up heap (modules, config, adapters, caches: ~48,000
-    objects for the negotiator) lives as long as the process, yet every full
-    collection walks all of it again (32-40 ms per pass for the negotiator
-    here), stalling every call in flight. `gc.freeze()` moves those objects to the
-    permanent generation, which collections skip. No collection runs first:
-    start-up leaves no cyclic garbage worth it (one found none, after 23 ms),
-    and a cycle frozen by mistake costs memory once, never time per call.
+    A sidecar's start-up heap (modules, config, adapters, caches: tens of
+    thousands of objects) lives as long as the process, yet every full
+    collection walks all of it again, stalling every call in flight.
+    `gc.freeze()` moves those objects to the permanent generation, which
+    collections skip. No collection runs first: start-up leaves next to no
+    cyclic garbage, and a cycle frozen by mistake costs memory once, never
+    time per call.
     Reference counting still frees frozen objects that are dropped.
     """
     gc.freeze()
