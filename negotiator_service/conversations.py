@@ -12,8 +12,8 @@ call of the conversation:
 - must name the same adapter (ConversationAdapterMismatch otherwise) whose
   declaration must still have the pinned version (DeclarationChanged
   otherwise). The state of one adapter means nothing to another, and a
-  declaration that changed mid-conversation may no longer honour what the
-  state assumes (capability-negotiation.md §7 item 6). `new_conversation`
+  declaration that changed mid-conversation may not honour what the state
+  assumes (docs/negotiation.md, "Declarations are the truth"). `new_conversation`
   drops the state, the binding and the pin, and starts afresh;
 - gets the committed adapter state (`AdapterCall.conversation_state`) and
   returns the next one (`AdapterReply.conversation_state`), which is

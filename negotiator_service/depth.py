@@ -2,15 +2,15 @@
 
 Pure; no I/O. Depth 0 is a top-level call. An adapter that, while serving a
 call at depth d, calls a negotiator again sends d + 1 in `x-delegation-depth`,
-so every hop arrives one deeper (dsh: child depth = parent + 1).
+so every hop arrives one deeper: a child's depth is its parent's plus one.
 
 A call at depth d is allowed iff d <= the limit that applies to it, the
 smaller of:
 - the negotiator's own limit (config `limits.max_depth`, default 3), which
   holds every call, and
 - the call's `options.max_depth.depth`, when it sets a number: a caller may
-  narrow the negotiator's limit, never widen it (Kedi's child limits only
-  narrow relative to the parent; dsh's maxDepth is absolute).
+  narrow the negotiator's limit, never widen it, so no caller can buy a
+  deeper chain than the operator allows (docs/negotiation.md, "Delegation depth").
 So 0 forbids delegation: only top-level calls pass. `provider_managed` sets no
 number: the adapter owns the budget of the delegation it does inside itself,
 while every call that comes back through a negotiator still meets the

@@ -9,7 +9,7 @@ a choice the operator makes in the config:
   profile gets it expanded here (`expand_profile`) before its requirements
   are derived: request fields win over profile fields, settings merge per key
   (the request's value wins), and the profile's MCP servers come first with
-  the request's appended after them (Kedi's merge rules). The expanded call
+  the request's appended after them (docs/negotiation.md, "Profiles"). The expanded call
   needs only what its contents need, each requirement pointing at where the
   value came from ("profile(research).mcp_servers[0].transport"), so an MCP
   transport the adapter does not declare is refused before dispatch like one
@@ -20,8 +20,7 @@ a choice the operator makes in the config:
   name is sent as the call's `profile` and needs `profile_override`
   ("profile(NAME).adapter_profile").
 - Without a `profiles:` section the name is the adapter's own: it is passed
-  on unchanged and needs `profile_override` ("options.profile"), as before
-  negotiator profiles existed.
+  on unchanged and needs `profile_override` ("options.profile").
 """
 
 from __future__ import annotations
@@ -67,7 +66,8 @@ if TYPE_CHECKING:
 # error metadata and state files, so they are bounded.
 MAX_CONVERSATION_ID_LENGTH = 512
 
-# Kedi's McpServerSpec.normalized(): the modern name of the HTTP transport.
+# "streamable-http" is another name for the HTTP transport: normalized before any
+# comparison, so a request, a config and a declaration may spell it either way.
 _TRANSPORT_ALIASES: Mapping[str, str] = {"streamable-http": "http"}
 
 # JSON Schema keywords whose value is one subschema, a name->subschema map, or

@@ -29,11 +29,11 @@ reading its request stream with `context.read()` instead of iterating it
 gets the marker itself (no servicer here does).
 
 Invocation metadata: grpc.aio builds a fresh tuple of it on every
-`context.invocation_metadata()` (some 7,000 instructions, for a call whose
-whole Python side is a few hundred thousand), and it has already built one
-for the interceptor. The interceptor keeps that one for the rest of the call
-in a context variable (grpc.aio runs an RPC's interceptors and its handler
-in one task, so the variable holds exactly this call's metadata there), and
+`context.invocation_metadata()`, and it has already built one for the
+interceptor, so reading it again is repeated work for one value. The
+interceptor keeps that one for the rest of the call in a context variable
+(grpc.aio runs an RPC's interceptors and its handler in one task, so the
+variable holds exactly this call's metadata there), and
 `call_metadata(context)` answers from it; without the interceptor it asks
 the context.
 """

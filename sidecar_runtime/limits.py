@@ -131,9 +131,9 @@ class DefaultTimeout:
 
     Every default deadline is the same length, so the calls expire in the
     order they started: one queue in start order and one timer, armed for
-    the oldest call still running, replace a timer per call (asyncio.timeout
-    costs several microseconds a call, mostly scheduling and cancelling its
-    timer). Finished calls leave the queue when they reach its head, so a
+    the oldest call still running, replace a timer per call (an
+    asyncio.timeout per call schedules and cancels a timer handle on every
+    call). Finished calls leave the queue when they reach its head, so a
     long call at the head holds at most the calls started within one
     default timeout behind it (small records, no tasks).
     """

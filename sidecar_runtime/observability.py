@@ -85,8 +85,9 @@ class CallLog:
     `write_call` is the per-call path: it queues the call's raw figures as a
     tuple, and the thread finds the request id, names the status and builds
     the line from a per-method prefix. Formatting holds the GIL the event
-    loop needs, so it is kept lean: about a third of json.dumps on the
-    equivalent dict (which `write` records still go through).
+    loop needs, so it is kept lean: a per-method prefix and the figures
+    formatted directly, never json.dumps of a dict (which `write` records
+    go through).
     """
 
     def __init__(
@@ -242,7 +243,7 @@ def _json_text(value: object) -> str:
 
 
 def _milliseconds_text(seconds: float) -> str:
-    """`repr(round(seconds * 1000, 3))` (what json.dumps writes for that float), at a third of its cost.
+    """`repr(round(seconds * 1000, 3))` (what json.dumps writes for that float), without round() and repr().
 
     Both round the exact binary value correctly to three decimals; repr then
     drops trailing zeros but keeps one digit after the point.

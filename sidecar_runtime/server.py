@@ -211,11 +211,10 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
     """Serve every method of `service` from the like-named method of `servicer`, as a generic handler.
 
     What the generated `add_*Servicer_to_server` does, minus its second
-    registration of each method with `add_registered_method_handlers`:
-    with that, grpcio 1.85's asyncio server spent about 85,000 more
-    instructions per unary call (callgrind, the negotiator's Invoke behind
-    the runtime's interceptor: ~600k with it, ~510k without), more than the
-    negotiator's own work on the call. The handlers are the same: the
+    registration of each method with `add_registered_method_handlers`,
+    which adds work to every unary call grpc.aio's server runs behind an
+    interceptor (`bench/count_instructions.py` measures it). The handlers
+    are the same: the
     generated message classes' FromString and SerializeToString. A
     servicer lacking a method raises TypeError (subclass the generated
     `*Servicer` base to answer UNIMPLEMENTED for the methods you leave out).
@@ -437,13 +436,13 @@ def _prepare_socket_path(path: Path) -> None:
 def settle_heap() -> None:
     """Exempt everything start-up built from the cyclic garbage collector's later passes.
 
-    A sidecar's start-up heap (modules, config, adapters, caches: ~48,000
-    objects for the negotiator) lives as long as the process, yet every full
-    collection walks all of it again (32-40 ms per pass for the negotiator
-    here), stalling every call in flight. `gc.freeze()` moves those objects to the
-    permanent generation, which collections skip. No collection runs first:
-    start-up leaves no cyclic garbage worth it (one found none, after 23 ms),
-    and a cycle frozen by mistake costs memory once, never time per call.
+    A sidecar's start-up heap (modules, config, adapters, caches: tens of
+    thousands of objects) lives as long as the process, yet every full
+    collection walks all of it again, stalling every call in flight.
+    `gc.freeze()` moves those objects to the permanent generation, which
+    collections skip. No collection runs first: start-up leaves next to no
+    cyclic garbage, and a cycle frozen by mistake costs memory once, never
+    time per call.
     Reference counting still frees frozen objects that are dropped.
     """
     gc.freeze()
