@@ -62,7 +62,6 @@ has no ToolSession to ask). Servers a request brings are admitted only by the
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -539,11 +538,11 @@ def load_negotiator_config(text: str, path: str) -> NegotiatorConfig:
     root = _compose(text, path)
     if root is None:
         raise ConfigError(f"{path}:1: the config is empty; expected a mapping with an `adapters` list")
-    data = _Plain(path).value(root, ())
+    data = _Plain(path, root).value(root, ())
     try:
         parsed = ConfigFile.model_validate(data)
     except ValidationError as exc:
-        raise _config_error(exc, root, data, path) from None
+        raise _config_error(exc, root, path) from None
     return _convert(parsed, root, path)
 
 
@@ -570,19 +569,22 @@ def _fail(path: str, node: yaml.Node, message: str) -> NoReturn:
 class _Plain:
     """YAML nodes to plain values: what the models cannot check, checked here."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, root: yaml.Node) -> None:
         self.path = path
+        self.root = root
         self.constructor = yaml.SafeLoader("")
 
     def value(self, node: yaml.Node, loc: Loc) -> Any:
         if isinstance(node, yaml.MappingNode):
             result: dict[str, Any] = {}
+            # An adapter entry's own keys are read before its shortname: name it by index.
+            owner = _what(loc, None if len(loc) == 2 else self.root)
             for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR_TAG:
-                    _fail(self.path, key_node, f"a key of {_what(loc)} must be a string")
+                    _fail(self.path, key_node, f"a key of {owner} must be a string")
                 key: str = key_node.value
                 if key in result:
-                    _fail(self.path, key_node, f"duplicate key {key!r} in {_what(loc)}")
+                    _fail(self.path, key_node, f"duplicate key {key!r} in {owner}")
                 result[key] = self.value(value_node, (*loc, key))
             return result
         if isinstance(node, yaml.SequenceNode):
@@ -591,7 +593,7 @@ class _Plain:
             _fail(
                 self.path,
                 node,
-                f"{_what(loc)} holds a {node.tag} value; config values must be JSON-compatible",
+                f"{_what(loc, self.root)} holds a {node.tag} value; config values must be JSON-compatible",
             )
         return self.constructor.construct_object(node, deep=True)
 
@@ -615,7 +617,7 @@ def _node_at(root: yaml.Node, loc: Loc) -> yaml.Node:
     return node
 
 
-def _what(loc: Loc, data: Any = None) -> str:
+def _what(loc: Loc, root: yaml.Node | None) -> str:
     """How messages name a location: `adapter "fast": declaration.kind`, `mcp.caller_hosts`."""
     if not loc:
         return "the config"
@@ -623,7 +625,7 @@ def _what(loc: Loc, data: Any = None) -> str:
     separator = "."
     if head == "adapters" and rest and isinstance(rest[0], int):
         index, rest = rest[0], rest[1:]
-        shortname = _entry_shortname(data, index)
+        shortname = _entry_shortname(root, index)
         text = f'adapter "{shortname}"' if shortname else f"adapters[{index}]"
         separator = ": " if shortname else "."
     elif head == "profiles" and rest:
@@ -638,16 +640,23 @@ def _what(loc: Loc, data: Any = None) -> str:
     return text
 
 
-def _entry_shortname(data: Any, index: int) -> str | None:
+def _entry_shortname(root: yaml.Node | None, index: int) -> str | None:
     """An adapter entry's shortname once it is valid (before that, messages say adapters[i])."""
-    try:
-        shortname = data["adapters"][index]["shortname"]
-    except (KeyError, IndexError, TypeError):
+    node = root
+    for step in ("adapters", index, "shortname"):
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == step), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+            node = node.value[step]
+        else:
+            return None
+    if not isinstance(node, yaml.ScalarNode) or node.tag != _STR_TAG:
         return None
-    return shortname if isinstance(shortname, str) and _SHORTNAME.fullmatch(shortname) else None
+    shortname: str = node.value
+    return shortname if _SHORTNAME.fullmatch(shortname) else None
 
 
-def _config_error(exc: ValidationError, root: yaml.Node, data: Any, path: str) -> ConfigError:
+def _config_error(exc: ValidationError, root: yaml.Node, path: str) -> ConfigError:
     """The earliest of pydantic's errors in the file, as `file:line: message`."""
     located = []
     for error in exc.errors(include_url=False):
@@ -659,8 +668,8 @@ def _config_error(exc: ValidationError, root: yaml.Node, data: Any, path: str) -
     line, _, loc, at, node, error = min(located, key=lambda entry: entry[:2])
     context = error.get("ctx") or {}
     # An unknown key in an adapter entry is read before its shortname: name the entry by index.
-    named_data = None if error["type"] == "config" and at[-1:] == (_KEY,) and len(loc) == 2 else data
-    what, parent = _what((*loc, *at), named_data), _what(loc, named_data)
+    named = None if error["type"] == "config" and at[-1:] == (_KEY,) and len(loc) == 2 else root
+    what, parent = _what((*loc, *at), named), _what(loc, named)
     kind = error["type"]
     if kind == "config":
         text = str(context["text"])
@@ -668,12 +677,12 @@ def _config_error(exc: ValidationError, root: yaml.Node, data: Any, path: str) -
         if "{shown}" in message:
             message = message.replace("{shown}", _shown(node, error.get("input")))
     elif kind == "missing":
-        owner, name = _what(loc[:-1], data), loc[-1]
+        owner, name = _what(loc[:-1], root), loc[-1]
         message = "the config needs an `adapters` list" if loc == ("adapters",) else f"{owner} needs `{name}`"
     elif kind in ("model_type", "dict_type", "model_attributes_type"):
-        message = f"{what} must be a mapping"
+        message = f"{what} must be a mapping{_MAPPING_OF.get(loc[-2:]) or _MAPPING_OF.get(loc[-1:], '')}"
     elif kind == "list_type":
-        message = f"{what} must be a list"
+        message = f"{what} must be a list{' of strings' if loc[-1:] == ('args',) else ''}"
     elif kind == "string_type":
         message = f"{what} must be a string"
     elif kind == "string_too_short":
@@ -681,6 +690,17 @@ def _config_error(exc: ValidationError, root: yaml.Node, data: Any, path: str) -
     else:
         message = f"{what}: {error['msg']}"
     return ConfigError(f"{path}:{line + 1}: {message}")
+
+
+# What a mapping maps, where a message says "must be a mapping".
+_MAPPING_OF: Mapping[Loc, str] = MappingProxyType(
+    {
+        ("profiles",): " from profile name to profile",
+        ("declaration", "models"): " from model name to declaration",
+        ("probe", "adapters"): " from adapter shortname to models",
+        ("tool_risks",): " from MCP tool name to risk",
+    }
+)
 
 
 def _shown(node: yaml.Node, value: Any) -> str:
@@ -796,8 +816,3 @@ def _probe(entry: ProbeSection, specs: list[AdapterSpec], root: yaml.Node, path:
             )
         adapters[name] = tuple(sorted(models))
     return ProbeSchedule(adapters=MappingProxyType(adapters), every_seconds=entry.every_seconds)
-
-
-def config_schema_text() -> str:
-    """`negotiator config-schema`'s output: the schema as indented JSON."""
-    return json.dumps(config_json_schema(), indent=2, sort_keys=False) + "\n"
