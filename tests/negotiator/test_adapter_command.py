@@ -481,6 +481,7 @@ def refusal(stub: negotiator_pb2_grpc.NegotiatorServiceStub, request: pb.InvokeR
     return decode_error(raised.value)
 
 
+@pytest.mark.slow
 async def test_the_embedded_shell_echo_runs_no_program_a_caller_chooses(
     tmp_path: Path, socket_dir: Path
 ) -> None:
@@ -522,6 +523,7 @@ adapters:
 """
 
 
+@pytest.mark.slow
 async def test_call_env_and_cwd_roots_allow_exactly_what_the_operator_listed(
     tmp_path: Path, socket_dir: Path
 ) -> None:
@@ -561,6 +563,7 @@ async def test_call_env_and_cwd_roots_allow_exactly_what_the_operator_listed(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_config_listing_a_loader_variable_in_call_env_fails_start_up(tmp_path: Path) -> None:
     config = tmp_path / "negotiator.yaml"
     config.write_text(
@@ -580,6 +583,7 @@ def test_a_config_listing_a_loader_variable_in_call_env_fails_start_up(tmp_path:
     assert "LD_PRELOAD is a loader or search-path variable" in done.stderr
 
 
+@pytest.mark.slow
 async def test_a_negotiator_killed_mid_call_leaves_no_process_behind(
     tmp_path: Path, socket_dir: Path
 ) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from negotiator_service import errors
@@ -456,7 +456,6 @@ def expected_value(value: str, quoting: str | None) -> str:
     return value
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     mapped=st.dictionaries(st.sampled_from(sorted(SLOTS)), st.just(True)),
     shapes=st.fixed_dictionaries({slot: fragments(placeholder) for slot, placeholder in SLOTS.items()}),

@@ -473,6 +473,7 @@ def serve_with_llm(
     return process, socket_path
 
 
+@pytest.mark.slow
 async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not_per_http_request(
     server: MockOpenAI, api_key: str, tmp_path: Path
 ) -> None:
@@ -492,6 +493,7 @@ async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not
     assert "HTTP Request" not in stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("otel", [True, False])
 async def test_with_otel_the_provider_request_carries_the_callers_trace(
     otel: bool, server: MockOpenAI, api_key: str, tmp_path: Path

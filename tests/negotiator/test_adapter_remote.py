@@ -498,6 +498,7 @@ async def test_build_adapters_connects_remotes(example: ExampleProcess) -> None:
             await adapter.close()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_example_cleanly(tmp_path: Path) -> None:
     socket_path = tmp_path / "stopping.sock"
     running = ExampleProcess(f"unix:{socket_path}", "stopper")
@@ -508,6 +509,7 @@ def test_sigterm_stops_the_example_cleanly(tmp_path: Path) -> None:
     assert not socket_path.exists()
 
 
+@pytest.mark.slow
 def test_the_example_listens_on_tcp_too() -> None:
     running = ExampleProcess("127.0.0.1:0", "tcp-echo")
     try:

@@ -249,6 +249,7 @@ async def test_a_cancelled_call_is_audited_as_failed(stub: Stub, negotiator: Run
     assert (record.outcome, record.error_reason, record.adapter) == ("failed", "CANCELLED", "fake")
 
 
+@pytest.mark.slow
 async def test_a_slow_watcher_is_dropped_and_never_holds_a_call(
     stub: Stub, negotiator: RunningNegotiator
 ) -> None:
@@ -344,6 +345,7 @@ async def test_a_subscription_ends_when_the_log_closes() -> None:
 # --- the CLI flag ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_serve_audit_log_writes_the_trail(tmp_path: Path, socket_dir: Path) -> None:
     audit = tmp_path / "trail.jsonl"
     socket = socket_dir / "cli.sock"

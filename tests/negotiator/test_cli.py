@@ -393,6 +393,7 @@ async def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str], tm
     assert json.loads(err.partition("\n")[2])["error"]["code"] in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
+@pytest.mark.slow
 async def test_installed_console_script_refuses_with_exit_3(server: str) -> None:
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -712,6 +712,7 @@ async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]
     return code, capsys.readouterr().out
 
 
+@pytest.mark.slow
 async def test_serve_state_dir_flag_keeps_conversations_across_processes(
     capsys: pytest.CaptureFixture[str], socket_dir: Path, tmp_path: Path
 ) -> None:

@@ -155,6 +155,7 @@ async def test_an_undecodable_declaration_fails_registration(stub: Stub, hostile
     assert "not a GetDeclarationResponse" in error.metadata["cause"]
 
 
+@pytest.mark.slow
 async def test_a_status_over_the_metadata_limit_is_not_throttling(stub: Stub, hostile: Hostile) -> None:
     target = hostile("long-refusal")
     await stub.RegisterAdapter(pb.RegisterAdapterRequest(target=target), timeout=10)
@@ -172,6 +173,7 @@ async def test_a_remotes_real_throttling_stays_rate_limited(stub: Stub, hostile:
     assert error.reason == "ADAPTER_RATE_LIMITED"
 
 
+@pytest.mark.slow
 async def test_the_serve_flag_allows_a_host(socket_dir: Path, config_file: Path) -> None:
     address = non_loopback_ip()
     if address is None:

@@ -284,6 +284,7 @@ async def test_the_clients_map_a_refusal_mid_iteration(
                 pass
 
 
+@pytest.mark.slow
 async def test_the_cli_prints_each_delta_as_it_arrives(
     registered: OpenAIAdapter, negotiator: RunningNegotiator, mock: MockOpenAI
 ) -> None:

@@ -255,6 +255,7 @@ async def test_malformed_arguments_from_the_model_are_an_error_result_not_a_call
     assert second == {"role": "tool", "tool_call_id": "call_mock2", "content": '{"n": 1}'}
 
 
+@pytest.mark.slow
 async def test_a_model_that_never_stops_calling_tools_is_cut_off(
     mock: MockOpenAI, llm: OpenAIAdapter
 ) -> None:

@@ -341,6 +341,7 @@ async def start_seedstore(tmp_path: Path, socket_dir: Path) -> AsyncIterator[Sta
         await server.stop()
 
 
+@pytest.mark.slow
 async def test_seedstore_writes_need_the_token_reads_do_not_with_open_reads(
     start_seedstore: StartSeedstore, tmp_path: Path
 ) -> None:
@@ -434,6 +435,7 @@ async def test_negotiator_registration_needs_the_token(
 BOOTSTRAP_RUN = negotiator_pb2.BootstrapRequest(capability="text_to_speech", run=True, prompt="hi")
 
 
+@pytest.mark.slow
 async def test_negotiator_executing_methods_need_the_token_with_open_reads(
     start_negotiator: StartNegotiator,
 ) -> None:

@@ -198,6 +198,7 @@ def seedstore(socket_dir: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
         stop_process(process)
 
 
+@pytest.mark.slow
 async def test_verify_seeds_records_calls_messages_and_each_seeds_verification(
     seedstore: tuple[str, str],
 ) -> None:

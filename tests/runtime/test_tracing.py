@@ -86,6 +86,7 @@ async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
     await server.stop(0)
 
 
+@pytest.mark.slow
 async def test_negotiator_exports_a_span_per_call_over_otlp(
     receiver: tuple[Receiver, int], env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar]
 ) -> None:
@@ -132,6 +133,7 @@ async def test_negotiator_exports_a_span_per_call_over_otlp(
     assert accepted.kind == trace_pb2.Span.SPAN_KIND_SERVER
 
 
+@pytest.mark.slow
 async def test_seedstore_spans_on_stdout_under_the_configured_service_name(
     env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar]
 ) -> None:
@@ -153,6 +155,7 @@ async def test_seedstore_spans_on_stdout_under_the_configured_service_name(
     assert listed[0]["attributes"]["rpc.grpc.status_code"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("variables", "message"),
     [
@@ -297,6 +300,7 @@ def far_adapter(socket_dir: Path) -> Iterator[str]:
         stop_process(process)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("otel", [True, False])
 async def test_the_trace_continues_into_remote_adapters_only_with_otel(
     otel: bool,
@@ -330,6 +334,7 @@ async def test_the_trace_continues_into_remote_adapters_only_with_otel(
     assert code == 0
 
 
+@pytest.mark.slow
 async def test_the_trace_continues_from_the_negotiator_into_the_seedstore(
     env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar]
 ) -> None:

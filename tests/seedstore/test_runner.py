@@ -180,6 +180,7 @@ async def test_relative_command_is_looked_up_from_the_working_directory(
 # --- no shell ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_shell_metacharacters_stay_inert(tmp_path: Path, settings: RunnerSettings) -> None:
     seed = make_seed(
         None,
@@ -511,6 +512,7 @@ async def test_cancelling_a_running_check_kills_its_group(tmp_path: Path) -> Non
         assert await eventually(gone(pid)), f"pid {pid} survived"
 
 
+@pytest.mark.slow
 async def test_cancelling_at_any_step_leaves_no_children(settings: RunnerSettings) -> None:
     # Sweeps the cancellation point across the whole run, including the
     # moment the child exists but asyncio has not finished spawning it.

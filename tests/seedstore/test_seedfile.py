@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from seedstore_service import seedfile
@@ -537,7 +537,6 @@ seeds = st.builds(
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seeds)
 def test_parse_of_dump_is_identity(seed: Seed) -> None:
     assert parse_seed(dump_seed(seed), "x.yml") == seed

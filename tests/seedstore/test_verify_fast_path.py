@@ -73,6 +73,7 @@ async def collect(events: AsyncIterator[VerifyProgress]) -> list[VerifyProgress]
 # --- the first check, named without planning the rest ------------------------------
 
 
+@pytest.mark.slow
 @given(seeds)
 def test_first_check_is_the_plans_first_check(seed: Seed) -> None:
     assert first_check(seed) == plan_checks(seed)[0]
