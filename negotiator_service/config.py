@@ -57,6 +57,15 @@ has no ToolSession to ask). Servers a request brings are admitted only by the
     mcp:
       caller_stdio_commands: [/usr/local/bin/mcp-git]   # exact commands a request may start
       caller_hosts: [127.0.0.1, mcp.internal]           # hosts a request's http/sse server may be on
+
+Probes (prober.py runs them) send requests that cost tokens, so none runs
+unless the `probe:` section (or a ProbeAdapter call) asks for it; only
+openai adapters can be probed:
+
+    probe:
+      every_seconds: 3600            # optional: probe again on this schedule; absent: at start-up only
+      adapters:
+        litellm: [mock-drop, gpt-4o] # the models to probe; []: the adapter's default model
 """
 
 from __future__ import annotations
