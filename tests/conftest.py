@@ -1,9 +1,10 @@
 """Rules for the whole suite: the `slow` marker by directory, and the one Hypothesis profile.
 
-`pytest -m "not slow"` is the quick run (a minute or less on a two-core
+`pytest -m "not slow"` is the quick run (about a minute on a busy two-core
 machine); the full run (`pytest`, scripts/test.sh, CI) runs everything.
-A test is `slow` when it takes more than about a second on its own: it
-starts several processes, waits out a deadline, or generates many examples.
+A test is `slow` when it takes more than about half a second on its own on
+such a machine (or its parameters do together): it starts several
+processes, waits out a deadline, or generates many examples.
 Everything under reliability/ (soak, fuzz, kill and size suites), peers/
 (third-party servers) and smoke/ (the README's commands, whole-pair
 launches) is slow as a directory; elsewhere a test carries

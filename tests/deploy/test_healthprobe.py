@@ -143,6 +143,7 @@ async def test_user_agent_reaches_the_server(server: HealthServer) -> None:
     assert custom_agent.startswith("kubelet-ish/9.9")
 
 
+@pytest.mark.slow
 async def test_serving_exit_code_from_a_real_process(server: HealthServer) -> None:
     code, stderr = await probe_process("-addr", server.unix_url, "-service", FAKE_SERVICE)
     assert (code, stderr) == (0, "status: SERVING\n")
@@ -159,6 +160,7 @@ async def test_not_serving_exits_4(server: HealthServer, capsys: Capture) -> Non
     assert await probe("-addr", server.tcp) == 0
 
 
+@pytest.mark.slow
 async def test_not_serving_from_a_real_process_during_graceful_shutdown(server: HealthServer) -> None:
     await server.running.health.enter_graceful_shutdown()
     code, stderr = await probe_process("-addr", server.unix_url)
@@ -434,19 +436,23 @@ async def test_mtls_with_ca_server_name_and_client_cert(mtls_server: str, pki: P
     assert await probe("-addr", mtls_server, *_tls_args(pki)) == 0
 
 
+@pytest.mark.slow
 async def test_mtls_without_client_cert_cannot_connect(mtls_server: str, pki: Pki) -> None:
     assert await probe("-addr", mtls_server, *_tls_args(pki, client=False)) == 2
 
 
+@pytest.mark.slow
 async def test_tls_name_mismatch_without_server_name_override(mtls_server: str, pki: Pki) -> None:
     # The certificate names only sidecar.test, not 127.0.0.1.
     assert await probe("-addr", mtls_server, *_tls_args(pki, server_name=False)) == 2
 
 
+@pytest.mark.slow
 async def test_tls_with_system_roots_does_not_trust_the_test_ca(mtls_server: str, pki: Pki) -> None:
     assert await probe("-addr", mtls_server, *_tls_args(pki, ca=False)) == 2
 
 
+@pytest.mark.slow
 async def test_plaintext_probe_against_tls_server_cannot_connect(mtls_server: str) -> None:
     assert await probe("-addr", mtls_server, "-connect-timeout", "500ms") == 2
 

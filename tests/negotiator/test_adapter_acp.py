@@ -103,6 +103,7 @@ def states(declaration: common_pb2.Declaration) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 async def test_the_declaration_is_the_agents_initialize_answer(stub: Stub) -> None:
     response = await stub.GetAdapter(pb.GetAdapterRequest(shortname="fake-acp"))
     assert response.adapter.implementation == "acp"

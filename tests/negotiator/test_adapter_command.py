@@ -156,6 +156,7 @@ async def test_a_program_gone_after_start_up_is_misconfigured(tmp_path: Path) ->
     assert raised.value.adapter == "cli"
 
 
+@pytest.mark.slow
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     script, pidfile = spawner_script(tmp_path, "wait")
     adapter = command([str(script)], timeout_seconds=0.5)
@@ -419,6 +420,7 @@ async def test_a_double_forked_daemon_does_not_outlive_the_call(tmp_path: Path) 
     assert await wait_gone(await read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_a_timeout_kills_a_setsid_grandchild(tmp_path: Path) -> None:
     script, pidfile = escaping_script(tmp_path, "sleep 60")
     started = time.monotonic()

@@ -456,6 +456,7 @@ def expected_value(value: str, quoting: str | None) -> str:
     return value
 
 
+@pytest.mark.slow
 @given(
     mapped=st.dictionaries(st.sampled_from(sorted(SLOTS)), st.just(True)),
     shapes=st.fixed_dictionaries({slot: fragments(placeholder) for slot, placeholder in SLOTS.items()}),

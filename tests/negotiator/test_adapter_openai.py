@@ -233,6 +233,7 @@ async def test_a_truncated_invoke_still_returns_its_text(adapter: OpenAIAdapter,
     assert (await adapter.invoke(call())).text == "abcd"
 
 
+@pytest.mark.slow
 async def test_a_hanging_provider_times_out_at_the_time_budget(
     adapter: OpenAIAdapter, server: MockOpenAI
 ) -> None:
@@ -257,6 +258,7 @@ async def test_a_hanging_provider_times_out_at_timeout_seconds(server: MockOpenA
     assert time.monotonic() - started < 2.0
 
 
+@pytest.mark.slow
 async def test_one_deadline_bounds_the_whole_exchange_while_bytes_keep_arriving(api_key: str) -> None:
     # A body trickling in a byte every 50 ms never lets a per-read timer expire;
     # only a bound on the whole exchange ends the call at the caller's deadline.

@@ -164,6 +164,7 @@ async def test_budget_depth_and_options_travel_with_the_call(remote: RemoteAdapt
     assert 3 < seen["time_remaining"] < 5.5  # the gRPC deadline carries the same budget
 
 
+@pytest.mark.slow
 async def test_a_slow_remote_times_out_at_the_time_budget(remote: RemoteAdapter) -> None:
     started = time.monotonic()
     with pytest.raises(errors.AdapterTimeout) as raised:

@@ -627,6 +627,7 @@ async def test_a_bad_identifier_is_the_callers_field_from_the_seedstore(stub: St
     assert [field for field, _ in error.field_violations] == ["capability"]
 
 
+@pytest.mark.slow
 async def test_an_unreachable_seedstore_is_unavailable_never_unknown(
     short_dir: Path, config_file: Path
 ) -> None:

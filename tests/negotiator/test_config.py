@@ -296,6 +296,7 @@ def configs_in_tests() -> dict[str, str]:
     return found
 
 
+@pytest.mark.slow
 def test_the_schema_validates_the_embedded_config_and_every_test_config() -> None:
     schema = config_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -307,6 +308,7 @@ def test_the_schema_validates_the_embedded_config_and_every_test_config() -> Non
         assert errors == [], label
 
 
+@pytest.mark.slow
 def test_check_jsonschema_accepts_the_embedded_config_with_the_printed_schema(tmp_path: Path) -> None:
     schema_file = tmp_path / "negotiator-config.schema.json"
     schema_file.write_text(json.dumps(config_schema()))

@@ -117,6 +117,7 @@ async def test_calls_cut_off_at_the_grace_period_are_cancelled(
 # --- remote adapters -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_register_route_and_deregister_a_remote_adapter(
     stub: Stub, remote_adapter: tuple[str, subprocess.Popen[str]]
 ) -> None:

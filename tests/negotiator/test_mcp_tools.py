@@ -289,6 +289,7 @@ async def test_a_mutating_mcp_tool_goes_through_an_approval_round_on_a_tool_sess
     assert tool_contents(mock)[2] == "denied: not today"
 
 
+@pytest.mark.slow
 async def test_a_session_without_caller_tools_still_asks_about_mcp_tools(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -375,6 +376,7 @@ def everything() -> Path:
     return EVERYTHING
 
 
+@pytest.mark.slow
 async def test_server_everything_over_stdio(stub: Stub, mock: MockOpenAI, everything: Path) -> None:
     mock.tool_rounds = [[{"name": "everything__echo", "arguments": {"message": "hi there"}}]]
     await stub.Invoke(invoke(profile="everything"), timeout=30)

@@ -269,6 +269,7 @@ async def test_no_probe_runs_unless_asked_or_configured(
     assert mock.requests == []  # not one request reached the upstream
 
 
+@pytest.mark.slow
 async def test_configured_probes_run_at_start_up_and_on_their_schedule(
     mock: MockOpenAI, tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -341,6 +341,7 @@ async def test_a_corrupt_registrations_file_is_reported_and_set_aside_and_the_co
         await running.stop()
 
 
+@pytest.mark.slow
 async def test_a_bad_entry_is_skipped_and_the_others_restored(
     socket_dir: Path, config_file: Path, state_dir: Path, remote: Remote
 ) -> None:

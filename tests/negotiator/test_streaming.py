@@ -76,6 +76,7 @@ def kinds(messages: list[Any]) -> list[str]:
     return [str(m.WhichOneof("kind")) for m in messages]
 
 
+@pytest.mark.slow
 async def test_the_first_delta_reaches_the_caller_as_the_upstream_sends_it(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:
@@ -342,6 +343,7 @@ def test_the_sse_reader_splits_events_as_the_format_defines_wherever_chunks_brea
     assert unterminated.finish() == ["caf\u00e9"]
 
 
+@pytest.mark.slow
 async def test_a_stream_without_a_deadline_is_bounded_by_the_default_timeout(
     socket_dir: Path, config_file: Path, state_home: Path, llm: OpenAIAdapter, mock: MockOpenAI
 ) -> None:
@@ -376,6 +378,7 @@ async def test_a_stream_without_a_deadline_is_bounded_by_the_default_timeout(
     assert await asyncio.to_thread(mock.stream_closed.wait, 2.0)
 
 
+@pytest.mark.slow
 async def test_the_callers_deadline_bounds_the_whole_stream(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:

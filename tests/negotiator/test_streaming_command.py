@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import grpc
+import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from negotiator_testkit import call_error
@@ -113,6 +114,7 @@ async def test_json_lines_become_events_as_they_are_written(
     assert arrivals[3][0] - arrivals[2][0] > 0.15
 
 
+@pytest.mark.slow
 async def test_cancelling_the_stream_stops_the_whole_process_tree(
     negotiator: RunningNegotiator, stub: Stub, tmp_path: Path
 ) -> None:

@@ -59,6 +59,7 @@ def with_tools(prompt: str, tools: LocalToolBox) -> AdapterCall:
     return AdapterCall(prompt=prompt, options=CallOptions(), time_budget=10, tools=tools)
 
 
+@pytest.mark.slow
 async def test_a_tool_call_travels_to_the_toolbox_and_its_result_back(remote: RemoteAdapter) -> None:
     tools = LocalToolBox("lookup")
     reply = await remote.invoke(with_tools('tool:lookup:{"key": "colour"}', tools))

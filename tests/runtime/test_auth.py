@@ -153,6 +153,7 @@ async def test_a_token_on_plaintext_network_tcp_refuses_to_start(
         await start_probe(listen=(listen,), tokens=tokens(TOKEN))
 
 
+@pytest.mark.slow
 async def test_tls_carries_tokens_on_any_address(start_probe: StartProbe, pki: Pki) -> None:
     server = await start_probe(
         listen=("0.0.0.0:0",),
@@ -468,6 +469,7 @@ async def test_negotiator_executing_methods_need_the_token_with_open_reads(
         assert (await stub.Invoke(invoke, metadata=bearer(TOKEN), timeout=5)).text
 
 
+@pytest.mark.slow
 async def test_negotiator_reads_need_the_token_by_default(start_negotiator: StartNegotiator) -> None:
     negotiator = await start_negotiator(open_reads=False)
     async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:

@@ -249,6 +249,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+@pytest.mark.slow
 def test_a_second_server_in_the_process_still_exports(socket_dir: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", TWICE, str(socket_dir)],
@@ -262,6 +263,7 @@ def test_a_second_server_in_the_process_still_exports(socket_dir: Path) -> None:
     assert result.stdout.count('"name": "/grpc.health.v1.Health/Check"') == 2
 
 
+@pytest.mark.slow
 def test_a_tracer_provider_set_by_the_process_is_kept(socket_dir: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", EMBEDDED, str(socket_dir / "e.sock")],

@@ -406,6 +406,7 @@ def test_local_and_server_paths_print_identical_output(
     assert "error: the argument '--mark-failed' cannot be used with '--mark-unverified'" in local[28].stderr
 
 
+@pytest.mark.slow
 def test_malformed_file_is_reported_and_left_alone(cli: Cli, home: Path) -> None:
     broken = home / "capabilities" / "voice" / "broken.yml"
     broken.parent.mkdir(parents=True)
@@ -463,6 +464,7 @@ def test_search_broadens_with_a_user_equivalents_file(
     assert "--equivalents cannot be used with --server" in refused.stderr
 
 
+@pytest.mark.slow
 def test_server_address_from_environment_over_tcp(
     cli_env: dict[str, str], server: ServerThread, home: Path
 ) -> None:

@@ -125,6 +125,7 @@ def assert_index_agrees(
 
 
 # Fewer than the profile's examples: each one writes two whole stores to disk and rebuilds the index.
+@pytest.mark.slow
 @settings(max_examples=60)
 @given(before=stores(), after=stores(), query_list=st.lists(queries, min_size=1, max_size=6))
 def test_index_search_equals_the_linear_reference(

@@ -165,6 +165,7 @@ def seeds_of(texts: st.SearchStrategy[str], keys: st.SearchStrategy[str]) -> st.
 
 # More than the profile's examples: byte identity with the emitter is what lets the fast writer
 # replace it, and an example is a pure dump.
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(seeds_of(one_line_texts, one_line_keys))
 def test_direct_writer_is_byte_identical_to_the_emitter_without_using_it(seed: Seed) -> None:
@@ -173,6 +174,7 @@ def test_direct_writer_is_byte_identical_to_the_emitter_without_using_it(seed: S
     assert written == dump_seed_via_emitter(seed)
 
 
+@pytest.mark.slow
 @settings(max_examples=300)  # as above
 @given(seeds_of(any_texts, any_keys))
 def test_dump_seed_is_byte_identical_to_the_emitter_for_any_seed(seed: Seed) -> None:
@@ -287,6 +289,7 @@ def update_outcome(
 
 
 # Fewer than the profile's examples: each one writes two whole stores to disk and updates through the index.
+@pytest.mark.slow
 @settings(max_examples=80)
 @given(
     before=stores(),
@@ -537,6 +540,7 @@ def test_a_located_write_checks_the_revision_it_reads_under_the_lock(root: Path)
     assert second.seed.aliases == ("one", "two")
 
 
+@pytest.mark.slow
 def test_writes_through_indexes_and_plain_writers_lose_nothing(root: Path) -> None:
     """Two services' worth of index-located writers in threads, and a scanning writer process."""
     put_seed(root, simple("say"))

@@ -537,6 +537,7 @@ seeds = st.builds(
 )
 
 
+@pytest.mark.slow
 @given(seeds)
 def test_parse_of_dump_is_identity(seed: Seed) -> None:
     assert parse_seed(dump_seed(seed), "x.yml") == seed

@@ -259,6 +259,7 @@ async def test_a_file_that_vanishes_before_its_verdict_ends_the_stream_after_the
     assert [type(event) for event in received] == [CheckStarted, CheckFinished]
 
 
+@pytest.mark.slow
 async def test_closing_the_stream_before_a_verdict_is_taken_leaves_no_task_behind(
     operations: SeedOperations, root: Path
 ) -> None:
