@@ -367,6 +367,7 @@ def test_kubernetes_validate_accepts_the_pod() -> None:
     assert "passed for resource pod/agent-worker" in result.stdout
 
 
+@pytest.mark.slow
 def test_kubernetes_validate_rejects_a_named_grpc_probe_port(tmp_path: Path) -> None:
     validator = tool("kubernetes-validate", "kubernetes-validate==1.37.0")
     text = POD_FILE.read_text()

@@ -168,6 +168,7 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert await wait_gone(await read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_time_budget_shorter_than_the_timeout_wins(tmp_path: Path) -> None:
     script, pidfile = spawner_script(tmp_path, "wait")
     started = time.monotonic()
@@ -189,6 +190,7 @@ async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> Non
     assert await wait_gone(child)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after", [0.0, 0.002, 0.005, 0.01, 0.02])
 async def test_cancellation_while_starting_neither_hangs_nor_leaks(tmp_path: Path, after: float) -> None:
     # asyncio's own start-up cleanup would wait for pipes the background child holds.
@@ -246,6 +248,7 @@ async def test_settings_cwd_overrides_the_configured_cwd(tmp_path: Path) -> None
     assert reply.text.strip() == str(per_call)
 
 
+@pytest.mark.slow
 async def test_settings_timeout_lowers_the_timeout() -> None:
     adapter = command(["sleep", "5"], timeout_seconds=30)
     started = time.monotonic()

@@ -189,6 +189,7 @@ async def test_organization_header(server: MockOpenAI, api_key: str) -> None:
     assert server.requests[0].path == "/v1/chat/completions"  # the trailing slash is not doubled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "error_class", "fragment"),
     [
@@ -246,6 +247,7 @@ async def test_a_hanging_provider_times_out_at_the_time_budget(
     assert "time budget" in raised.value.cause
 
 
+@pytest.mark.slow
 async def test_a_hanging_provider_times_out_at_timeout_seconds(server: MockOpenAI, api_key: str) -> None:
     server.mode = "hang"
     adapter = await built(openai_spec(server.base_url, timeout_seconds=0.3))

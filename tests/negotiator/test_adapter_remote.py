@@ -118,6 +118,7 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.slow
 async def test_connect_fetches_the_declaration(remote: RemoteAdapter) -> None:
     declaration = remote.declaration
     assert remote.implementation == "remote"

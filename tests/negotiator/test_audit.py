@@ -193,6 +193,7 @@ async def test_the_caller_is_the_peer_address_over_tcp(negotiator: RunningNegoti
     assert record.caller.startswith("ipv4:127.0.0.1:")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutual", [True, False], ids=["mutual-tls", "server-only-tls"])
 async def test_over_tls_the_caller_is_the_client_certificate_name_when_one_is_required(
     mutual: bool, socket_dir: Path, config_file: Path, tmp_path: Path

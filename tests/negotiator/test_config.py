@@ -367,6 +367,7 @@ def schema_from_models() -> dict[str, Any]:
     return config_json_schema()
 
 
+@pytest.mark.slow
 def test_client_commands_do_not_import_the_config_models() -> None:
     """The config's models (and pydantic) load for `serve` and `config-schema` only."""
     done = subprocess.run(

@@ -577,6 +577,7 @@ async def test_delegation_depth_never_decreases_across_a_restart(
 # --- the openai adapter's history -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_openai_sends_the_committed_history(
     start_server: StartServer, monkeypatch: pytest.MonkeyPatch, state_dir: Path
 ) -> None:

@@ -197,6 +197,7 @@ async def test_remote_deadline_and_delegation_depth_are_passed_on(
     assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+@pytest.mark.slow
 async def test_registration_failures(
     stub: Stub, remote_adapter: tuple[str, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
@@ -215,6 +216,7 @@ async def test_registration_failures(
     assert unreachable.reason == "ADAPTER_UNAVAILABLE"
 
 
+@pytest.mark.slow
 async def test_cli_register_and_deregister(
     capsys: pytest.CaptureFixture[str],
     negotiator: RunningNegotiator,

@@ -149,6 +149,7 @@ async def test_a_huge_declaration_is_refused_at_registration(stub: Stub, hostile
 # --- item: undecodable replies and the negotiator's own channel limits ---------------
 
 
+@pytest.mark.slow
 async def test_an_undecodable_declaration_fails_registration(stub: Stub, hostile: Hostile) -> None:
     target = hostile("garbage")
     error = await call_error(stub.RegisterAdapter(pb.RegisterAdapterRequest(target=target), timeout=10))

@@ -373,6 +373,7 @@ async def test_a_bad_entry_is_skipped_and_the_others_restored(
         await running.stop()
 
 
+@pytest.mark.slow
 async def test_a_registration_that_cannot_be_stored_is_not_made(
     socket_dir: Path, config_file: Path, tmp_path: Path, remote: Remote
 ) -> None:

@@ -197,6 +197,7 @@ async def test_an_adapter_that_does_not_stream_is_served_by_its_unary_call(stub:
     assert list(messages[2].final.events) == []
 
 
+@pytest.mark.slow
 async def test_a_streamed_conversation_turn_commits_after_the_final_message(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:

@@ -75,6 +75,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_each_stdout_line_is_a_delta_as_it_is_written(
     negotiator: RunningNegotiator, stub: Stub, tmp_path: Path
 ) -> None:
@@ -94,6 +95,7 @@ async def test_each_stdout_line_is_a_delta_as_it_is_written(
     assert final.count("\n") == 3
 
 
+@pytest.mark.slow
 async def test_json_lines_become_events_as_they_are_written(
     negotiator: RunningNegotiator, stub: Stub, tmp_path: Path
 ) -> None:

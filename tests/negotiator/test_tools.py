@@ -577,6 +577,7 @@ async def test_filter_and_persona_are_gated_by_their_capabilities(
 # --- isolation --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_twenty_concurrent_sessions_with_the_same_tool_names_never_cross(
     stub: Stub, negotiator: RunningNegotiator
 ) -> None:

@@ -87,6 +87,7 @@ class LocalToolBox:
         return ToolOutcome(result={"n": len(self.calls)})
 
 
+@pytest.mark.slow
 async def test_two_rounds_of_tool_calls_send_exactly_the_protocol_messages(
     stub: Stub, mock: MockOpenAI, registered: OpenAIAdapter
 ) -> None:

@@ -171,6 +171,7 @@ async def test_tls_carries_tokens_on_any_address(start_probe: StartProbe, pki: P
         assert error.code == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.slow
 async def test_mutual_tls_requires_a_client_certificate_from_the_ca(
     start_probe: StartProbe, pki: Pki
 ) -> None:

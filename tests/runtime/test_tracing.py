@@ -277,6 +277,7 @@ def test_a_tracer_provider_set_by_the_process_is_kept(socket_dir: Path) -> None:
     assert result.stdout.strip() == "['/grpc.health.v1.Health/Check', 'after-stop']"
 
 
+@pytest.mark.slow
 async def test_an_unknown_exporter_is_refused_before_any_provider_is_made(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

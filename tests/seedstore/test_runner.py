@@ -618,6 +618,7 @@ async def test_a_cancelled_consumer_task_leaves_no_children(settings: RunnerSett
     assert pids_running(["sleep", duration]) == []
 
 
+@pytest.mark.slow
 async def test_timeouts_in_parallel_seeds_are_reported_per_seed(tmp_path: Path) -> None:
     settings = RunnerSettings(check_timeout=0.3, path=SYSTEM_PATH)
     items = [

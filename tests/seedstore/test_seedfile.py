@@ -136,6 +136,7 @@ def _canonical_by_definition(text: str) -> str:
     return "_".join(part for part in mapped.split("_") if part)
 
 
+@pytest.mark.slow
 @given(st.text(alphabet=st.one_of(st.characters(), st.sampled_from("aZ09_-. \u212a\u0130ß"))))
 def test_canonical_form_matches_its_definition(text: str) -> None:
     assert canonical(text) == _canonical_by_definition(text)

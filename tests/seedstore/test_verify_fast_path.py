@@ -96,6 +96,7 @@ path_entries = st.lists(
 one_component_programs = st.sampled_from(["tool", "tool/", ".", "..", "", "a b", "x.y", "tool//"])
 
 
+@pytest.mark.slow
 @given(path_entries, one_component_programs)
 def test_path_candidates_are_spelled_as_path_joins_them(entries: list[str], program: str) -> None:
     cwd = Path("/srv/work")
