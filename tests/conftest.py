@@ -1,4 +1,11 @@
-"""Rules for the whole suite: the `slow` marker by directory, and the one Hypothesis profile.
+"""Rules for the whole suite: no state in the real home, the `slow` marker by directory, and
+the one Hypothesis profile.
+
+Every test session runs with XDG_STATE_HOME in its own temporary directory,
+inherited by every server a test starts, so a negotiator's runtime
+registrations and conversations (default: $XDG_STATE_HOME/agentsidecar) never
+come from, or land in, the home of whoever runs the tests.
+tests/negotiator/conftest.py gives each of its tests a directory of its own.
 
 `pytest -m "not slow"` is the quick run (about a minute on a busy two-core
 machine); the full run (`pytest`, scripts/test.sh, CI) runs everything.
@@ -17,6 +24,7 @@ says why.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +48,16 @@ settings.register_profile(
     max_examples=100,
 )
 settings.load_profile("agentsidecar")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """XDG_STATE_HOME for the session, set before any module- or session-scoped server starts."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("state-home")
+        patch.setenv("XDG_STATE_HOME", str(path))
+        yield path
+
 
 _SLOW_DIRECTORIES = ("reliability", "peers", "smoke")
 _TESTS = Path(__file__).parent

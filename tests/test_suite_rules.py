@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,8 @@ def test_no_test_module_defines_hypothesis_settings_of_its_own() -> None:
             if not any("#" in line for line in nearby):
                 problems.append(f"{where}: max_examples without a comment saying why")
     assert problems == []
+
+
+def test_the_session_keeps_state_out_of_the_real_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    state_home = Path(os.environ["XDG_STATE_HOME"])
+    assert state_home.is_relative_to(tmp_path_factory.getbasetemp())
