@@ -45,7 +45,8 @@ adapter's declaration must meet:
 
 Output: JSON on stdout, pretty (2-space indent) unless `--json-style compact`;
 `adapters --watch` prints one compact line per change.
-    config-schema        the JSON Schema (draft 2020-12) of the `serve --config` file
+    config-schema        the JSON Schema (draft 2020-12) of the `serve --config` file; save it and
+                          point the editor at it (`# yaml-language-server: $schema=FILE` atop the config)
     adapters             {"adapters": [ADAPTER, ...]}
     adapters NAME        {"adapter": ADAPTER}
     adapters --watch     one {"change": "existing"|"registered"|"deregistered"|"updated",
