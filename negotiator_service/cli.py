@@ -4,6 +4,7 @@
                      [--allow-adapter-hosts HOST[,HOST]]... [--adapter-refresh-seconds SECONDS]
                      --listen ADDR [--listen ADDR]... [--grace SECONDS] [serve options]
     negotiator --version
+    negotiator config-schema [--json-style pretty|compact]
     negotiator [--server ADDR] [--json-style pretty|compact] COMMAND ...
     negotiator [--server ADDR] adapters [SHORTNAME] [--watch]
     negotiator [--server ADDR] register TARGET [--shortname NAME]
@@ -44,6 +45,8 @@ adapter's declaration must meet:
 
 Output: JSON on stdout, pretty (2-space indent) unless `--json-style compact`;
 `adapters --watch` prints one compact line per change.
+    config-schema        the JSON Schema (draft 2020-12) of the `serve --config` file; save it and
+                          point the editor at it (`# yaml-language-server: $schema=FILE` atop the config)
     adapters             {"adapters": [ADAPTER, ...]}
     adapters NAME        {"adapter": ADAPTER}
     adapters --watch     one {"change": "existing"|"registered"|"deregistered"|"updated",
@@ -295,6 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
         "also at once whenever its connection is re-established)",
     )
     add_serve_arguments(serve, listen_help=" (required)")
+    config_schema = commands.add_parser(
+        "config-schema",
+        help="print the JSON Schema of the `serve --config` file (for editors; reaches no server)",
+    )
+    config_schema.add_argument(
+        "--json-style",
+        choices=cli_common.JSON_STYLES,
+        default=argparse.SUPPRESS,
+        help=cli_common.JSON_STYLE_HELP,
+    )
 
     admin_timeout_help = f"the call's deadline (default {DEFAULT_ADMIN_TIMEOUT:g})"
     adapters = commands.add_parser(
@@ -754,6 +767,14 @@ def run_client_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_config_schema(args: argparse.Namespace) -> int:
+    # Imported here: only this command and `serve` need the config models.
+    from negotiator_service.config import config_json_schema
+
+    print(cli_common.dumps(config_json_schema(), args.json_style or cli_common.DEFAULT_JSON_STYLE))
+    return EXIT_OK
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from negotiator_service.errors import ConfigError
     from negotiator_service.server import Settings, serve
@@ -847,6 +868,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return run_serve(args)
+        if args.command == "config-schema":
+            return run_config_schema(args)
         resolve_client_options(args, os.environ)
         _json_style = args.json_style
         return run_client_command(args)

@@ -48,6 +48,7 @@ def test_the_service_config_retries_unavailable_on_idempotent_methods_only() -> 
     assert set(IDEMPOTENT_METHODS) == {SEEDSTORE_SERVICE, NEGOTIATOR_SERVICE}
 
 
+@pytest.mark.slow
 def test_sync_idempotent_call_succeeds_on_the_third_attempt(start_fake: Callable[..., FakeServer]) -> None:
     server = start_fake(fail_first=FLAKY)
     with SeedStoreClient(server.unix, timeout=10) as client:
@@ -229,6 +230,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return key, cert
 
 
+@pytest.mark.slow
 async def test_tls_with_a_token_and_a_server_name_override(
     start_fake: Callable[..., FakeServer], certificate: tuple[Path, Path]
 ) -> None:

@@ -57,6 +57,7 @@ def _no_server_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 # --- --version, help ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv",
     [

@@ -43,6 +43,7 @@ def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     return subprocess.run(argv, capture_output=True, text=True, env={**clean, **(env or {})}, timeout=60)
 
 
+@pytest.mark.slow
 def test_the_token_file_env_lets_both_clis_through(guarded: tuple[str, str, Path]) -> None:
     seed, neg, token_file = guarded
     seedstore, negotiator = str(BIN / "seedstore"), str(BIN / "negotiator")
@@ -61,6 +62,7 @@ def test_the_token_file_env_lets_both_clis_through(guarded: tuple[str, str, Path
     assert "shell-echo" in adapters.stdout
 
 
+@pytest.mark.slow
 def test_an_unreadable_token_file_is_a_usage_error_not_a_traceback(guarded: tuple[str, str, Path]) -> None:
     seed, neg, token_file = guarded
     missing = str(token_file.with_name("nope"))

@@ -75,6 +75,7 @@ def run_agent(pair: tuple[str, str], *extra: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 def test_the_agent_runs_every_step_and_handles_the_refusal(pair: tuple[str, str]) -> None:
     result = run_agent(pair)
     assert result.returncode == 0, result.stderr
@@ -94,6 +95,7 @@ def test_the_agent_runs_every_step_and_handles_the_refusal(pair: tuple[str, str]
     assert out.rstrip().endswith("done.")
 
 
+@pytest.mark.slow
 def test_a_second_run_reuses_the_seed_and_speaks_json(pair: tuple[str, str]) -> None:
     run_agent(pair)  # whichever test runs first adds the seed
     result = run_agent(pair, "--json")
@@ -112,6 +114,7 @@ def test_a_second_run_reuses_the_seed_and_speaks_json(pair: tuple[str, str]) -> 
     assert records[-1] == {"done": True, "ok": True}
 
 
+@pytest.mark.slow
 def test_an_unreachable_sidecar_is_reported_not_raised(tmp_path: Path) -> None:
     result = run_agent((f"unix:{tmp_path / 'none.sock'}", f"unix:{tmp_path / 'none2.sock'}"))
     assert result.returncode == 1

@@ -133,6 +133,7 @@ def test_other_negotiator_errors_are_typed(negotiator: ServerHandle) -> None:
             client.deregister_adapter("demo")
 
 
+@pytest.mark.slow
 def test_register_watch_and_deregister(negotiator: ServerHandle, remote_adapter: str) -> None:
     with NegotiatorClient(negotiator.unix) as client:
         watch = client.watch()
@@ -158,6 +159,7 @@ def test_register_watch_and_deregister(negotiator: ServerHandle, remote_adapter:
         watch.close()
 
 
+@pytest.mark.slow
 async def test_async_register_watch_and_deregister(negotiator: ServerHandle, remote_adapter: str) -> None:
     async with AsyncNegotiatorClient(negotiator.unix) as client:
         watch = client.watch_adapters()
@@ -206,6 +208,7 @@ def run_tool(call: pb.ToolCall) -> object:
     return {"tool": call.name, "arguments": json.loads(call.arguments_json)}
 
 
+@pytest.mark.slow
 def test_a_sync_tool_session_answers_every_tool_call_and_approval(
     fake_negotiator: tuple[FakeNegotiator, str],
 ) -> None:

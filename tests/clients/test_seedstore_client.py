@@ -258,6 +258,7 @@ def test_sync_client_walks_every_page(seedstore: ServerHandle) -> None:
             client.list_seeds(page_token="forged")
 
 
+@pytest.mark.slow
 async def test_async_client_walks_every_page(seedstore: ServerHandle) -> None:
     with SeedStoreClient(seedstore.unix) as client:
         _add_seeds(client, 12)

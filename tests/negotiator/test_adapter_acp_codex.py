@@ -91,6 +91,7 @@ def invoke(prompt: str, work: Path, **options: Any) -> pb.InvokeRequest:
     return pb.InvokeRequest(agent="codex", prompt=prompt, options=call_options)
 
 
+@pytest.mark.slow
 async def test_the_declaration_is_built_from_codex_acps_initialize(stub: Stub) -> None:
     declaration = (await stub.GetAdapter(pb.GetAdapterRequest(shortname="codex"))).adapter.declaration
     found = {
@@ -112,6 +113,7 @@ async def test_the_declaration_is_built_from_codex_acps_initialize(stub: Stub) -
     assert found["structured_output"] == common_pb2.CAPABILITY_STATE_UNSUPPORTED
 
 
+@pytest.mark.slow
 async def test_a_prompt_is_streamed_back_and_the_model_reaches_the_provider(
     stub: Stub, provider: MockResponses, work: Path
 ) -> None:
@@ -129,6 +131,7 @@ async def test_a_prompt_is_streamed_back_and_the_model_reaches_the_provider(
     assert request.body["stream"] is True
 
 
+@pytest.mark.slow
 async def test_invoke_stream_streams_the_agents_reply(
     stub: Stub, provider: MockResponses, work: Path
 ) -> None:
@@ -143,6 +146,7 @@ async def test_invoke_stream_streams_the_agents_reply(
     assert not messages[-1].final.events
 
 
+@pytest.mark.slow
 async def test_an_mcp_stdio_server_given_in_the_session_is_launched(
     stub: Stub, work: Path, tmp_path: Path
 ) -> None:
@@ -155,6 +159,7 @@ async def test_an_mcp_stdio_server_given_in_the_session_is_launched(
     assert await asyncio.to_thread(marker.exists)
 
 
+@pytest.mark.slow
 async def test_a_permission_request_is_answered_by_the_caller(
     stub: Stub, provider: MockResponses, work: Path
 ) -> None:
@@ -193,6 +198,7 @@ async def test_a_permission_request_is_answered_by_the_caller(
     assert any(item.get("type") == "function_call_output" for item in outputs if isinstance(item, dict))
 
 
+@pytest.mark.slow
 async def test_without_an_approval_channel_the_command_does_not_run(
     stub: Stub, provider: MockResponses, work: Path
 ) -> None:
@@ -202,6 +208,7 @@ async def test_without_an_approval_channel_the_command_does_not_run(
     assert not await asyncio.to_thread(marker.exists)
 
 
+@pytest.mark.slow
 async def test_the_deadline_cancels_the_agents_turn(stub: Stub, provider: MockResponses, work: Path) -> None:
     provider.turns = [{"hang": True}]
     request = invoke("wait forever", work)

@@ -156,6 +156,7 @@ async def test_a_program_gone_after_start_up_is_misconfigured(tmp_path: Path) ->
     assert raised.value.adapter == "cli"
 
 
+@pytest.mark.slow
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     script, pidfile = spawner_script(tmp_path, "wait")
     adapter = command([str(script)], timeout_seconds=0.5)
@@ -167,6 +168,7 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert await wait_gone(await read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_time_budget_shorter_than_the_timeout_wins(tmp_path: Path) -> None:
     script, pidfile = spawner_script(tmp_path, "wait")
     started = time.monotonic()
@@ -188,6 +190,7 @@ async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> Non
     assert await wait_gone(child)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after", [0.0, 0.002, 0.005, 0.01, 0.02])
 async def test_cancellation_while_starting_neither_hangs_nor_leaks(tmp_path: Path, after: float) -> None:
     # asyncio's own start-up cleanup would wait for pipes the background child holds.
@@ -245,6 +248,7 @@ async def test_settings_cwd_overrides_the_configured_cwd(tmp_path: Path) -> None
     assert reply.text.strip() == str(per_call)
 
 
+@pytest.mark.slow
 async def test_settings_timeout_lowers_the_timeout() -> None:
     adapter = command(["sleep", "5"], timeout_seconds=30)
     started = time.monotonic()
@@ -419,6 +423,7 @@ async def test_a_double_forked_daemon_does_not_outlive_the_call(tmp_path: Path) 
     assert await wait_gone(await read_pid(pidfile))
 
 
+@pytest.mark.slow
 async def test_a_timeout_kills_a_setsid_grandchild(tmp_path: Path) -> None:
     script, pidfile = escaping_script(tmp_path, "sleep 60")
     started = time.monotonic()
@@ -481,6 +486,7 @@ def refusal(stub: negotiator_pb2_grpc.NegotiatorServiceStub, request: pb.InvokeR
     return decode_error(raised.value)
 
 
+@pytest.mark.slow
 async def test_the_embedded_shell_echo_runs_no_program_a_caller_chooses(
     tmp_path: Path, socket_dir: Path
 ) -> None:
@@ -522,6 +528,7 @@ adapters:
 """
 
 
+@pytest.mark.slow
 async def test_call_env_and_cwd_roots_allow_exactly_what_the_operator_listed(
     tmp_path: Path, socket_dir: Path
 ) -> None:
@@ -561,6 +568,7 @@ async def test_call_env_and_cwd_roots_allow_exactly_what_the_operator_listed(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_config_listing_a_loader_variable_in_call_env_fails_start_up(tmp_path: Path) -> None:
     config = tmp_path / "negotiator.yaml"
     config.write_text(
@@ -580,6 +588,7 @@ def test_a_config_listing_a_loader_variable_in_call_env_fails_start_up(tmp_path:
     assert "LD_PRELOAD is a loader or search-path variable" in done.stderr
 
 
+@pytest.mark.slow
 async def test_a_negotiator_killed_mid_call_leaves_no_process_behind(
     tmp_path: Path, socket_dir: Path
 ) -> None:

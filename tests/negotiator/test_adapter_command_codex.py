@@ -113,6 +113,7 @@ def produce(**options: Any) -> pb.ProduceRequest:
     return request
 
 
+@pytest.mark.slow
 def test_the_preset_declares_what_it_passes_on(
     codex_negotiator: negotiator_pb2_grpc.NegotiatorServiceStub,
 ) -> None:
@@ -141,6 +142,7 @@ def test_the_preset_declares_what_it_passes_on(
     assert sorted(declaration.accepted_settings) == ["sandbox", "timeout"]
 
 
+@pytest.mark.slow
 def test_produce_with_a_schema_reaches_the_provider_and_is_validated(
     codex_negotiator: negotiator_pb2_grpc.NegotiatorServiceStub, mock: MockResponses
 ) -> None:
@@ -164,6 +166,7 @@ def test_produce_with_a_schema_reaches_the_provider_and_is_validated(
     assert events[-1] == ("turn_completed", "")
 
 
+@pytest.mark.slow
 def test_output_that_does_not_match_the_schema_is_an_output_schema_violation(
     codex_negotiator: negotiator_pb2_grpc.NegotiatorServiceStub, mock: MockResponses
 ) -> None:
@@ -176,6 +179,7 @@ def test_output_that_does_not_match_the_schema_is_an_output_schema_violation(
     assert len(mock.responses_requests()) == 1
 
 
+@pytest.mark.slow
 def test_invoke_passes_the_persona_and_returns_the_last_message(
     codex_negotiator: negotiator_pb2_grpc.NegotiatorServiceStub, mock: MockResponses
 ) -> None:
@@ -192,6 +196,7 @@ def test_invoke_passes_the_persona_and_returns_the_last_message(
     assert "workspace-write" in json.dumps(sent.body)
 
 
+@pytest.mark.slow
 def test_an_unmapped_capability_is_refused_before_codex_runs(
     codex_negotiator: negotiator_pb2_grpc.NegotiatorServiceStub, mock: MockResponses
 ) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from negotiator_service import errors
@@ -218,6 +218,7 @@ async def test_a_tool_filter_needs_both_lists_mapped_and_names_the_cli_cannot_sp
         command({"argv": ECHO, "map": {"tool_filter": {"allow": ["--allow={tools}"]}}})
 
 
+@pytest.mark.slow
 async def test_depth_passes_the_levels_left_and_provider_managed_passes_no_number() -> None:
     both = command(
         {"argv": ECHO, "map": {"max_depth": ["--depth={max_depth}"]}, "delegation": "provider-managed"}
@@ -257,6 +258,7 @@ def mcp_adapter(mcp_format: str, **mcp: Any) -> CommandAdapter:
     )
 
 
+@pytest.mark.slow
 async def test_mcp_servers_are_written_in_the_harness_format_with_the_operator_program() -> None:
     servers = (
         McpServer(name="fs", transport="stdio", command="python3", args=("-m", "srv"), env={"LOG": "0"}),
@@ -456,7 +458,7 @@ def expected_value(value: str, quoting: str | None) -> str:
     return value
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 @given(
     mapped=st.dictionaries(st.sampled_from(sorted(SLOTS)), st.just(True)),
     shapes=st.fixed_dictionaries({slot: fragments(placeholder) for slot, placeholder in SLOTS.items()}),
@@ -523,6 +525,7 @@ def test_caller_text_lands_only_inside_its_placeholder_and_unmapped_is_never_sup
     assert built_head[0] == sys.executable
 
 
+@pytest.mark.slow
 @given(st.text(st.characters(blacklist_categories=["Cs"])))
 def test_toml_quoting_reads_back_as_the_same_text(text: str) -> None:
     assert tomllib.loads(f"key = {toml_string(text)}")["key"] == text

@@ -189,6 +189,7 @@ async def test_organization_header(server: MockOpenAI, api_key: str) -> None:
     assert server.requests[0].path == "/v1/chat/completions"  # the trailing slash is not doubled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "error_class", "fragment"),
     [
@@ -233,6 +234,7 @@ async def test_a_truncated_invoke_still_returns_its_text(adapter: OpenAIAdapter,
     assert (await adapter.invoke(call())).text == "abcd"
 
 
+@pytest.mark.slow
 async def test_a_hanging_provider_times_out_at_the_time_budget(
     adapter: OpenAIAdapter, server: MockOpenAI
 ) -> None:
@@ -245,6 +247,7 @@ async def test_a_hanging_provider_times_out_at_the_time_budget(
     assert "time budget" in raised.value.cause
 
 
+@pytest.mark.slow
 async def test_a_hanging_provider_times_out_at_timeout_seconds(server: MockOpenAI, api_key: str) -> None:
     server.mode = "hang"
     adapter = await built(openai_spec(server.base_url, timeout_seconds=0.3))
@@ -257,6 +260,7 @@ async def test_a_hanging_provider_times_out_at_timeout_seconds(server: MockOpenA
     assert time.monotonic() - started < 2.0
 
 
+@pytest.mark.slow
 async def test_one_deadline_bounds_the_whole_exchange_while_bytes_keep_arriving(api_key: str) -> None:
     # A body trickling in a byte every 50 ms never lets a per-read timer expire;
     # only a bound on the whole exchange ends the call at the caller's deadline.
@@ -473,6 +477,7 @@ def serve_with_llm(
     return process, socket_path
 
 
+@pytest.mark.slow
 async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not_per_http_request(
     server: MockOpenAI, api_key: str, tmp_path: Path
 ) -> None:
@@ -492,6 +497,7 @@ async def test_negotiator_serve_logs_an_openai_call_once_in_its_call_log_and_not
     assert "HTTP Request" not in stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("otel", [True, False])
 async def test_with_otel_the_provider_request_carries_the_callers_trace(
     otel: bool, server: MockOpenAI, api_key: str, tmp_path: Path

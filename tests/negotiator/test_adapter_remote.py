@@ -118,6 +118,7 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.slow
 async def test_connect_fetches_the_declaration(remote: RemoteAdapter) -> None:
     declaration = remote.declaration
     assert remote.implementation == "remote"
@@ -164,6 +165,7 @@ async def test_budget_depth_and_options_travel_with_the_call(remote: RemoteAdapt
     assert 3 < seen["time_remaining"] < 5.5  # the gRPC deadline carries the same budget
 
 
+@pytest.mark.slow
 async def test_a_slow_remote_times_out_at_the_time_budget(remote: RemoteAdapter) -> None:
     started = time.monotonic()
     with pytest.raises(errors.AdapterTimeout) as raised:
@@ -510,6 +512,7 @@ async def test_build_adapters_connects_remotes(example: ExampleProcess) -> None:
             await adapter.close()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_example_cleanly(tmp_path: Path) -> None:
     socket_path = tmp_path / "stopping.sock"
     running = ExampleProcess(f"unix:{socket_path}", "stopper")
@@ -520,6 +523,7 @@ def test_sigterm_stops_the_example_cleanly(tmp_path: Path) -> None:
     assert not socket_path.exists()
 
 
+@pytest.mark.slow
 def test_the_example_listens_on_tcp_too() -> None:
     running = ExampleProcess("127.0.0.1:0", "tcp-echo")
     try:

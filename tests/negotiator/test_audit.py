@@ -203,6 +203,7 @@ async def test_the_caller_is_the_peer_address_over_tcp(negotiator: RunningNegoti
     assert record.caller.startswith("ipv4:127.0.0.1:")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutual", [True, False], ids=["mutual-tls", "server-only-tls"])
 async def test_over_tls_the_caller_is_the_client_certificate_name_when_one_is_required(
     mutual: bool, socket_dir: Path, config_file: Path, tmp_path: Path
@@ -259,6 +260,7 @@ async def test_a_cancelled_call_is_audited_as_failed(stub: Stub, negotiator: Run
     assert (record.outcome, record.error_reason, record.adapter) == ("failed", "CANCELLED", "fake")
 
 
+@pytest.mark.slow
 async def test_a_slow_watcher_is_dropped_and_never_holds_a_call(
     stub: Stub, negotiator: RunningNegotiator
 ) -> None:
@@ -398,6 +400,7 @@ async def test_a_subscription_ends_when_the_log_closes() -> None:
 # --- the CLI flag ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_serve_audit_log_writes_the_trail(tmp_path: Path, socket_dir: Path) -> None:
     audit = tmp_path / "trail.jsonl"
     socket = socket_dir / "cli.sock"

@@ -478,6 +478,7 @@ async def test_a_seed_without_a_command_is_refused(stub: Stub, seeds: AsyncSeedS
     assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEED_HAS_NO_COMMAND")
 
 
+@pytest.mark.slow
 async def test_the_run_is_bounded_by_the_callers_deadline_and_its_group_is_killed(
     stub: Stub, seeds: AsyncSeedStoreClient, tmp_path: Path, audit: list[AuditRecord]
 ) -> None:
@@ -629,6 +630,7 @@ async def test_a_bad_identifier_is_the_callers_field_from_the_seedstore(stub: St
     assert [field for field, _ in error.field_violations] == ["capability"]
 
 
+@pytest.mark.slow
 async def test_an_unreachable_seedstore_is_unavailable_never_unknown(
     short_dir: Path, config_file: Path
 ) -> None:
@@ -657,6 +659,7 @@ async def test_without_a_seedstore_bootstrap_is_a_failed_precondition(
     assert (error.code, error.reason) == (FAILED_PRECONDITION, "SEEDSTORE_NOT_CONFIGURED")
 
 
+@pytest.mark.slow
 async def test_serve_seedstore_flag_wires_bootstrap_to_that_seedstore(
     short_dir: Path, seeds: AsyncSeedStoreClient, seedstore: SeedStoreServer, tmp_path: Path
 ) -> None:
@@ -684,6 +687,7 @@ async def test_serve_seedstore_flag_wires_bootstrap_to_that_seedstore(
     assert response.run.output == "hi"
 
 
+@pytest.mark.slow
 async def test_the_cli_bootstraps_and_runs_a_seed(
     short_dir: Path, seeds: AsyncSeedStoreClient, seedstore: SeedStoreServer, tmp_path: Path
 ) -> None:
@@ -719,6 +723,7 @@ async def test_the_cli_bootstraps_and_runs_a_seed(
     assert "--approve: 'blessing' is not one of:" in bad_gate.stderr
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_malformed_seedstore_address_as_a_usage_error(short_dir: Path) -> None:
     bad = subprocess.run(
         [
@@ -850,6 +855,7 @@ def test_commands_are_split_like_a_shell_would_but_never_run_by_one() -> None:
         )
 
 
+@pytest.mark.slow
 async def test_a_token_guarded_seedstore_is_searched_with_seedstore_token_file(
     short_dir: Path, tmp_path: Path
 ) -> None:

@@ -50,6 +50,7 @@ def start(socket_dir: Path, config_file: Path, state_home: Path) -> Started:
     return started
 
 
+@pytest.mark.slow
 async def test_a_call_without_deadline_past_the_default_timeout_says_so(start: Started) -> None:
     async with start(default_timeout=0.4) as (_, stub):
         # "slow" answers after 5 s; the call sets no deadline of its own.

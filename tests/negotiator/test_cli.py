@@ -366,6 +366,7 @@ async def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], server: s
     assert "usage:" in err
 
 
+@pytest.mark.slow
 async def test_without_server_the_run_commands_socket_is_used(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, server: str
 ) -> None:
@@ -385,6 +386,7 @@ async def test_without_server_the_run_commands_socket_is_used(
     assert json.loads(out)["adapters"]
 
 
+@pytest.mark.slow
 async def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = await run_cli(
         capsys, "--server", f"unix:{tmp_path}/none.sock", "adapters", "--timeout", "1"
@@ -393,6 +395,7 @@ async def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str], tm
     assert json.loads(err.partition("\n")[2])["error"]["code"] in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
+@pytest.mark.slow
 async def test_installed_console_script_refuses_with_exit_3(server: str) -> None:
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(

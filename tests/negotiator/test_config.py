@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import ast
+import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
+import yaml
+from negotiator_testkit import NEGOTIATOR_BIN
 
-from negotiator_service.config import EMBEDDED_CONFIG_PATH, EMBEDDED_DEFAULT_CONFIG, load_config
+from negotiator_service.config import (
+    EMBEDDED_CONFIG_PATH,
+    EMBEDDED_DEFAULT_CONFIG,
+    load_config,
+    load_negotiator_config,
+)
 from negotiator_service.declarations import declaration_from_override
 from negotiator_service.errors import ConfigError
 from negotiator_service.model import AdapterKind, AdapterSpec, Capability, CapabilityState
@@ -189,6 +202,11 @@ def test_entries_keep_file_order() -> None:
             4,
             "options must be",
         ),
+        (
+            "adapters:\n  - shortname: a\n    implementation: command\n    declaration:\n      kind:\n",
+            5,
+            "declaration.kind is null",
+        ),
         ("adapters: {}\n", 1, "`adapters` must be a list"),
         ("- adapters\n", 1, "the config must be a mapping"),
         ("{}\n", 1, "needs an `adapters` list"),
@@ -233,3 +251,132 @@ def test_embedded_default_config_is_valid_and_labelled_demo() -> None:
 
     assert (shell.shortname, shell.implementation) == ("shell-echo", "command")
     assert dict(shell.options) == {"argv": ["cat"], "timeout_seconds": 10}
+
+
+# --- the config's JSON Schema (`negotiator config-schema`) ------------------------------------
+
+TESTS = Path(__file__).resolve().parents[1]
+CONFIG_KEYS = ("adapters", "profiles", "limits", "mcp", "probe")
+
+
+def config_schema() -> dict[str, Any]:
+    """The schema as an editor gets it: `negotiator config-schema` in a process of its own."""
+    done = subprocess.run(
+        [str(NEGOTIATOR_BIN), "config-schema"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    schema: dict[str, Any] = json.loads(done.stdout)
+    return schema
+
+
+def configs_in_tests() -> dict[str, str]:
+    """Every module-level config constant in tests/ that the loader accepts, by `file:NAME`."""
+    found: dict[str, str] = {}
+    for source in sorted(TESTS.rglob("*.py")):
+        if "node_modules" in source.parts:
+            continue
+        for statement in ast.parse(source.read_text()).body:
+            if not isinstance(statement, ast.Assign) or not isinstance(statement.value, ast.Constant):
+                continue
+            text = statement.value.value
+            if not isinstance(text, str) or not any(f"{key}:" in text for key in CONFIG_KEYS):
+                continue
+            for target in statement.targets:
+                if not isinstance(target, ast.Name):
+                    continue
+                label = f"{source.relative_to(TESTS)}:{target.id}"
+                # Some constants are the sections a test puts after `adapters: []`.
+                for candidate in (text, "adapters: []\n" + text):
+                    try:
+                        load_negotiator_config(candidate, label)
+                    except ConfigError:
+                        continue  # a str.format template, or a config broken on purpose
+                    found[label] = candidate
+                    break
+    return found
+
+
+@pytest.mark.slow
+def test_the_schema_validates_the_embedded_config_and_every_test_config() -> None:
+    schema = config_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    configs = {EMBEDDED_CONFIG_PATH: EMBEDDED_DEFAULT_CONFIG, **configs_in_tests()}
+    assert len(configs) >= 15, sorted(configs)
+    for label, text in configs.items():
+        errors = [error.message for error in validator.iter_errors(yaml.safe_load(text))]
+        assert errors == [], label
+
+
+@pytest.mark.slow
+def test_check_jsonschema_accepts_the_embedded_config_with_the_printed_schema(tmp_path: Path) -> None:
+    schema_file = tmp_path / "negotiator-config.schema.json"
+    schema_file.write_text(json.dumps(config_schema()))
+    config_file = tmp_path / "negotiator.yaml"
+    config_file.write_text(EMBEDDED_DEFAULT_CONFIG)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("adapters:\n  - shortname: Big\n    implementation: lambda\n    optoins: {}\n")
+    check = Path(sys.executable).parent / "check-jsonschema"
+    ok = subprocess.run(
+        [str(check), "--schemafile", str(schema_file), str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run(
+        [str(check), "--schemafile", str(schema_file), str(broken)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    for problem in ("'Big' does not match", "'lambda' is not one of", "'optoins' was unexpected"):
+        assert problem in bad.stdout
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "adapters: []\nlisteners: []\n",
+        "adapters:\n  - shortname: Big\n    implementation: command\n",
+        "adapters:\n  - shortname: a\n    implementation: lambda\n",
+        "adapters:\n  - shortname: a\n    implementation: command\n    declaration: {kind: agent}\n",
+        "adapters:\n  - {shortname: a, implementation: command, declaration: {capabilities: {mcp: true}}}\n",
+        "adapters:\n  - shortname: a\n    implementation: command\n    declaration:\n      kind:\n",
+        "adapters:\n  - {shortname: a, implementation: command, declaration: {string_formats: [a, a]}}\n",
+        "adapters: []\nlimits: {max_depth: -1}\n",
+        "adapters: []\nprofiles:\n  'bad name': {model: m}\n",
+        "adapters: []\nprofiles:\n  p: {mcp_servers: [{name: a, transport: pigeon, url: u}]}\n",
+        "adapters: []\nprobe: {every_seconds: 0}\n",
+    ],
+)
+def test_the_schema_refuses_what_the_loader_refuses_for_its_shape(text: str) -> None:
+    """An editor flags these as the loader would (rules across entries are the loader's alone)."""
+    with pytest.raises(ConfigError):
+        load(text)
+    validator = jsonschema.Draft202012Validator(schema_from_models())
+    assert not validator.is_valid(yaml.safe_load(text))
+
+
+def schema_from_models() -> dict[str, Any]:
+    from negotiator_service.config import config_json_schema
+
+    return config_json_schema()
+
+
+@pytest.mark.slow
+def test_client_commands_do_not_import_the_config_models() -> None:
+    """The config's models (and pydantic) load for `serve` and `config-schema` only."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import negotiator_service.cli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "negotiator_service.config" not in imported
+    assert "pydantic" not in imported

@@ -577,6 +577,7 @@ async def test_delegation_depth_never_decreases_across_a_restart(
 # --- the openai adapter's history -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_openai_sends_the_committed_history(
     start_server: StartServer, monkeypatch: pytest.MonkeyPatch, state_dir: Path
 ) -> None:
@@ -712,6 +713,7 @@ async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]
     return code, capsys.readouterr().out
 
 
+@pytest.mark.slow
 async def test_serve_state_dir_flag_keeps_conversations_across_processes(
     capsys: pytest.CaptureFixture[str], socket_dir: Path, tmp_path: Path
 ) -> None:

@@ -205,6 +205,7 @@ def delegating_adapter(socket_dir: Path) -> Iterator[str]:
         stop_process(process)
 
 
+@pytest.mark.slow
 async def test_a_call_through_a_remote_adapter_arrives_one_deeper(
     shallow: RunningNegotiator, shallow_stub: Stub, delegating_adapter: str
 ) -> None:

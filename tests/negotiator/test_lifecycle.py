@@ -101,6 +101,7 @@ async def test_stop_ends_watches_drains_calls_and_closes_adapters(
     assert not unix_socket_exists(negotiator.bound[0])
 
 
+@pytest.mark.slow
 async def test_calls_cut_off_at_the_grace_period_are_cancelled(
     negotiator: RunningNegotiator, stub: Stub
 ) -> None:
@@ -116,6 +117,7 @@ async def test_calls_cut_off_at_the_grace_period_are_cancelled(
 # --- remote adapters -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_register_route_and_deregister_a_remote_adapter(
     stub: Stub, remote_adapter: tuple[str, subprocess.Popen[str]]
 ) -> None:
@@ -175,6 +177,7 @@ async def test_register_route_and_deregister_a_remote_adapter(
     watch.cancel()
 
 
+@pytest.mark.slow
 async def test_remote_deadline_and_delegation_depth_are_passed_on(
     stub: Stub, remote_adapter: tuple[str, subprocess.Popen[str]]
 ) -> None:
@@ -194,6 +197,7 @@ async def test_remote_deadline_and_delegation_depth_are_passed_on(
     assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+@pytest.mark.slow
 async def test_registration_failures(
     stub: Stub, remote_adapter: tuple[str, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
@@ -212,6 +216,7 @@ async def test_registration_failures(
     assert unreachable.reason == "ADAPTER_UNAVAILABLE"
 
 
+@pytest.mark.slow
 async def test_cli_register_and_deregister(
     capsys: pytest.CaptureFixture[str],
     negotiator: RunningNegotiator,
@@ -250,6 +255,7 @@ adapters:
 """
 
 
+@pytest.mark.slow
 async def test_sigterm_drains_in_flight_calls_and_exits_0(tmp_path: Path, socket_dir: Path) -> None:
     config = tmp_path / "slow.yaml"
     config.write_text(SLOW_CONFIG)
@@ -318,6 +324,7 @@ adapters:
 """
 
 
+@pytest.mark.slow
 async def test_a_config_widening_a_declaration_fails_startup(tmp_path: Path, socket_dir: Path) -> None:
     config = tmp_path / "wide.yaml"
     config.write_text(WIDENING_CONFIG)
@@ -330,6 +337,7 @@ async def test_a_config_widening_a_declaration_fails_startup(tmp_path: Path, soc
     assert not socket.exists()
 
 
+@pytest.mark.slow
 async def test_a_missing_config_file_fails_startup(tmp_path: Path, socket_dir: Path) -> None:
     result = await asyncio.to_thread(
         run_serve, "--config", str(tmp_path / "absent.yaml"), "--listen", f"unix:{socket_dir / 'x.sock'}"
@@ -339,6 +347,7 @@ async def test_a_missing_config_file_fails_startup(tmp_path: Path, socket_dir: P
     assert "absent.yaml" in result.stderr
 
 
+@pytest.mark.slow
 async def test_serve_needs_a_listen_address() -> None:
     result = await asyncio.to_thread(run_serve)
     assert result.returncode == 2

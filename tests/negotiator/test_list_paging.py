@@ -102,6 +102,7 @@ async def test_bad_paging_fields_are_invalid(
     assert [f for f, _ in error.field_violations] == [field]
 
 
+@pytest.mark.slow
 async def test_the_clients_and_the_cli_walk_every_page(
     negotiator: RunningNegotiator, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -112,6 +112,7 @@ def tool_contents(mock: MockOpenAI) -> list[str]:
 # --- plain Invoke: no ToolSession -------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_read_only_mcp_tool_runs_in_plain_invoke(stub: Stub, mock: MockOpenAI, journal: Path) -> None:
     mock.tool_rounds = [[{"name": "t__lookup", "arguments": {"key": "k1"}}]]
     mock.reply_text = "K1 it is."
@@ -123,6 +124,7 @@ async def test_a_read_only_mcp_tool_runs_in_plain_invoke(stub: Stub, mock: MockO
     assert json.loads(tool_contents(mock)[0]) == {"key": "k1", "value": "K1"}
 
 
+@pytest.mark.slow
 async def test_a_mutating_mcp_tool_without_a_session_is_denied_audited_and_never_reaches_the_server(
     stub: Stub, mock: MockOpenAI, journal: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -147,6 +149,7 @@ async def test_a_mutating_mcp_tool_without_a_session_is_denied_audited_and_never
     ]
 
 
+@pytest.mark.slow
 async def test_a_tool_the_operator_preapproved_runs_without_a_session(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -162,6 +165,7 @@ async def test_a_tool_the_operator_preapproved_runs_without_a_session(
     assert tool_contents(mock)[1].startswith("denied:")
 
 
+@pytest.mark.slow
 async def test_a_filtered_mcp_tool_is_never_offered_and_never_runs(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -173,6 +177,7 @@ async def test_a_filtered_mcp_tool_is_never_offered_and_never_runs(
     assert journaled(journal) == []
 
 
+@pytest.mark.slow
 async def test_a_tool_error_goes_back_to_the_model_and_the_call_goes_on(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -185,6 +190,7 @@ async def test_a_tool_error_goes_back_to_the_model_and_the_call_goes_on(
     assert "the tool blew up" in tool_contents(mock)[0]
 
 
+@pytest.mark.slow
 async def test_tools_list_changed_is_listed_again_before_the_next_round(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -207,6 +213,7 @@ async def test_a_server_that_cannot_start_fails_the_call(stub: Stub, mock: MockO
     assert mock.requests == []
 
 
+@pytest.mark.slow
 async def test_cancelling_the_call_stops_the_stdio_server(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -246,6 +253,7 @@ def _alive(pid: int) -> bool:
 # --- ToolSession: approvals by the caller ----------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_mutating_mcp_tool_goes_through_an_approval_round_on_a_tool_session(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -281,6 +289,7 @@ async def test_a_mutating_mcp_tool_goes_through_an_approval_round_on_a_tool_sess
     assert tool_contents(mock)[2] == "denied: not today"
 
 
+@pytest.mark.slow
 async def test_a_session_without_caller_tools_still_asks_about_mcp_tools(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
@@ -293,6 +302,7 @@ async def test_a_session_without_caller_tools_still_asks_about_mcp_tools(
     assert journaled(journal) == ["write_note"]
 
 
+@pytest.mark.slow
 async def test_a_session_filter_may_name_an_mcp_tool(stub: Stub, mock: MockOpenAI, journal: Path) -> None:
     mock.tool_rounds = [[{"name": "t__lookup", "arguments": {"key": "k"}}]]
     caller = Caller(stub, timeout=20)
@@ -426,6 +436,7 @@ def http_server(journal: Path) -> Iterator[str]:
         stop_process(process)
 
 
+@pytest.mark.slow
 async def test_a_caller_supplied_streamable_http_server_on_an_allowed_host(
     stub: Stub, mock: MockOpenAI, journal: Path, http_server: str
 ) -> None:
@@ -510,6 +521,7 @@ def everything() -> Path:
     return EVERYTHING
 
 
+@pytest.mark.slow
 async def test_server_everything_over_stdio(stub: Stub, mock: MockOpenAI, everything: Path) -> None:
     mock.tool_rounds = [[{"name": "everything__echo", "arguments": {"message": "hi there"}}]]
     await stub.Invoke(invoke(profile="everything"), timeout=30)
@@ -545,6 +557,7 @@ def everything_sse(everything: Path) -> Iterator[str]:
         process.wait(timeout=10)
 
 
+@pytest.mark.slow
 async def test_server_everything_over_sse(stub: Stub, mock: MockOpenAI, everything_sse: str) -> None:
     mock.tool_rounds = [[{"name": "ev__get-sum", "arguments": {"a": 2, "b": 3}}]]
     server = pb.McpServer(name="ev", transport="sse", url=everything_sse)

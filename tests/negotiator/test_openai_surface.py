@@ -145,6 +145,7 @@ async def test_tool_choice_and_parallel_tool_calls_go_beside_the_tools(
     assert [t["function"]["name"] for t in request.body["tools"]] == ["lookup"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("values", "field", "problem"),
     [

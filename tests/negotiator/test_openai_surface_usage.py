@@ -102,6 +102,7 @@ def audited(audit_log: Path, operation: str) -> list[dict[str, object]]:
 EXPECTED = pb.Usage(prompt_tokens=120, completion_tokens=70, reasoning_tokens=40, cached_tokens=64)
 
 
+@pytest.mark.slow
 async def test_usage_is_in_the_response_the_audit_and_the_metrics(
     stub: Stub, served: tuple[str, str, Path, subprocess.Popen[str]]
 ) -> None:
@@ -130,6 +131,7 @@ async def test_usage_is_in_the_response_the_audit_and_the_metrics(
     assert [line["usage"] for line in audited(audit_log, "produce")] == [usage]
 
 
+@pytest.mark.slow
 async def test_usage_is_summed_over_the_tool_rounds(
     stub: Stub, mock: MockOpenAI, served: tuple[str, str, Path, subprocess.Popen[str]]
 ) -> None:
@@ -145,6 +147,7 @@ async def test_usage_is_summed_over_the_tool_rounds(
     )
 
 
+@pytest.mark.slow
 async def test_no_usage_from_the_provider_is_no_usage_in_the_response(
     stub: Stub, mock: MockOpenAI, served: tuple[str, str, Path, subprocess.Popen[str]]
 ) -> None:

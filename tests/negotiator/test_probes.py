@@ -178,6 +178,7 @@ async def test_a_reply_without_reasoning_marks_effort_unsupported_for_that_model
     assert states[EFFORT] == UNKNOWN
 
 
+@pytest.mark.slow
 async def test_a_probe_never_overrides_what_config_stated(
     stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, mock: MockOpenAI
 ) -> None:
@@ -251,6 +252,7 @@ async def test_only_an_adapter_with_an_upstream_can_be_probed(
     assert mock.requests == []
 
 
+@pytest.mark.slow
 async def test_no_probe_runs_unless_asked_or_configured(
     mock: MockOpenAI, tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -269,6 +271,7 @@ async def test_no_probe_runs_unless_asked_or_configured(
     assert mock.requests == []  # not one request reached the upstream
 
 
+@pytest.mark.slow
 async def test_configured_probes_run_at_start_up_and_on_their_schedule(
     mock: MockOpenAI, tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

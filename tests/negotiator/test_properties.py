@@ -20,8 +20,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pytest
 from fakes import FakeAdapter
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from negotiator_service import errors
@@ -43,15 +44,6 @@ from negotiator_service.model import (
     TypedSet,
 )
 from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
-
-# One profile for every property here: bounded, deterministic, and leaving no example database behind.
-PROPERTIES = settings(
-    max_examples=200,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 FORMATS = ("email", "date", "uuid", "uri")
 SETTING_KEYS = ("temperature", "seed", "top_k")
@@ -300,7 +292,7 @@ async def run_for_decision(
     return adapter, decision
 
 
-@PROPERTIES
+@pytest.mark.slow
 @given(scenario=scenarios())
 def test_refused_calls_never_reach_the_adapter(scenario: tuple[Declaration, CallRequest]) -> None:
     declaration, request = scenario
@@ -312,7 +304,7 @@ def test_refused_calls_never_reach_the_adapter(scenario: tuple[Declaration, Call
         assert len(adapter.calls) == 1
 
 
-@PROPERTIES
+@pytest.mark.slow
 @given(scenario=scenarios())
 def test_accepted_calls_need_only_what_is_supported_or_allowed(
     scenario: tuple[Declaration, CallRequest],
@@ -376,7 +368,7 @@ def required_needs(request: CallRequest) -> list[tuple[int, Need]]:
     return needs
 
 
-@PROPERTIES
+@pytest.mark.slow
 @given(scenario=scenarios_with_requires())
 def test_every_required_entry_appears_as_its_own_verdict(scenario: tuple[Declaration, CallRequest]) -> None:
     declaration, request = scenario
@@ -402,7 +394,7 @@ def test_every_required_entry_appears_as_its_own_verdict(scenario: tuple[Declara
         assert verdict.accepted == met(need, judged_by, request.options.allow_unknown)
 
 
-@PROPERTIES
+@pytest.mark.slow
 @given(scenario=scenarios_with_requires())
 def test_accepted_calls_meet_every_required_entry_too(scenario: tuple[Declaration, CallRequest]) -> None:
     declaration, request = scenario
@@ -427,7 +419,7 @@ def test_accepted_calls_meet_every_required_entry_too(scenario: tuple[Declaratio
         assert not kind_fits(request, declaration)
 
 
-@PROPERTIES
+@pytest.mark.slow
 @given(scenario=scenarios())
 def test_an_accepted_call_carries_only_requirements_supported_for_its_model(
     scenario: tuple[Declaration, CallRequest],

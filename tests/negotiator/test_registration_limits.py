@@ -111,6 +111,7 @@ async def test_a_host_name_is_refused_without_being_resolved(stub: Stub) -> None
     assert error.metadata["host"] == "adapter.example.invalid"
 
 
+@pytest.mark.slow
 async def test_an_allowed_host_is_registered(socket_dir: Path, config_file: Path, state_home: Path) -> None:
     address = non_loopback_ip()
     if address is None:
@@ -133,6 +134,7 @@ async def test_an_allowed_host_is_registered(socket_dir: Path, config_file: Path
 # --- item: a declaration over the documented size ----------------------------------
 
 
+@pytest.mark.slow
 async def test_a_huge_declaration_is_refused_at_registration(stub: Stub, hostile: Hostile) -> None:
     target = hostile("huge-declaration")
     error = await call_error(stub.RegisterAdapter(pb.RegisterAdapterRequest(target=target), timeout=10))
@@ -147,6 +149,7 @@ async def test_a_huge_declaration_is_refused_at_registration(stub: Stub, hostile
 # --- item: undecodable replies and the negotiator's own channel limits ---------------
 
 
+@pytest.mark.slow
 async def test_an_undecodable_declaration_fails_registration(stub: Stub, hostile: Hostile) -> None:
     target = hostile("garbage")
     error = await call_error(stub.RegisterAdapter(pb.RegisterAdapterRequest(target=target), timeout=10))
@@ -155,6 +158,7 @@ async def test_an_undecodable_declaration_fails_registration(stub: Stub, hostile
     assert "not a GetDeclarationResponse" in error.metadata["cause"]
 
 
+@pytest.mark.slow
 async def test_a_status_over_the_metadata_limit_is_not_throttling(stub: Stub, hostile: Hostile) -> None:
     target = hostile("long-refusal")
     await stub.RegisterAdapter(pb.RegisterAdapterRequest(target=target), timeout=10)
@@ -164,6 +168,7 @@ async def test_a_status_over_the_metadata_limit_is_not_throttling(stub: Stub, ho
     assert "metadata size" in error.metadata["cause"]
 
 
+@pytest.mark.slow
 async def test_a_remotes_real_throttling_stays_rate_limited(stub: Stub, hostile: Hostile) -> None:
     target = hostile("throttled")
     await stub.RegisterAdapter(pb.RegisterAdapterRequest(target=target), timeout=10)
@@ -172,6 +177,7 @@ async def test_a_remotes_real_throttling_stays_rate_limited(stub: Stub, hostile:
     assert error.reason == "ADAPTER_RATE_LIMITED"
 
 
+@pytest.mark.slow
 async def test_the_serve_flag_allows_a_host(socket_dir: Path, config_file: Path) -> None:
     address = non_loopback_ip()
     if address is None:

@@ -122,6 +122,7 @@ async def test_a_watcher_that_stops_is_unsubscribed() -> None:
     registry.add(entry("b"))  # publishing to nobody is fine
 
 
+@pytest.mark.slow
 async def test_a_watcher_abandoned_mid_loop_is_unsubscribed() -> None:
     registry = AdapterRegistry()
     registry.add(entry("a"))

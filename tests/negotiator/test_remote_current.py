@@ -144,6 +144,7 @@ async def register(stub: Stub, remote: Remote) -> pb.Adapter:
     return response.adapter
 
 
+@pytest.mark.slow
 async def test_a_remote_restarted_with_another_declaration_is_picked_up(stub: Stub, remote: Remote) -> None:
     registered = await register(stub, remote)
     assert registered.serving_status == SERVING
@@ -196,6 +197,7 @@ async def test_a_remote_restarted_with_another_declaration_is_picked_up(stub: St
     assert (current.serving_status, current.serving_detail) == (SERVING, "")
 
 
+@pytest.mark.slow
 async def test_a_killed_remote_is_not_serving_and_its_calls_fail_fast(stub: Stub, remote: Remote) -> None:
     await register(stub, remote)
     remote.kill()
@@ -213,6 +215,7 @@ async def test_a_killed_remote_is_not_serving_and_its_calls_fail_fast(stub: Stub
     assert (await stub.Invoke(invoke(), timeout=5)).text == "back:hi"
 
 
+@pytest.mark.slow
 async def test_a_hung_remote_is_not_serving_and_calls_fail_well_before_their_deadline(
     stub: Stub, remote: Remote
 ) -> None:
@@ -230,6 +233,7 @@ async def test_a_hung_remote_is_not_serving_and_calls_fail_well_before_their_dea
     assert (await stub.Invoke(invoke(), timeout=5)).text == "v1:hi"
 
 
+@pytest.mark.slow
 async def test_a_remote_whose_health_says_not_serving_is_not_serving(stub: Stub, remote: Remote) -> None:
     await register(stub, remote)
     remote.signal(signal.SIGUSR1)
@@ -242,6 +246,7 @@ async def test_a_remote_whose_health_says_not_serving_is_not_serving(stub: Stub,
     await until(stub, lambda a: a.serving_status == SERVING)
 
 
+@pytest.mark.slow
 async def test_runtime_registrations_survive_a_restart_until_deregistered(
     socket_dir: Path, config_file: Path, state_dir: Path, remote: Remote
 ) -> None:
@@ -280,6 +285,7 @@ async def test_runtime_registrations_survive_a_restart_until_deregistered(
         await third.stop()
 
 
+@pytest.mark.slow
 async def test_a_registration_whose_remote_is_down_at_restart_is_kept_not_serving_and_retried(
     socket_dir: Path, config_file: Path, state_dir: Path, remote: Remote
 ) -> None:
@@ -335,6 +341,7 @@ async def test_a_corrupt_registrations_file_is_reported_and_set_aside_and_the_co
         await running.stop()
 
 
+@pytest.mark.slow
 async def test_a_bad_entry_is_skipped_and_the_others_restored(
     socket_dir: Path, config_file: Path, state_dir: Path, remote: Remote
 ) -> None:
@@ -366,6 +373,7 @@ async def test_a_bad_entry_is_skipped_and_the_others_restored(
         await running.stop()
 
 
+@pytest.mark.slow
 async def test_a_registration_that_cannot_be_stored_is_not_made(
     socket_dir: Path, config_file: Path, tmp_path: Path, remote: Remote
 ) -> None:
@@ -397,6 +405,7 @@ def test_the_state_file_is_private(tmp_path: Path) -> None:
     assert store.load() == ([], [])
 
 
+@pytest.mark.slow
 async def test_a_reconnection_re_reads_the_declaration_without_waiting_for_the_schedule(
     socket_dir: Path, config_file: Path, state_dir: Path, remote: Remote
 ) -> None:
@@ -415,6 +424,7 @@ async def test_a_reconnection_re_reads_the_declaration_without_waiting_for_the_s
         await running.stop()
 
 
+@pytest.mark.slow
 async def test_negotiator_serve_restarted_brings_back_a_registration_and_follows_its_remote(
     socket_dir: Path, config_file: Path, tmp_path: Path, remote: Remote
 ) -> None:

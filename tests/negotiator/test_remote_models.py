@@ -45,6 +45,7 @@ async def decision(
     return (await stub.Negotiate(pb.NegotiateRequest(invoke=call), timeout=5)).decision
 
 
+@pytest.mark.slow
 async def test_a_remote_adapters_per_model_declaration_judges_calls_to_that_model(
     stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, remote_target: str
 ) -> None:

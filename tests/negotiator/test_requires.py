@@ -113,6 +113,7 @@ async def test_unknown_names_are_invalid_argument_on_their_entry(
     assert fake.calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capability", list(Capability), ids=lambda c: c.value)
 async def test_every_capability_is_requirable(
     stub: Stub, negotiator: RunningNegotiator, capability: Capability

@@ -136,6 +136,7 @@ def test_the_shipped_and_test_configs_claim_only_what_the_double_does(text: str)
             build_adapter(adapter_spec)
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_config_claiming_mcp_at_load(tmp_path: Path) -> None:
     config = tmp_path / "claims.yaml"
     config.write_text(

@@ -74,6 +74,7 @@ async def test_get_without_shortname_is_invalid(stub: Stub) -> None:
     assert error.field_violations == (("shortname", "is required"),)
 
 
+@pytest.mark.slow
 async def test_watch_sends_existing_then_changes(stub: Stub, negotiator: RunningNegotiator) -> None:
     call = stub.WatchAdapters(pb.WatchAdaptersRequest())
     existing = [await call.read() for _ in range(len(negotiator.registry))]
@@ -311,6 +312,7 @@ async def test_output_violating_the_schema_lists_violations(stub: Stub) -> None:
 # --- deadlines and cancellation ---------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_slow_adapter_hits_the_callers_deadline(stub: Stub) -> None:
     started = time.monotonic()
     error = await call_error(stub.Invoke(pb.InvokeRequest(adapter="slow", prompt="p"), timeout=0.5))
@@ -319,6 +321,7 @@ async def test_slow_adapter_hits_the_callers_deadline(stub: Stub) -> None:
     assert elapsed < 2.0
 
 
+@pytest.mark.slow
 async def test_server_side_timeout_is_deadline_exceeded_naming_the_adapter(
     stub: Stub, negotiator: RunningNegotiator
 ) -> None:
@@ -377,6 +380,7 @@ FAILURE_CODES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ERROR_KINDS)
 async def test_each_adapter_failure_maps_to_its_code(stub: Stub, kind: str) -> None:
     shortname = f"fail-{kind.replace('_', '-')}"

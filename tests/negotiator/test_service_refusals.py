@@ -115,6 +115,7 @@ async def send(stub: Stub, request: Request) -> pb.ProduceResponse | pb.InvokeRe
     return await stub.Invoke(request, timeout=5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 @pytest.mark.parametrize("state", ["unsupported", "unknown"])
 async def test_each_capability_is_refused_before_dispatch(
@@ -139,6 +140,7 @@ async def test_each_capability_is_refused_before_dispatch(
     assert fake.calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 async def test_unknown_allowed_by_the_caller_runs_the_call(
     stub: Stub, negotiator: RunningNegotiator, case: Case

@@ -76,6 +76,7 @@ def kinds(messages: list[Any]) -> list[str]:
     return [str(m.WhichOneof("kind")) for m in messages]
 
 
+@pytest.mark.slow
 async def test_the_first_delta_reaches_the_caller_as_the_upstream_sends_it(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:
@@ -196,6 +197,7 @@ async def test_an_adapter_that_does_not_stream_is_served_by_its_unary_call(stub:
     assert list(messages[2].final.events) == []
 
 
+@pytest.mark.slow
 async def test_a_streamed_conversation_turn_commits_after_the_final_message(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:
@@ -284,6 +286,7 @@ async def test_the_clients_map_a_refusal_mid_iteration(
                 pass
 
 
+@pytest.mark.slow
 async def test_the_cli_prints_each_delta_as_it_arrives(
     registered: OpenAIAdapter, negotiator: RunningNegotiator, mock: MockOpenAI
 ) -> None:
@@ -341,6 +344,7 @@ def test_the_sse_reader_splits_events_as_the_format_defines_wherever_chunks_brea
     assert unterminated.finish() == ["caf\u00e9"]
 
 
+@pytest.mark.slow
 async def test_a_stream_without_a_deadline_is_bounded_by_the_default_timeout(
     socket_dir: Path, config_file: Path, state_home: Path, llm: OpenAIAdapter, mock: MockOpenAI
 ) -> None:
@@ -375,6 +379,7 @@ async def test_a_stream_without_a_deadline_is_bounded_by_the_default_timeout(
     assert await asyncio.to_thread(mock.stream_closed.wait, 2.0)
 
 
+@pytest.mark.slow
 async def test_the_callers_deadline_bounds_the_whole_stream(
     registered: OpenAIAdapter, stub: Stub, mock: MockOpenAI
 ) -> None:

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import grpc
+import pytest
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from negotiator_testkit import call_error
@@ -74,6 +75,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_each_stdout_line_is_a_delta_as_it_is_written(
     negotiator: RunningNegotiator, stub: Stub, tmp_path: Path
 ) -> None:
@@ -93,6 +95,7 @@ async def test_each_stdout_line_is_a_delta_as_it_is_written(
     assert final.count("\n") == 3
 
 
+@pytest.mark.slow
 async def test_json_lines_become_events_as_they_are_written(
     negotiator: RunningNegotiator, stub: Stub, tmp_path: Path
 ) -> None:
@@ -113,6 +116,7 @@ async def test_json_lines_become_events_as_they_are_written(
     assert arrivals[3][0] - arrivals[2][0] > 0.15
 
 
+@pytest.mark.slow
 async def test_cancelling_the_stream_stops_the_whole_process_tree(
     negotiator: RunningNegotiator, stub: Stub, tmp_path: Path
 ) -> None:

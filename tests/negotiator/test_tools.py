@@ -388,6 +388,7 @@ async def test_approvals_allow_deny_and_edit(stub: Stub, negotiator: RunningNego
     ]
 
 
+@pytest.mark.slow
 async def test_an_edit_that_breaks_the_schema_does_not_run_and_a_retry_is_asked_again(
     stub: Stub, negotiator: RunningNegotiator
 ) -> None:
@@ -576,6 +577,7 @@ async def test_filter_and_persona_are_gated_by_their_capabilities(
 # --- isolation --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_twenty_concurrent_sessions_with_the_same_tool_names_never_cross(
     stub: Stub, negotiator: RunningNegotiator
 ) -> None:
@@ -776,6 +778,7 @@ async def test_a_caller_that_cancels_cancels_the_work(stub: Stub, negotiator: Ru
     assert fake.completed == []
 
 
+@pytest.mark.slow
 async def test_the_deadline_covers_the_whole_session(stub: Stub, negotiator: RunningNegotiator) -> None:
     fake = add_fake(negotiator, default=calls_tools(("lookup", {"key": "k"})))
     caller = Caller(stub, timeout=0.5)

@@ -87,6 +87,7 @@ class LocalToolBox:
         return ToolOutcome(result={"n": len(self.calls)})
 
 
+@pytest.mark.slow
 async def test_two_rounds_of_tool_calls_send_exactly_the_protocol_messages(
     stub: Stub, mock: MockOpenAI, registered: OpenAIAdapter
 ) -> None:
@@ -255,6 +256,7 @@ async def test_malformed_arguments_from_the_model_are_an_error_result_not_a_call
     assert second == {"role": "tool", "tool_call_id": "call_mock2", "content": '{"n": 1}'}
 
 
+@pytest.mark.slow
 async def test_a_model_that_never_stops_calling_tools_is_cut_off(
     mock: MockOpenAI, llm: OpenAIAdapter
 ) -> None:

@@ -59,6 +59,7 @@ def with_tools(prompt: str, tools: LocalToolBox) -> AdapterCall:
     return AdapterCall(prompt=prompt, options=CallOptions(), time_budget=10, tools=tools)
 
 
+@pytest.mark.slow
 async def test_a_tool_call_travels_to_the_toolbox_and_its_result_back(remote: RemoteAdapter) -> None:
     tools = LocalToolBox("lookup")
     reply = await remote.invoke(with_tools('tool:lookup:{"key": "colour"}', tools))
@@ -66,6 +67,7 @@ async def test_a_tool_call_travels_to_the_toolbox_and_its_result_back(remote: Re
     assert json.loads(reply.text.removeprefix("remote:")) == {"tool": "lookup", "result": {"n": 1}}
 
 
+@pytest.mark.slow
 async def test_the_remote_is_told_only_the_visible_tools(remote: RemoteAdapter) -> None:
     reply = await remote.invoke(with_tools("tools:", LocalToolBox("lookup", "store")))
     assert json.loads(reply.text.removeprefix("remote:")) == ["lookup", "store"]
@@ -262,6 +264,7 @@ async def test_with_every_tool_hidden_the_call_goes_without_tools(remote: Remote
     assert reply.text == "remote:tools:"  # Invoke's echo, not CallWithTools' list of names
 
 
+@pytest.mark.slow
 def test_a_conversation_state_that_is_not_json_is_an_internal_failure() -> None:
     response = adapter_pb2.InvokeResponse(text="x")
     response.conversation_state.number_value = float("inf")

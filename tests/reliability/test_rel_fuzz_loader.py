@@ -18,7 +18,7 @@ import os
 import time
 from types import MappingProxyType
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seedstore_service.errors import SeedMalformed
@@ -36,12 +36,8 @@ from seedstore_service.seedfile import dump_seed, parse_seed
 from tests.reliability.rel_support import Sizes
 
 EXAMPLES = Sizes.from_env(os.environ).fuzz_examples
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    database=None,
-)
+# Examples sized by RELIABILITY_FUZZ_EXAMPLES (the run's depth); the rest is the suite's profile.
+FUZZ = settings(max_examples=EXAMPLES)
 
 VALID_SEEDS = (
     Seed(id="say", domain="voice", kind="cli", command="say", provides=("text_to_speech",)),

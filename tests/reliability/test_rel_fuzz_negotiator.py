@@ -37,7 +37,7 @@ from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from google.protobuf import struct_pb2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reliability.rel_support import (
@@ -54,12 +54,8 @@ from tests.reliability.rel_support import (
 )
 
 EXAMPLES = Sizes.from_env(os.environ).fuzz_examples
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    database=None,
-)
+# Examples sized by RELIABILITY_FUZZ_EXAMPLES (the run's depth); the rest is the suite's profile.
+FUZZ = settings(max_examples=EXAMPLES)
 CALL_TIMEOUT_SECONDS = 30.0
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 UINT32_MAX = 2**32 - 1

@@ -35,7 +35,7 @@ from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seedstore_service.patch import AddSpec
@@ -56,12 +56,8 @@ from tests.reliability.rel_support import (
 )
 
 EXAMPLES = Sizes.from_env(os.environ).fuzz_examples
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    database=None,
-)
+# Examples sized by RELIABILITY_FUZZ_EXAMPLES (the run's depth); the rest is the suite's profile.
+FUZZ = settings(max_examples=EXAMPLES)
 CALL_TIMEOUT_SECONDS = 60.0
 _Message = TypeVar("_Message", bound=Message)
 UINT32_MAX = 2**32 - 1

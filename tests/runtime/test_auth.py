@@ -153,6 +153,7 @@ async def test_a_token_on_plaintext_network_tcp_refuses_to_start(
         await start_probe(listen=(listen,), tokens=tokens(TOKEN))
 
 
+@pytest.mark.slow
 async def test_tls_carries_tokens_on_any_address(start_probe: StartProbe, pki: Pki) -> None:
     server = await start_probe(
         listen=("0.0.0.0:0",),
@@ -170,6 +171,7 @@ async def test_tls_carries_tokens_on_any_address(start_probe: StartProbe, pki: P
         assert error.code == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.slow
 async def test_mutual_tls_requires_a_client_certificate_from_the_ca(
     start_probe: StartProbe, pki: Pki
 ) -> None:
@@ -341,6 +343,7 @@ async def start_seedstore(tmp_path: Path, socket_dir: Path) -> AsyncIterator[Sta
         await server.stop()
 
 
+@pytest.mark.slow
 async def test_seedstore_writes_need_the_token_reads_do_not_with_open_reads(
     start_seedstore: StartSeedstore, tmp_path: Path
 ) -> None:
@@ -434,6 +437,7 @@ async def test_negotiator_registration_needs_the_token(
 BOOTSTRAP_RUN = negotiator_pb2.BootstrapRequest(capability="text_to_speech", run=True, prompt="hi")
 
 
+@pytest.mark.slow
 async def test_negotiator_executing_methods_need_the_token_with_open_reads(
     start_negotiator: StartNegotiator,
 ) -> None:
@@ -466,6 +470,7 @@ async def test_negotiator_executing_methods_need_the_token_with_open_reads(
         assert (await stub.Invoke(invoke, metadata=bearer(TOKEN), timeout=5)).text
 
 
+@pytest.mark.slow
 async def test_negotiator_reads_need_the_token_by_default(start_negotiator: StartNegotiator) -> None:
     negotiator = await start_negotiator(open_reads=False)
     async with grpc.aio.insecure_channel(negotiator.bound[0]) as channel:

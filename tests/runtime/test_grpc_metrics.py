@@ -88,6 +88,7 @@ async def messages(*items: bytes) -> AsyncIterator[bytes]:
         yield item
 
 
+@pytest.mark.slow
 async def test_calls_of_every_shape_are_counted_as_go_grpc_prometheus_counts_them(socket_dir: Path) -> None:
     options = ServerOptions(listen=(f"unix:{socket_dir / 'shapes.sock'}",), metrics_listen="127.0.0.1:0")
     server = await start_server(register, (SHAPES,), options)
@@ -198,6 +199,7 @@ def seedstore(socket_dir: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
         stop_process(process)
 
 
+@pytest.mark.slow
 async def test_verify_seeds_records_calls_messages_and_each_seeds_verification(
     seedstore: tuple[str, str],
 ) -> None:

@@ -36,6 +36,7 @@ def records(stderr: str) -> list[dict[str, Any]]:
     return parsed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sidecar", ["seedstore", "negotiator"])
 async def test_every_stderr_line_is_one_json_object(sidecar: str, socket_dir: Path, tmp_path: Path) -> None:
     target = f"unix:{socket_dir / f'{sidecar}.sock'}"

@@ -97,6 +97,7 @@ async def test_calls_beyond_the_limit_fail_with_error_info_while_health_answers(
         assert await stream(channel, "Count", b"2", timeout=5) == [b"0", b"1"]
 
 
+@pytest.mark.slow
 async def test_a_call_without_deadline_gets_the_default(start_probe: StartProbe, probe: Probe) -> None:
     server = await start_probe(default_timeout=0.4)
     async with grpc.aio.insecure_channel(server.bound[0]) as channel:
@@ -142,6 +143,7 @@ async def test_limits_must_be_positive(start_probe: StartProbe, option: str, val
         await start_probe(**{option: value})
 
 
+@pytest.mark.slow
 async def test_default_deadlines_count_from_each_call_s_own_start(
     start_probe: StartProbe, probe: Probe
 ) -> None:

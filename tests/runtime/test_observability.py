@@ -34,6 +34,7 @@ async def fails(call: Awaitable[object]) -> grpc.StatusCode:
     return caught.value.code()
 
 
+@pytest.mark.slow
 async def test_one_json_line_per_call_with_its_final_status(start_probe: StartProbe, tmp_path: Path) -> None:
     log_file = tmp_path / "calls.jsonl"
     server = await start_probe(
@@ -128,6 +129,7 @@ def labels(**values: str) -> frozenset[tuple[str, str]]:
     return frozenset(values.items())
 
 
+@pytest.mark.slow
 async def test_metrics_endpoint_counts_calls_and_latency(start_probe: StartProbe) -> None:
     server = await start_probe(metrics_listen="127.0.0.1:0")
     assert server.metrics_bound is not None
@@ -294,6 +296,7 @@ async def test_ready_lines_keep_their_place_among_records_and_calls() -> None:
     assert [line.get("event", line.get("request_id")) for line in lines] == ["before", "r1", "after"]
 
 
+@pytest.mark.slow
 async def test_an_idle_writer_never_wakes_and_a_queued_line_still_goes_out_within_the_interval() -> None:
     sink = io.StringIO()
     log = CallLog(sink, close_stream=False, flush_interval=0.01)

@@ -91,6 +91,7 @@ def metric(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"{name}{labels} not in the scrape:\n{text}")
 
 
+@pytest.mark.slow
 async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
     env: dict[str, str], socket_dir: Path, tmp_path: Path, cleanup: list[Sidecar]
 ) -> None:
@@ -152,6 +153,7 @@ async def test_negotiator_serve_with_token_log_file_metrics_and_socket_mode(
     ]
 
 
+@pytest.mark.slow
 async def test_seedstore_serve_with_token_file_logs_calls_on_stderr(
     env: dict[str, str], socket_dir: Path, tmp_path: Path, cleanup: list[Sidecar]
 ) -> None:
@@ -190,6 +192,7 @@ async def health_status(target: str) -> int:
         return status
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary", ["seedstore", "negotiator"])
 async def test_a_second_instance_refuses_a_live_socket_and_replaces_a_stale_one(
     binary: str, env: dict[str, str], socket_dir: Path, tmp_path: Path, cleanup: list[Sidecar]
@@ -366,6 +369,7 @@ def test_seedstore_settings_carry_the_runtime_options() -> None:
     assert settings.server_options.max_concurrent_calls == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call_log", [[], ["--no-call-log"]], ids=["with-call-log", "no-call-log"])
 async def test_negotiator_serve_writes_each_decision_on_stderr(
     env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar], call_log: list[str]

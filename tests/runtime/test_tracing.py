@@ -86,6 +86,7 @@ async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
     await server.stop(0)
 
 
+@pytest.mark.slow
 async def test_negotiator_exports_a_span_per_call_over_otlp(
     receiver: tuple[Receiver, int], env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar]
 ) -> None:
@@ -132,6 +133,7 @@ async def test_negotiator_exports_a_span_per_call_over_otlp(
     assert accepted.kind == trace_pb2.Span.SPAN_KIND_SERVER
 
 
+@pytest.mark.slow
 async def test_seedstore_spans_on_stdout_under_the_configured_service_name(
     env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar]
 ) -> None:
@@ -153,6 +155,7 @@ async def test_seedstore_spans_on_stdout_under_the_configured_service_name(
     assert listed[0]["attributes"]["rpc.grpc.status_code"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("variables", "message"),
     [
@@ -246,6 +249,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+@pytest.mark.slow
 def test_a_second_server_in_the_process_still_exports(socket_dir: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", TWICE, str(socket_dir)],
@@ -259,6 +263,7 @@ def test_a_second_server_in_the_process_still_exports(socket_dir: Path) -> None:
     assert result.stdout.count('"name": "/grpc.health.v1.Health/Check"') == 2
 
 
+@pytest.mark.slow
 def test_a_tracer_provider_set_by_the_process_is_kept(socket_dir: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", EMBEDDED, str(socket_dir / "e.sock")],
@@ -272,6 +277,7 @@ def test_a_tracer_provider_set_by_the_process_is_kept(socket_dir: Path) -> None:
     assert result.stdout.strip() == "['/grpc.health.v1.Health/Check', 'after-stop']"
 
 
+@pytest.mark.slow
 async def test_an_unknown_exporter_is_refused_before_any_provider_is_made(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -297,6 +303,7 @@ def far_adapter(socket_dir: Path) -> Iterator[str]:
         stop_process(process)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("otel", [True, False])
 async def test_the_trace_continues_into_remote_adapters_only_with_otel(
     otel: bool,
@@ -330,6 +337,7 @@ async def test_the_trace_continues_into_remote_adapters_only_with_otel(
     assert code == 0
 
 
+@pytest.mark.slow
 async def test_the_trace_continues_from_the_negotiator_into_the_seedstore(
     env: dict[str, str], socket_dir: Path, cleanup: list[Sidecar]
 ) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from seedstore_service.patch import AddSpec
 from seedstore_service.render import SCAN_MESSAGE
 from seedstore_service.seedfile import parse_seed
@@ -89,6 +91,7 @@ def without_timestamps(text: str, earliest: int, latest: int) -> str:
     return REVISION.sub(r"\1<revision>", text)
 
 
+@pytest.mark.slow
 def test_add_writes_the_skillspec_example_byte_for_byte(cli: Cli, home: Path) -> None:
     result = cli.run(*EXAMPLE_ADD)
     output = ok(result)
@@ -110,6 +113,7 @@ def test_add_writes_the_skillspec_example_byte_for_byte(cli: Cli, home: Path) ->
     assert result.stdout.startswith('{\n  "seed_store": ')
 
 
+@pytest.mark.slow
 def test_every_subcommand_prints_skillspec_shapes(cli: Cli, home: Path) -> None:
     store = str(home / "capabilities")
     remote_path = f"{store}/voice/remote-voice-cli.yml"
@@ -357,6 +361,7 @@ PARITY_ERRORS = {
 }
 
 
+@pytest.mark.slow
 def test_local_and_server_paths_print_identical_output(
     home: Path, make_cli: Callable[[ServerThread | None], Cli], start_server: Callable[..., ServerThread]
 ) -> None:
@@ -401,6 +406,7 @@ def test_local_and_server_paths_print_identical_output(
     assert "error: the argument '--mark-failed' cannot be used with '--mark-unverified'" in local[28].stderr
 
 
+@pytest.mark.slow
 def test_malformed_file_is_reported_and_left_alone(cli: Cli, home: Path) -> None:
     broken = home / "capabilities" / "voice" / "broken.yml"
     broken.parent.mkdir(parents=True)
@@ -436,6 +442,7 @@ def test_malformed_file_is_reported_and_left_alone(cli: Cli, home: Path) -> None
     assert broken.read_bytes() == content
 
 
+@pytest.mark.slow
 def test_search_broadens_with_a_user_equivalents_file(
     home: Path, make_cli: Callable[[ServerThread | None], Cli], start_server: Callable[..., ServerThread]
 ) -> None:
@@ -457,6 +464,7 @@ def test_search_broadens_with_a_user_equivalents_file(
     assert "--equivalents cannot be used with --server" in refused.stderr
 
 
+@pytest.mark.slow
 def test_server_address_from_environment_over_tcp(
     cli_env: dict[str, str], server: ServerThread, home: Path
 ) -> None:
@@ -474,6 +482,7 @@ def test_server_address_from_environment_over_tcp(
     assert [row["id"] for row in json.loads(completed.stdout)["seeds"]] == ["remote-voice-cli"]
 
 
+@pytest.mark.slow
 def test_unreachable_server_is_an_error(cli_env: dict[str, str], socket_dir: Path) -> None:
     completed = subprocess.run(
         [PYTHON, "-m", "seedstore_service.cli", "--server", f"unix:{socket_dir}/none.sock", "store"],
@@ -488,6 +497,7 @@ def test_unreachable_server_is_an_error(cli_env: dict[str, str], socket_dir: Pat
     )
 
 
+@pytest.mark.slow
 def test_verify_shows_live_progress_on_a_terminal(cli: Cli, home: Path) -> None:
     add_example(home)
     cli.sync()
@@ -528,6 +538,7 @@ def test_verify_shows_live_progress_on_a_terminal(cli: Cli, home: Path) -> None:
     assert "ok     voice/remote-voice-cli: verified (2 of 2 checks passed)" in screen
 
 
+@pytest.mark.slow
 def test_verify_progress_json_streams_the_events_as_json_lines(cli: Cli, home: Path) -> None:
     add_example(home)
     cli.sync()
@@ -576,6 +587,7 @@ for n in range(25):
 """
 
 
+@pytest.mark.slow
 def test_concurrent_updates_through_both_front_ends_lose_nothing(
     cli_env: dict[str, str], server: ServerThread, make_cli: Callable[[ServerThread | None], Cli], home: Path
 ) -> None:

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seedstore_service.cli import main
@@ -184,7 +184,10 @@ _VALID = {
 }
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+# More than the profile's examples: the argv space (subcommand x tokens x --kind forms) is wide,
+# and each example is an in-process parse.
+@settings(max_examples=400)
 @given(
     subcommand=st.sampled_from(SUBCOMMANDS),
     valid=st.booleans(),
@@ -202,6 +205,7 @@ def test_hostile_argv_never_crashes(
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv",
     [
@@ -232,6 +236,7 @@ def test_hostile_argv_in_a_real_process(tmp_path: Path, argv: list[str]) -> None
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_arguments_that_are_not_utf8_are_refused_as_clap_does(tmp_path: Path) -> None:
     env = {**os.environ, "SKILLSPEC_HOME": str(tmp_path)}
     env.pop("SEEDSTORE_SERVER", None)
@@ -303,6 +308,7 @@ aliases:
 """
 
 
+@pytest.mark.slow
 def test_a_seed_with_aliases_that_normalise_to_nothing_is_read(cli: Cli, home: Path) -> None:
     path = home / "capabilities" / "voice" / "jp.yml"
     path.parent.mkdir(parents=True)
@@ -376,6 +382,7 @@ def test_a_last_value_ending_in_two_newlines_gets_no_document_end_marker(store: 
     assert run("inspect", "x")[1].count('"suggested_skill_id": "x\\n\\n"') == 1
 
 
+@pytest.mark.slow
 def test_update_reports_an_unknown_seed_before_its_flag_values(cli: Cli, home: Path) -> None:
     # SkillSpec's update (`capability.rs` `update`): id, domain, priority and ties are checked,
     # then the seed is loaded, then each add-/remove- value as the patch reaches it.

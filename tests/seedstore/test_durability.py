@@ -50,6 +50,7 @@ def root(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_concurrent_updates_from_four_processes_lose_nothing(root: Path) -> None:
     writers = [
         start_writer("add-provides", str(root), "say", str(worker), str(UPDATES_PER_WORKER))
@@ -73,6 +74,7 @@ def churn_on_a_slow_disk(root: Path, on_ready: Callable[[], None]) -> None:
     writer_process.churn(root, "say", on_ready)
 
 
+@pytest.mark.slow
 def test_a_writer_killed_at_random_moments_never_leaves_a_torn_seed(root: Path) -> None:
     seed_store = SeedStore(root)
     chooser = random.Random(20_260_907)

@@ -81,6 +81,7 @@ def test_an_identifier_over_the_limit_is_invalid_argument_and_writes_nothing(
     assert written == [".seedstore.lock", f"{longest}.yml"]
 
 
+@pytest.mark.slow
 def test_cli_add_refuses_a_long_id_with_skillspecs_exit_code(cli: Cli) -> None:
     result = cli.run("add", "a" * 240, "--domain", "voice", "--kind", "cli", "--provides", "x")
     assert result.code == 1
@@ -278,6 +279,7 @@ def test_a_seed_file_over_the_limit_is_a_problem_and_breaks_no_listing_or_watch(
         watcher.close()
 
 
+@pytest.mark.slow
 def test_yaml_whose_aliases_expand_past_the_limit_is_refused(
     client: SeedStoreClient, server: ServerThread, home: Path
 ) -> None:
@@ -352,6 +354,7 @@ def test_update_sees_a_duplicate_written_just_before_it(
 # --- watchers that never read pin a bounded number of bytes ------------------------------
 
 
+@pytest.mark.slow
 def test_a_watcher_that_never_reads_is_ended_once_its_byte_budget_is_spent(
     start_server: Callable[..., ServerThread],
 ) -> None:
@@ -414,6 +417,7 @@ def crowded_server(start_server: Callable[..., ServerThread], home: Path) -> Ser
     return start_server(server_options=ServerOptions(listen=(), max_message_bytes=SMALL_LIMIT))
 
 
+@pytest.mark.slow
 def test_list_seeds_pages_through_a_store_too_big_for_one_reply(crowded_server: ServerThread) -> None:
     with SeedStoreClient(crowded_server.unix_target) as client:
         pages = list(client.list_pages(page_size=10_000))
@@ -451,6 +455,7 @@ def test_list_seeds_pages_through_a_store_too_big_for_one_reply(crowded_server: 
         assert len(client.search_seeds(capability="text_to_speech", max_candidates=5).candidates) == 5
 
 
+@pytest.mark.slow
 def test_cli_list_through_the_server_walks_every_page(
     crowded_server: ServerThread, make_cli: Callable[[ServerThread | None], Cli]
 ) -> None:
@@ -460,6 +465,7 @@ def test_cli_list_through_the_server_walks_every_page(
     assert len(remote.json["seeds"]) == 3000
 
 
+@pytest.mark.slow
 def test_a_seed_too_big_for_a_file_is_refused_and_replies_bound_their_problems(
     client: SeedStoreClient, server: ServerThread, home: Path
 ) -> None:

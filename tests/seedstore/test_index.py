@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seedstore_service import errors, ranking
@@ -124,7 +124,9 @@ def assert_index_agrees(
         assert seed_index.search(query) == (expected, scope.problems)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Fewer than the profile's examples: each one writes two whole stores to disk and rebuilds the index.
+@pytest.mark.slow
+@settings(max_examples=60)
 @given(before=stores(), after=stores(), query_list=st.lists(queries, min_size=1, max_size=6))
 def test_index_search_equals_the_linear_reference(
     before: list[tuple[str, str]], after: list[tuple[str, str]], query_list: list[ranking.SearchQuery]
@@ -287,6 +289,7 @@ def test_refresh_reports_adds_updates_verdicts_malformed_files_and_removals(root
     assert seed_index.scope(None).seeds == ()
 
 
+@pytest.mark.slow
 def test_refresh_sees_writes_made_through_the_store(root: Path) -> None:
     seed_store = SeedStore(root)
     seed_index = SeedIndex(seed_store)

@@ -122,6 +122,7 @@ def test_health_and_reflection(server: ServerThread) -> None:
     assert "grpc.health.v1.Health" in services
 
 
+@pytest.mark.slow
 def test_sigterm_drains_a_running_verify_then_exits_cleanly(
     home: Path, socket_dir: Path, cli_env: dict[str, str]
 ) -> None:
@@ -190,6 +191,7 @@ def test_sigterm_drains_a_running_verify_then_exits_cleanly(
     assert '"event":"sidecar.draining"' in process.stderr.read()
 
 
+@pytest.mark.slow
 def test_new_calls_after_shutdown_are_refused(start_server: Callable[..., ServerThread]) -> None:
     server = start_server()
     target = server.unix_target
@@ -210,6 +212,7 @@ def test_the_refresh_pause_is_the_interval_until_a_walk_would_take_more_than_its
     assert refresh_pause(1.0, 0.5, max_share=0.5) == 1.0
 
 
+@pytest.mark.slow
 async def test_a_costly_walk_spaces_the_background_refreshes_out() -> None:
     class CostlyWalks:
         def __init__(self) -> None:

@@ -185,6 +185,7 @@ def running_with_argv(argv: list[str]) -> int:
     return count
 
 
+@pytest.mark.slow
 async def test_first_check_started_is_yielded_before_any_check_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,7 +18,7 @@ from unittest import mock
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seedstore_service import errors, ranking
@@ -163,7 +163,10 @@ def seeds_of(texts: st.SearchStrategy[str], keys: st.SearchStrategy[str]) -> st.
     )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# More than the profile's examples: byte identity with the emitter is what lets the fast writer
+# replace it, and an example is a pure dump.
+@pytest.mark.slow
+@settings(max_examples=300)
 @given(seeds_of(one_line_texts, one_line_keys))
 def test_direct_writer_is_byte_identical_to_the_emitter_without_using_it(seed: Seed) -> None:
     with mock.patch.object(yaml, "emit", side_effect=AssertionError("emitter used")):
@@ -171,7 +174,8 @@ def test_direct_writer_is_byte_identical_to_the_emitter_without_using_it(seed: S
     assert written == dump_seed_via_emitter(seed)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=300)  # as above
 @given(seeds_of(any_texts, any_keys))
 def test_dump_seed_is_byte_identical_to_the_emitter_for_any_seed(seed: Seed) -> None:
     assert dump_seed(seed) == dump_seed_via_emitter(seed)
@@ -222,6 +226,7 @@ def random_seed(chooser: random.Random, one_line: bool) -> Seed:
     )
 
 
+@pytest.mark.slow
 def test_dump_seed_is_byte_identical_to_the_emitter_for_thousands_of_seeds() -> None:
     chooser = random.Random(20_261_130)
     for number in range(4000):
@@ -283,7 +288,9 @@ def update_outcome(
     return ("ok", stored.path.replace(root, "<root>"), Path(stored.path).read_text())
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Fewer than the profile's examples: each one writes two whole stores to disk and updates through the index.
+@pytest.mark.slow
+@settings(max_examples=80)
 @given(
     before=stores(),
     after=stores(),
@@ -533,6 +540,7 @@ def test_a_located_write_checks_the_revision_it_reads_under_the_lock(root: Path)
     assert second.seed.aliases == ("one", "two")
 
 
+@pytest.mark.slow
 def test_writes_through_indexes_and_plain_writers_lose_nothing(root: Path) -> None:
     """Two services' worth of index-located writers in threads, and a scanning writer process."""
     put_seed(root, simple("say"))

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from seedstore_service.errors import InvalidIdentifier
@@ -531,7 +531,7 @@ seed_strategy = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@pytest.mark.slow
 @given(
     st.lists(seed_strategy, max_size=8),
     st.sampled_from(["text_to_speech", "voice", "speech"]),

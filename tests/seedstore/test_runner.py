@@ -180,6 +180,7 @@ async def test_relative_command_is_looked_up_from_the_working_directory(
 # --- no shell ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_shell_metacharacters_stay_inert(tmp_path: Path, settings: RunnerSettings) -> None:
     seed = make_seed(
         None,
@@ -263,6 +264,7 @@ async def test_argv0_is_the_name_as_written(tmp_path: Path) -> None:
 # --- timeout --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     script = write_script(tmp_path / "slow", f"sleep 30 &\necho $! > {pid_file}\nsleep 30")
@@ -339,6 +341,7 @@ async def test_a_double_forked_daemon_does_not_outlive_the_check(tmp_path: Path)
     assert await eventually(gone(daemon)), f"daemon {daemon} survived"
 
 
+@pytest.mark.slow
 async def test_a_timeout_kills_a_setsid_grandchild_too(tmp_path: Path) -> None:
     pid_file = tmp_path / "grandchild.pid"
     script = write_script(tmp_path / "hanger", escaping_grandchild(pid_file) + "\nsleep 60")
@@ -425,6 +428,7 @@ def without_privileges(argv: list[str]) -> list[str]:
     return [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--", *argv]
 
 
+@pytest.mark.slow
 def test_the_scratch_directory_is_removed_even_when_the_command_took_its_permissions_away() -> None:
     # In a process of its own, so running as root (whose capabilities ignore permission bits)
     # can be made to count.
@@ -496,6 +500,7 @@ async def test_seed_without_evidence_gets_one_failing_check(settings: RunnerSett
     assert verdict.status is VerificationStatus.FAILED
 
 
+@pytest.mark.slow
 async def test_cancelling_a_running_check_kills_its_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     script = write_script(tmp_path / "slow", f"sleep 30 &\necho $$ $! > {pid_file}\nsleep 30")
@@ -511,6 +516,7 @@ async def test_cancelling_a_running_check_kills_its_group(tmp_path: Path) -> Non
         assert await eventually(gone(pid)), f"pid {pid} survived"
 
 
+@pytest.mark.slow
 async def test_cancelling_at_any_step_leaves_no_children(settings: RunnerSettings) -> None:
     # Sweeps the cancellation point across the whole run, including the
     # moment the child exists but asyncio has not finished spawning it.
@@ -541,6 +547,7 @@ async def test_closing_between_checks_starts_nothing_more(tmp_path: Path, settin
 # --- several seeds ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_check_seeds_bounds_concurrency_and_streams_everything(settings: RunnerSettings) -> None:
     items = [(make_seed(None, "sleep 0.3", seed_id=f"seed-{n}"), f"/seeds/{n}.yml") for n in range(6)]
     received: list[tuple[float, VerifyEvent]] = []
@@ -611,6 +618,7 @@ async def test_a_cancelled_consumer_task_leaves_no_children(settings: RunnerSett
     assert pids_running(["sleep", duration]) == []
 
 
+@pytest.mark.slow
 async def test_timeouts_in_parallel_seeds_are_reported_per_seed(tmp_path: Path) -> None:
     settings = RunnerSettings(check_timeout=0.3, path=SYSTEM_PATH)
     items = [

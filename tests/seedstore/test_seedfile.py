@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from seedstore_service import seedfile
@@ -136,6 +136,7 @@ def _canonical_by_definition(text: str) -> str:
     return "_".join(part for part in mapped.split("_") if part)
 
 
+@pytest.mark.slow
 @given(st.text(alphabet=st.one_of(st.characters(), st.sampled_from("aZ09_-. \u212a\u0130ß"))))
 def test_canonical_form_matches_its_definition(text: str) -> None:
     assert canonical(text) == _canonical_by_definition(text)
@@ -537,7 +538,7 @@ seeds = st.builds(
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 @given(seeds)
 def test_parse_of_dump_is_identity(seed: Seed) -> None:
     assert parse_seed(dump_seed(seed), "x.yml") == seed

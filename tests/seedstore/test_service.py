@@ -61,6 +61,7 @@ def failure(call: Callable[[], object]) -> SidecarError:
     return error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_add_update_inspect_over_both_listeners(server: ServerThread, home: Path, transport: str) -> None:
     target = server.unix_target if transport == "unix" else server.tcp_target
@@ -207,6 +208,7 @@ def test_verify_limits_are_checked(client: SeedStoreClient) -> None:
     assert error.field_violations[0][0] == "domain"
 
 
+@pytest.mark.slow
 def test_unknown_ambiguous_malformed_and_stale_seeds(
     client: SeedStoreClient, server: ServerThread, home: Path
 ) -> None:
@@ -307,6 +309,7 @@ def events_of(responses: Iterator[pb.VerifySeedsResponse]) -> list[tuple[str, ob
     return events
 
 
+@pytest.mark.slow
 def test_verify_streams_each_check_then_the_written_verdict(client: SeedStoreClient, home: Path) -> None:
     client.add_seed(VOICE)
     events = events_of(client.verify_seeds(pb.VerifySeedsRequest(ids=["remote-voice-cli"], domain="voice")))
@@ -364,6 +367,7 @@ def test_verify_failing_seed_is_recorded_as_failed(client: SeedStoreClient) -> N
     )
 
 
+@pytest.mark.slow
 def test_several_seeds_verify_with_bounded_concurrency(client: SeedStoreClient) -> None:
     names = [f"slow-{n}" for n in range(5)]
     for name in names:
@@ -428,6 +432,7 @@ def test_verify_of_an_unknown_seed_fails_before_any_event(client: SeedStoreClien
     assert received.empty()
 
 
+@pytest.mark.slow
 def test_reads_are_served_from_memory_and_see_writes_at_once(client: SeedStoreClient) -> None:
     # Every write refreshes the index before answering, so a read right after sees it.
     for n in range(20):

@@ -112,6 +112,7 @@ def test_empty_evidence_command_has_skillspec_check_name(raw: str) -> None:
     assert check.outcome() == Outcome("evidence_command", False, "empty evidence command")
 
 
+@pytest.mark.slow
 @given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=8), min_size=1))
 def test_quoted_argv_round_trips(argv: list[str]) -> None:
     raw = shlex.join(argv)

@@ -73,6 +73,7 @@ async def collect(events: AsyncIterator[VerifyProgress]) -> list[VerifyProgress]
 # --- the first check, named without planning the rest ------------------------------
 
 
+@pytest.mark.slow
 @given(seeds)
 def test_first_check_is_the_plans_first_check(seed: Seed) -> None:
     assert first_check(seed) == plan_checks(seed)[0]
@@ -95,6 +96,7 @@ path_entries = st.lists(
 one_component_programs = st.sampled_from(["tool", "tool/", ".", "..", "", "a b", "x.y", "tool//"])
 
 
+@pytest.mark.slow
 @given(path_entries, one_component_programs)
 def test_path_candidates_are_spelled_as_path_joins_them(entries: list[str], program: str) -> None:
     cwd = Path("/srv/work")
@@ -258,6 +260,7 @@ async def test_a_file_that_vanishes_before_its_verdict_ends_the_stream_after_the
     assert [type(event) for event in received] == [CheckStarted, CheckFinished]
 
 
+@pytest.mark.slow
 async def test_closing_the_stream_before_a_verdict_is_taken_leaves_no_task_behind(
     operations: SeedOperations, root: Path
 ) -> None:

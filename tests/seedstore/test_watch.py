@@ -74,6 +74,7 @@ def seed(seed_id: str, domain: str = "voice") -> pb.AddSeedRequest:
     )
 
 
+@pytest.mark.slow
 def test_changes_through_the_service_are_reported(server: ServerThread, watcher: Watcher, home: Path) -> None:
     path = str(home / "capabilities" / "voice" / "say.yml")
     with SeedStoreClient(server.unix_target) as client:
@@ -107,6 +108,7 @@ def test_changes_through_the_service_are_reported(server: ServerThread, watcher:
     assert watcher.nothing_more()
 
 
+@pytest.mark.slow
 def test_edits_by_other_programs_are_reported(server: ServerThread, watcher: Watcher, home: Path) -> None:
     with SeedStoreClient(server.unix_target) as client:
         client.add_seed(seed("say"))
@@ -137,6 +139,7 @@ def test_edits_by_other_programs_are_reported(server: ServerThread, watcher: Wat
     assert (event.kind, event.id, event.domain) == (pb.CHANGE_KIND_REMOVED, "espeak", "audio")
 
 
+@pytest.mark.slow
 def test_every_watcher_gets_the_changes_of_its_domain(server: ServerThread, watcher: Watcher) -> None:
     audio = Watcher(server.unix_target, domain="audio")
     try:
