@@ -87,7 +87,7 @@ def json_problem(exc: ValueError) -> str:
 
 
 class Capability(enum.Enum):
-    """Capabilities, named as in Kedi's `requires=` plus dsh's start fields."""
+    """What a declaration states and a call may need (docs/negotiation.md, "Deriving requirements")."""
 
     STRUCTURED_OUTPUT = "structured_output"
     TOOL_REGISTRATION = "tool_registration"

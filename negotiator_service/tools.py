@@ -8,14 +8,14 @@ A session, as the caller sees it:
 1. The caller sends `start` (a Produce or Invoke call plus its tools). The
    call is validated like Produce/Invoke, the tool specs are checked (names
    `[A-Za-z0-9_-]{1,64}`, unique; schemas valid draft 2020-12) and the tool
-   filter must name only tools of the call (dsh: empty filters and unknown
+   filter must name only tools of the call (empty filters and unknown
    names fail loudly). Then the broker judges the call: a refusal ends the
    stream before any adapter code runs, with the same status Produce gives.
 2. While the adapter runs, every tool call the model makes goes through this
    call's `SessionToolBox`:
    - a tool that does not exist, or that the filter hides, gets an error
      outcome; the caller never hears of it (visibility and execution are one
-     set, as in dsh);
+     set: a model cannot run what it was not shown);
    - arguments that break the tool's schema get an error outcome, unasked;
    - `read_only` tools are sent to the caller as a ToolCall at once;
      `mutating` and `sensitive` ones (and unspecified risk, which is
@@ -290,7 +290,10 @@ def unknown_filter_names(
 
 
 def visible_tools(specs: Sequence[ToolSpec], tool_filter: ToolFilter) -> tuple[ToolSpec, ...]:
-    """dsh order: `allow` (when given) keeps only its names, then `deny` removes its names."""
+    """`allow` (when given) keeps only its names, then `deny` removes its names.
+
+    The rule: docs/negotiation.md, "Tool filter".
+    """
     allowed = set(tool_filter.allow)
     denied = set(tool_filter.deny)
     return tuple(spec for spec in specs if (not allowed or spec.name in allowed) and spec.name not in denied)

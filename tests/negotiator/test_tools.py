@@ -446,7 +446,7 @@ async def test_a_filtered_tool_is_invisible_and_never_runs(stub: Stub, negotiato
 
     add_fake(negotiator, default=model)
     caller = Caller(stub)
-    # dsh order: allow first (read, delete), then deny (delete).
+    # allow first (read, delete), then deny (delete).
     await caller.start(
         invoke(tool_filter=pb.ToolFilter(allow=["read", "delete"], deny=["delete"])),
         [tool("read"), tool("delete", risk=pb.TOOL_RISK_READ_ONLY), tool("write")],

@@ -1,7 +1,7 @@
-"""Fixtures of the reliability suite (issue 6, item 4).
+"""Fixtures of the reliability suite: real processes, kills, fuzzing and soak against both services.
 
-    pytest -s tests/reliability                    # CI size, about 1.5 minutes on 2 cores
-    RELIABILITY_FULL=1 pytest -s tests/reliability # full size, the issue's numbers
+    pytest -s tests/reliability                    # CI size
+    RELIABILITY_FULL=1 pytest -s tests/reliability # full size (the defaults below)
 
 Sizes come from the environment; each test module's docstring names its own.
     RELIABILITY_FULL=1          every default below at full size

@@ -1,4 +1,4 @@
-"""Broadening an empty search through equivalent terms and domains (seed 001, "Empty Search Behavior")."""
+"""Broadening an empty search through equivalent terms and domains."""
 
 from __future__ import annotations
 

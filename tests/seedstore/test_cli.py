@@ -57,7 +57,7 @@ TIMESTAMP = re.compile(r'"verified_at_unix": (\d+)')
 
 
 def add_example(home: Path) -> Path:
-    """The §1 example seed, written through the store API (cheaper than a CLI process)."""
+    """The example seed `add` writes, written through the store API (cheaper than a CLI process)."""
     stored = SeedStore(home / "capabilities").add(
         AddSpec(
             id="remote-voice-cli",

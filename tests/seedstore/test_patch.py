@@ -1,4 +1,4 @@
-"""add, update and prefer: validation, SkillSpec's patch order, canonical and exact-string rules (§2)."""
+"""add, update and prefer: validation, SkillSpec's patch order, canonical and exact-string rules."""
 
 from __future__ import annotations
 

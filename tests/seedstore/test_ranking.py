@@ -1,4 +1,4 @@
-"""Ranking arithmetic, exclusions, gates, order and ask policy, from SkillSpec §4, §7 and seed 001."""
+"""Ranking arithmetic, exclusions, gates, order and ask policy (docs/ranking-and-gates.md)."""
 
 from __future__ import annotations
 
@@ -367,7 +367,7 @@ def test_candidate_carries_identity_and_path() -> None:
 
 
 # ---------------------------------------------------------------------------
-# the two-seed case from SkillSpec's own test, and seed 001's example
+# the two-seed case from SkillSpec's own test, and the bootstrap documentation's example seed
 # ---------------------------------------------------------------------------
 
 REMOTE = make_seed("remote-voice-cli", provides=TTS, status=VERIFIED, priority=80, external=True, paid=True)

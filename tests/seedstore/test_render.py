@@ -1,4 +1,4 @@
-"""JSON shapes of §3: exact keys, exact order, additions only where documented."""
+"""JSON output shapes: exact keys, exact order, documented additions (docs/skillspec-compatibility.md)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from seedstore_service.seedfile import (
     validate_identifier,
 )
 
-# The example `add` writes, from SkillSpec §1, byte for byte.
+# The example seed as SkillSpec's `add` writes it, byte for byte.
 ADD_EXAMPLE_YAML = """\
 id: remote-voice-cli
 domain: voice
@@ -53,7 +53,7 @@ evidence:
   command: voice-cli --help
 """
 
-# Seed 001's hand-written example: other key order, indented list items; still valid.
+# A hand-written seed: other key order, indented list items; still valid.
 SEED_001_EXAMPLE_YAML = """\
 id: preferred-voice-cli
 domain: voice

@@ -2,8 +2,8 @@
 
 Clients in any language compile these files; a v1 package may gain fields,
 messages and RPCs, but never lose, renumber or retype one. The baseline is
-the repository's protos at BASELINE (as published after the first three
-sessions); `buf breaking` with the FILE rules of protos/buf.yaml compares the
+the repository's protos at BASELINE (the first published v1); `buf breaking`
+with the FILE rules of protos/buf.yaml compares the
 working tree against it. An intended break is a new version (`…v2`), not an
 edit of v1.
 """
