@@ -218,10 +218,19 @@ async def test_cancelling_the_call_stops_the_stdio_server(
     stub: Stub, mock: MockOpenAI, journal: Path
 ) -> None:
     mock.mode = "hang"
-    error = await call_error(stub.Invoke(invoke(profile="local"), timeout=3))
-    assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    call = stub.Invoke(invoke(profile="local"), timeout=60)
+    # The model is asked only once the server has started and listed its tools.
+    for _ in range(400):
+        if mock.requests:
+            break
+        await asyncio.sleep(0.05)
+    assert mock.requests, "the call never reached the model"
     pids = served(journal)
     assert len(pids) == 1
+    assert _alive(pids[0])
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
     for _ in range(100):
         if not _alive(pids[0]):
             break
