@@ -68,14 +68,17 @@ def _is_content(line: str) -> bool:
     return bool((choices[0].get("delta") or {}).get("content"))
 
 
-def direct_first_delta(client: httpx.AsyncClient, url: httpx.URL) -> Callable[[], Awaitable[float]]:
+def direct_first_delta(
+    client: httpx.AsyncClient, url: httpx.URL, *, model: str = MODEL, api_key: str = "bench-not-a-secret"
+) -> Callable[[], Awaitable[float]]:
+    """A streamed chat completion posted to `url`, timed to its first content line, drained."""
     body = {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    headers = {"Authorization": "Bearer bench-not-a-secret"}
+    headers = {"Authorization": f"Bearer {api_key}"}
 
     async def timed() -> float:
         started = time.perf_counter()
@@ -93,9 +96,10 @@ def direct_first_delta(client: httpx.AsyncClient, url: httpx.URL) -> Callable[[]
 
 
 def negotiator_first_delta(
-    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, *, adapter: str = OPENAI
 ) -> Callable[[], Awaitable[float]]:
-    request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+    """InvokeStream to `adapter`, timed to its first delta, read to its final message."""
+    request = negotiator_pb2.InvokeRequest(adapter=adapter, prompt=PROMPT)
 
     async def timed() -> float:
         started = time.perf_counter()
@@ -108,7 +112,7 @@ def negotiator_first_delta(
             elif kind == "final":
                 final = message.final.text
         if first is None or final != "pong":
-            raise RuntimeError(f"{OPENAI} streamed no delta or ended with {final!r}, not the mock's reply")
+            raise RuntimeError(f"{adapter} streamed no delta or ended with {final!r}, not the mock's reply")
         return first
 
     return timed
