@@ -698,6 +698,9 @@ class OpenAIAdapter:
     ) -> AsyncGenerator[str, None]:
         """One streamed completion: its content deltas, with the rest gathered into `assembly`."""
         shortname = self._declaration.shortname
+        if self._closed:
+            # Checked here, not left to the client: its transport's pool takes requests even closed.
+            raise errors.AdapterUnavailable(shortname, "the adapter is closed")
         request = self._stream_request(body, headers)
         cap = self._options.max_response_bytes
         try:

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from mock_openai import MockOpenAI
+from test_tools_openai import LocalToolBox
 
+from negotiator_service import errors
 from negotiator_service.adapters import build_adapter
 from negotiator_service.adapters.openai import OpenAIAdapter
 from negotiator_service.model import (
@@ -21,7 +23,9 @@ from negotiator_service.model import (
     AdapterSpec,
     CallKind,
     CallOptions,
+    JsonValue,
     StreamDelta,
+    ToolOutcome,
 )
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_STREAM_HTTP_KEY"
@@ -175,3 +179,25 @@ async def test_a_stream_goes_through_the_proxy_the_environment_names(
     [(target, headers)] = proxy.requests
     assert target == "http://upstream.invalid/v1/chat/completions"
     assert headers["host"] == "upstream.invalid"
+
+
+class _ClosingToolBox(LocalToolBox):
+    """Closes the adapter while its tool runs, as a shutdown during a tool round would."""
+
+    def __init__(self, adapter: OpenAIAdapter) -> None:
+        super().__init__("lookup")
+        self._adapter = adapter
+
+    async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
+        await self._adapter.close()
+        return await super().call(name, arguments)
+
+
+async def test_a_stream_whose_adapter_closed_during_a_tool_round_sends_no_further_request(
+    llm: OpenAIAdapter, mock: MockOpenAI
+) -> None:
+    mock.tool_rounds = [[{"id": "call_1", "name": "lookup", "arguments": {"key": "a"}}]]
+    call = AdapterCall(prompt="use the tool", options=CallOptions(), tools=_ClosingToolBox(llm))
+    with pytest.raises(errors.AdapterUnavailable, match="the adapter is closed"):
+        [item async for item in llm.stream(call, CallKind.INVOKE)]
+    assert len(mock.requests) == 1
