@@ -14,9 +14,10 @@ content delta is in hand; the rest of the stream is drained before the next call
   (`bench_stream.py --cold-direct URL`: the same first-time code paths), alternated, median of
   the repeats.
 
-The direct side uses httpx as the adapter does (no per-phase timeouts, the same request body
-with `stream: true` and `stream_options.include_usage`, lines read with `aiter_lines`), so the
-difference is what the negotiator and the adapter add.
+The direct side is httpx as an application calls it (`AsyncClient.stream`, no per-phase timeouts,
+the same request body with `stream: true` and `stream_options.include_usage`, lines read with
+`aiter_lines`), so the difference is what the negotiator and the adapter add over that; the
+adapter itself sends through the client's transport (bench_litellm.py reuses these calls).
 """
 
 from __future__ import annotations
