@@ -14,9 +14,10 @@ content delta is in hand; the rest of the stream is drained before the next call
   (`bench_stream.py --cold-direct URL`: the same first-time code paths), alternated, median of
   the repeats.
 
-The direct side uses httpx as the adapter does (no per-phase timeouts, the same request body
-with `stream: true` and `stream_options.include_usage`, lines read with `aiter_lines`), so the
-difference is what the negotiator and the adapter add.
+The direct side is httpx as an application calls it (`AsyncClient.stream`, no per-phase timeouts,
+the same request body with `stream: true` and `stream_options.include_usage`, lines read with
+`aiter_lines`), so the difference is what the negotiator and the adapter add over that; the
+adapter itself sends through the client's transport (bench_litellm.py reuses these calls).
 """
 
 from __future__ import annotations
@@ -68,14 +69,17 @@ def _is_content(line: str) -> bool:
     return bool((choices[0].get("delta") or {}).get("content"))
 
 
-def direct_first_delta(client: httpx.AsyncClient, url: httpx.URL) -> Callable[[], Awaitable[float]]:
+def direct_first_delta(
+    client: httpx.AsyncClient, url: httpx.URL, *, model: str = MODEL, api_key: str = "bench-not-a-secret"
+) -> Callable[[], Awaitable[float]]:
+    """A streamed chat completion posted to `url`, timed to its first content line, drained."""
     body = {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    headers = {"Authorization": "Bearer bench-not-a-secret"}
+    headers = {"Authorization": f"Bearer {api_key}"}
 
     async def timed() -> float:
         started = time.perf_counter()
@@ -93,9 +97,10 @@ def direct_first_delta(client: httpx.AsyncClient, url: httpx.URL) -> Callable[[]
 
 
 def negotiator_first_delta(
-    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, *, adapter: str = OPENAI
 ) -> Callable[[], Awaitable[float]]:
-    request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+    """InvokeStream to `adapter`, timed to its first delta, read to its final message."""
+    request = negotiator_pb2.InvokeRequest(adapter=adapter, prompt=PROMPT)
 
     async def timed() -> float:
         started = time.perf_counter()
@@ -108,7 +113,7 @@ def negotiator_first_delta(
             elif kind == "final":
                 final = message.final.text
         if first is None or final != "pong":
-            raise RuntimeError(f"{OPENAI} streamed no delta or ended with {final!r}, not the mock's reply")
+            raise RuntimeError(f"{adapter} streamed no delta or ended with {final!r}, not the mock's reply")
         return first
 
     return timed

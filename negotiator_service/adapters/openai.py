@@ -698,10 +698,18 @@ class OpenAIAdapter:
     ) -> AsyncGenerator[str, None]:
         """One streamed completion: its content deltas, with the rest gathered into `assembly`."""
         shortname = self._declaration.shortname
-        request = self._client.build_request("POST", self._endpoint, json=body, headers=headers)
+        if self._closed:
+            # Checked here, not left to the client: its transport's pool takes requests even closed.
+            raise errors.AdapterUnavailable(shortname, "the adapter is closed")
+        request = self._stream_request(body, headers)
         cap = self._options.max_response_bytes
         try:
-            response = await _until(self._client.send(request, stream=True), when)
+            # Sent by the transport the client would pick for the URL (a proxy's when the environment
+            # names one): the client's own layers (auth, redirects, event hooks, cookie extraction,
+            # timing) do nothing for this request but cost more than the exchange's HTTP parsing.
+            transport = self._client._transport_for_url(self._endpoint)
+            response = await _until(transport.handle_async_request(request), when)
+            response.request = request
             try:
                 content_type = response.headers.get("content-type", "")
                 if response.status_code != 200 or not content_type.startswith("text/event-stream"):
@@ -715,7 +723,14 @@ class OpenAIAdapter:
                         yield answer.text
                     return
                 received = 0
-                chunks = response.aiter_bytes()
+                # Identity was asked for, so the raw body is the events; a body encoded anyway is decoded.
+                encoding = response.headers.get("content-encoding", "identity").strip().lower()
+                stream = response.stream
+                chunks = (
+                    aiter(stream)
+                    if encoding in ("", "identity") and isinstance(stream, httpx.AsyncByteStream)
+                    else response.aiter_bytes()
+                )
                 events = SseReader()
                 done = False
                 while not done:
@@ -749,6 +764,24 @@ class OpenAIAdapter:
             raise errors.AdapterInternal(
                 shortname, f"HTTP exchange with {request.url} failed: {exc!r}"
             ) from exc
+
+    def _stream_request(self, body: dict[str, JsonValue], headers: dict[str, str]) -> httpx.Request:
+        """The POST of a streamed completion: the client's default headers, the call's, identity encoding.
+
+        Compression would hold deltas back until a compressed block fills,
+        so the stream asks for none.
+        """
+        if self._client.cookies:
+            # A provider set cookies: the client's own merge sends them back, as on the unary path.
+            return self._client.build_request(
+                "POST", self._endpoint, json=body, headers={**headers, "Accept-Encoding": "identity"}
+            )
+        merged = [
+            (name, value) for name, value in self._client.headers.raw if name.lower() != b"accept-encoding"
+        ]
+        merged.append((b"Accept-Encoding", b"identity"))
+        merged.extend((name.encode("ascii"), value.encode("ascii")) for name, value in headers.items())
+        return httpx.Request("POST", self._endpoint, json=body, headers=merged)
 
     async def close(self) -> None:
         self._closed = True
