@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 
-from bench import bench_echo, bench_negotiator, bench_seedstore, bench_stream
+from bench import bench_echo, bench_litellm, bench_negotiator, bench_seedstore, bench_stream
 from bench.harness import BENCH_DIR, ServerStartError, Settings
 from bench.report import Row, missing_row, render_table
 
@@ -35,6 +35,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "seedstore": bench_seedstore.run,
     "negotiator": bench_negotiator.run,
     "stream": bench_stream.run,
+    # LiteLLM proxy as a peer on the same mocks; a row says why when it is not installed.
+    "litellm": bench_litellm.run,
 }
 
 
