@@ -45,7 +45,7 @@ def test_the_same_options_encoding_is_converted_once_and_shared() -> None:
     assert dict(first.settings) == {"temperature": 0.2, "seed": 7}
     other = caches.call_options(options_message(temperature=0.3, seed=7))
     assert other is not first
-    assert convert.call_options(options_message(temperature=0.2, seed=7)) is not first  # convert keeps nothing
+    assert convert.call_options(options_message(temperature=0.2, seed=7)) is not first  # keeps none
     assert other.settings["temperature"] == 0.3
 
 
