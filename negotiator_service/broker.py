@@ -28,6 +28,7 @@ import jsonschema_rs
 
 from negotiator_service import negotiation
 from negotiator_service.audit import AuditLog
+from negotiator_service.call_caches import CallCaches
 from negotiator_service.depth import DEFAULT_MAX_DEPTH, check_depth
 from negotiator_service.errors import (
     AdapterInternal,
@@ -37,7 +38,6 @@ from negotiator_service.errors import (
     OutputSchemaViolation,
     UnsupportedCapability,
 )
-from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.mcp_policy import McpPolicy, check_servers
 from negotiator_service.model import (
     Adapter,
@@ -46,7 +46,6 @@ from negotiator_service.model import (
     AuditOutcome,
     AuditRecord,
     CallKind,
-    CallOptions,
     CallRequest,
     Capability,
     Decision,
@@ -65,8 +64,6 @@ from negotiator_service.usage import count_tokens, model_label
 from sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("negotiator_service.broker")
-MAX_CACHED_DECISION_LINES = 1024
-MAX_CACHED_JUDGEMENTS = 1024
 
 
 class Broker:
@@ -80,6 +77,7 @@ class Broker:
         audit: AuditLog | None = None,
         decision_sink: Callable[[str], None] | None = None,
         mcp_policy: McpPolicy | None = None,
+        caches: CallCaches | None = None,
     ) -> None:
         """`profiles` are the config's (None: profile names are the adapters' own);
         `max_depth` is the negotiator's delegation limit (config `limits.max_depth`);
@@ -94,6 +92,9 @@ class Broker:
         `mcp_policy` (config `mcp:`) admits the MCP servers a request brings;
         the default admits none. Servers from the config's profiles are always
         admitted. A refused server raises McpServerNotAllowed before dispatch.
+
+        `caches` keeps judgements and decision lines between calls (call_caches.py;
+        default: this broker's own).
         """
         self.registry = registry
         self.profiles = profiles
@@ -102,11 +103,7 @@ class Broker:
         self.audit = audit if audit is not None else AuditLog()
         self._logger = logger or _LOGGER
         self._decision_sink = decision_sink
-        # A decision's log line per (operation, allow_unknown); see _log_decision.
-        self._decision_lines: IdentityCache[str] = IdentityCache(MAX_CACHED_DECISION_LINES)
-        # A judgement per (options object, declaration object) and the rest of
-        # the call bar its prompt; see _judge.
-        self._judgements: IdentityCache[tuple[Decision, CallOptions]] = IdentityCache(MAX_CACHED_JUDGEMENTS)
+        self.caches = caches if caches is not None else CallCaches()
 
     def negotiate(self, request: CallRequest, *, caller: str = "") -> Decision:
         """The dry run: the decision a call would get. Runs no adapter code.
@@ -393,14 +390,10 @@ class Broker:
 
         A judgement is a pure function of the call's options, target, kind,
         schema text and whether it has a prompt, of the profiles (fixed per
-        broker), and of the target's declaration. Calls share one CallOptions
-        object per distinct encoding (convert) and a registered adapter keeps
-        its declaration object, so the judgement is kept per those two
-        objects: a call like an earlier one skips validation, profile
-        expansion, derivation and judging. Registering or replacing an
-        adapter brings a new declaration object, hence a fresh judgement.
-        Only judgements that succeed are kept; calls with tools (a
-        ToolSession's) are always judged afresh.
+        broker), and of the target's declaration, so it is kept in
+        `caches.judgements` per the options and declaration objects (the rule:
+        call_caches.py): a call like an earlier one skips validation, profile
+        expansion, derivation and judging.
         """
         if request.tools:
             return self._judge_afresh(request)
@@ -412,10 +405,11 @@ class Broker:
         # The kind as a bool: hashing an enum member runs Python code, hashing a bool does not.
         produce = request.kind is CallKind.PRODUCE
         shape = (produce, request.adapter, request.agent, request.output_schema, request.prompt == "")
-        known = self._judgements.get((options, declaration), shape, None)
+        judgements = self.caches.judgements
+        known = judgements.get((options, declaration), shape, None)
         if known is None:
             decision, schema, expanded = self._judge_afresh(request)
-            self._judgements.put((options, declaration), shape, (decision, expanded.options))
+            judgements.put((options, declaration), shape, (decision, expanded.options))
             return decision, schema, expanded
         decision, expanded_options = known
         schema = negotiation.fresh_schema(request.output_schema) if request.output_schema else None
@@ -494,13 +488,14 @@ class Broker:
         if sink is None and not self._logger.isEnabledFor(logging.INFO):
             return
         allow_unknown = request.options.allow_unknown
-        # Decisions come from negotiation.judge's cache, so the same object
-        # recurs call after call, and with it the same line.
+        # A kept judgement hands out the same decision object call after call,
+        # and with it the same line (call_caches.py).
         details = (operation, frozenset(allow_unknown))
-        line = self._decision_lines.get((decision,), details, None)
+        lines = self.caches.decision_lines
+        line = lines.get((decision,), details, None)
         if line is None:
             line = json.dumps(decision_record(operation, decision, details[1]))
-            self._decision_lines.put((decision,), details, line)
+            lines.put((decision,), details, line)
         if sink is not None:
             sink(line)
         else:

@@ -16,7 +16,7 @@ Conventions:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -27,7 +27,6 @@ from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 from negotiator_service.bootstrap_plan import BootstrapCall, BootstrapResult, Candidate
 from negotiator_service.declarations import validate_shortname
 from negotiator_service.errors import ConfigError, InvalidRequest
-from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     AdapterKind,
     AdapterReply,
@@ -107,7 +106,14 @@ CHANGE_TO_PROTO: Mapping[Change, negotiator_pb2.AdapterChange.ValueType] = Mappi
 # --- requests -----------------------------------------------------------------
 
 
-def produce_request(message: negotiator_pb2.ProduceRequest) -> CallRequest:
+# How a request's CallOptions message becomes CallOptions: `call_options`, or a
+# CallCaches' shared conversion (call_caches.py).
+OptionsConverter = Callable[[negotiator_pb2.CallOptions], CallOptions]
+
+
+def produce_request(
+    message: negotiator_pb2.ProduceRequest, options_of: OptionsConverter | None = None
+) -> CallRequest:
     adapter, agent = _target(message)
     return CallRequest(
         kind=CallKind.PRODUCE,
@@ -115,28 +121,32 @@ def produce_request(message: negotiator_pb2.ProduceRequest) -> CallRequest:
         adapter=adapter,
         agent=agent,
         output_schema=message.output_schema or None,
-        options=call_options(message.options) if message.HasField("options") else _NO_OPTIONS,
+        options=(options_of or call_options)(message.options) if message.HasField("options") else _NO_OPTIONS,
     )
 
 
-def invoke_request(message: negotiator_pb2.InvokeRequest) -> CallRequest:
+def invoke_request(
+    message: negotiator_pb2.InvokeRequest, options_of: OptionsConverter | None = None
+) -> CallRequest:
     adapter, agent = _target(message)
     return CallRequest(
         kind=CallKind.INVOKE,
         prompt=message.prompt,
         adapter=adapter,
         agent=agent,
-        options=call_options(message.options) if message.HasField("options") else _NO_OPTIONS,
+        options=(options_of or call_options)(message.options) if message.HasField("options") else _NO_OPTIONS,
     )
 
 
-def negotiate_request(message: negotiator_pb2.NegotiateRequest) -> CallRequest:
+def negotiate_request(
+    message: negotiator_pb2.NegotiateRequest, options_of: OptionsConverter | None = None
+) -> CallRequest:
     """The call a dry run judges. Field paths in errors are relative to the call."""
     which = message.WhichOneof("call")
     if which == "produce":
-        return produce_request(message.produce)
+        return produce_request(message.produce, options_of)
     if which == "invoke":
-        return invoke_request(message.invoke)
+        return invoke_request(message.invoke, options_of)
     raise InvalidRequest([("call", "exactly one of produce or invoke is required")])
 
 
@@ -154,30 +164,10 @@ def _target(
 _NO_SETTINGS: Mapping[str, JsonValue] = MappingProxyType({})
 _NO_OPTIONS = CallOptions()
 
-# Callers send the same few option sets call after call, so each distinct
-# encoding is converted once and its CallOptions shared: the value is
-# immutable all the way down, except settings holding lists or objects, which
-# an adapter could change, so those are converted afresh every time. Small
-# encodings only, and bounded: past the limit the cache starts over.
-MAX_CACHED_OPTIONS = 1024
-MAX_CACHED_OPTIONS_BYTES = 4096
-_CONVERTED_OPTIONS: dict[bytes, CallOptions] = {}
-
 
 def call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
     """The options of a call; raises InvalidRequest naming every field that cannot be converted."""
-    encoding = message.SerializeToString(deterministic=True)  # map (settings) keys sorted
-    options = _CONVERTED_OPTIONS.get(encoding)
-    if options is not None:
-        return options
-    options = _call_options(message)
-    if len(encoding) <= MAX_CACHED_OPTIONS_BYTES and not any(
-        isinstance(value, (dict, list)) for value in options.settings.values()
-    ):
-        if len(_CONVERTED_OPTIONS) >= MAX_CACHED_OPTIONS:
-            _CONVERTED_OPTIONS.clear()
-        _CONVERTED_OPTIONS[encoding] = options
-    return options
+    return _call_options(message)
 
 
 def _call_options(message: negotiator_pb2.CallOptions) -> CallOptions:
@@ -402,25 +392,7 @@ def verdict_to_proto(verdict: Verdict) -> negotiator_pb2.Verdict:
 
 
 def decision_to_proto(decision: Decision) -> negotiator_pb2.Decision:
-    message = negotiator_pb2.Decision()
-    message.CopyFrom(_shared_decision_proto(decision))
-    return message
-
-
-# Decisions recur call after call (negotiation.judge hands out the same
-# object for the same judgement), and building a decision's proto field by
-# field costs more than the rest of a reply: the proto of each recent
-# decision is built once and copied into every reply that carries it.
-MAX_CACHED_DECISION_PROTOS = 256
-_DECISION_PROTOS: IdentityCache[negotiator_pb2.Decision] = IdentityCache(MAX_CACHED_DECISION_PROTOS)
-
-
-def _shared_decision_proto(decision: Decision) -> negotiator_pb2.Decision:
-    """The decision's proto, shared between calls: copy it, never change it."""
-    message = _DECISION_PROTOS.get((decision,), None, None)
-    if message is not None:
-        return message
-    message = negotiator_pb2.Decision(
+    return negotiator_pb2.Decision(
         adapter=decision.adapter,
         declaration_version=decision.declaration_version,
         accepted=decision.accepted,
@@ -428,37 +400,30 @@ def _shared_decision_proto(decision: Decision) -> negotiator_pb2.Decision:
         gaps=[verdict_to_proto(v) for v in decision.gaps],
         model=decision.model,
     )
-    _DECISION_PROTOS.put((decision,), None, message)
-    return message
+
+
+# How a reply's decision becomes its proto: `decision_to_proto`, or a
+# CallCaches' shared proto (call_caches.py). Replies copy it, never change it.
+DecisionConverter = Callable[[Decision], negotiator_pb2.Decision]
 
 
 def events_to_proto(events: Sequence[StreamEvent]) -> list[negotiator_pb2.StreamEvent]:
     return [negotiator_pb2.StreamEvent(type=e.type, text=e.text) for e in events]
 
 
-# A dry run's whole answer is its decision, so each recent decision's
-# response is built once and handed to grpc call after call.
-_NEGOTIATE_RESPONSES: IdentityCache[negotiator_pb2.NegotiateResponse] = IdentityCache(
-    MAX_CACHED_DECISION_PROTOS
-)
-
-
-def negotiate_response(decision: Decision) -> negotiator_pb2.NegotiateResponse:
-    """The dry run's response, shared between calls.
-
-    Hand it to grpc, which only serializes it; never change it.
-    """
-    response = _NEGOTIATE_RESPONSES.get((decision,), None, None)
-    if response is None:
-        response = negotiator_pb2.NegotiateResponse()
-        response.decision.CopyFrom(_shared_decision_proto(decision))
-        _NEGOTIATE_RESPONSES.put((decision,), None, response)
+def negotiate_response(
+    decision: Decision, decision_of: DecisionConverter = decision_to_proto
+) -> negotiator_pb2.NegotiateResponse:
+    response = negotiator_pb2.NegotiateResponse()
+    response.decision.CopyFrom(decision_of(decision))
     return response
 
 
-def produce_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.ProduceResponse:
+def produce_response(
+    reply: AdapterReply, decision: Decision, decision_of: DecisionConverter = decision_to_proto
+) -> negotiator_pb2.ProduceResponse:
     response = negotiator_pb2.ProduceResponse(output_json=reply.text)
-    response.decision.CopyFrom(_shared_decision_proto(decision))
+    response.decision.CopyFrom(decision_of(decision))
     if reply.events:
         response.events.extend(events_to_proto(reply.events))
     if reply.usage is not None:
@@ -466,9 +431,11 @@ def produce_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.
     return response
 
 
-def invoke_response(reply: AdapterReply, decision: Decision) -> negotiator_pb2.InvokeResponse:
+def invoke_response(
+    reply: AdapterReply, decision: Decision, decision_of: DecisionConverter = decision_to_proto
+) -> negotiator_pb2.InvokeResponse:
     response = negotiator_pb2.InvokeResponse(text=reply.text)
-    response.decision.CopyFrom(_shared_decision_proto(decision))
+    response.decision.CopyFrom(decision_of(decision))
     if reply.events:
         response.events.extend(events_to_proto(reply.events))
     if reply.usage is not None:
@@ -614,7 +581,7 @@ def tool_session_response(message: SessionMessage) -> negotiator_pb2.ToolSession
         )
     if isinstance(message, Decision):
         response = negotiator_pb2.ToolSessionResponse()
-        response.decision.CopyFrom(_shared_decision_proto(message))
+        response.decision.CopyFrom(decision_to_proto(message))
         return response
     if isinstance(message, ToolCallMessage):
         return negotiator_pb2.ToolSessionResponse(

@@ -29,6 +29,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from negotiator_service.errors import McpServerNotAllowed
@@ -40,7 +41,7 @@ RULE_CALLER_STDIO = "caller-stdio-command-allowlist"
 RULE_CALLER_HOST = "caller-host-allowlist"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _HASH_LENGTH = 8
-_RISK_ORDER = {ToolRisk.READ_ONLY: 0, ToolRisk.MUTATING: 1, ToolRisk.SENSITIVE: 2}
+_RISK_ORDER = MappingProxyType({ToolRisk.READ_ONLY: 0, ToolRisk.MUTATING: 1, ToolRisk.SENSITIVE: 2})
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ MAX_CONVERSATION_ID_LENGTH = 512
 
 # "streamable-http" is another name for the HTTP transport: normalized before any
 # comparison, so a request, a config and a declaration may spell it either way.
-_TRANSPORT_ALIASES: Mapping[str, str] = {"streamable-http": "http"}
+_TRANSPORT_ALIASES: Mapping[str, str] = MappingProxyType({"streamable-http": "http"})
 
 # JSON Schema keywords whose value is one subschema, a name->subschema map, or
 # a list of subschemas (draft 2020-12, plus `definitions` which older schemas

@@ -31,6 +31,7 @@ from negotiator_service.adapters.remote import restore_remote
 from negotiator_service.audit import DEFAULT_WATCH_QUEUE_SIZE, AuditLog
 from negotiator_service.bootstrap import Bootstrapper, GrpcSeedSource
 from negotiator_service.broker import Broker
+from negotiator_service.call_caches import CallCaches
 from negotiator_service.config import (
     EMBEDDED_CONFIG_PATH,
     EMBEDDED_DEFAULT_CONFIG,
@@ -238,6 +239,7 @@ async def create_server(
     try:
         broker = Broker(
             registry,
+            caches=CallCaches(),
             profiles=config.profiles,
             max_depth=config.max_depth,
             mcp_policy=config.mcp,

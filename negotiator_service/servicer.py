@@ -138,6 +138,8 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         `prober` serves ProbeAdapter (default: one over `registry` with no schedule).
         """
         self._broker = broker
+        # Convert with the broker's call caches, so like calls share their options object.
+        self._calls = broker.caches
         self._bootstrapper = bootstrapper or Bootstrapper(None, audit=broker.audit)
         self._conversations = conversations
         self._registry = registry
@@ -252,23 +254,23 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     ) -> negotiator_pb2.NegotiateResponse:
         # The call is nested in the request: its field paths are pointed at from the top.
         with _prefixed(request.WhichOneof("call")):
-            call = with_conversation_id(convert.negotiate_request(request))
+            call = with_conversation_id(self._calls.negotiate_request(request))
             decision = self._broker.negotiate(call, caller=self._caller(context))
-        return convert.negotiate_response(decision)
+        return self._calls.negotiate_response(decision)
 
     @_unary
     async def Produce(
         self, request: negotiator_pb2.ProduceRequest, context: Context
     ) -> negotiator_pb2.ProduceResponse:
-        call = with_conversation_id(convert.produce_request(request))
-        return await self._brokered(call, context, convert.produce_response)
+        call = with_conversation_id(self._calls.produce_request(request))
+        return await self._brokered(call, context, self._calls.produce_response)
 
     @_unary
     async def Invoke(
         self, request: negotiator_pb2.InvokeRequest, context: Context
     ) -> negotiator_pb2.InvokeResponse:
-        call = with_conversation_id(convert.invoke_request(request))
-        return await self._brokered(call, context, convert.invoke_response)
+        call = with_conversation_id(self._calls.invoke_request(request))
+        return await self._brokered(call, context, self._calls.invoke_response)
 
     # grpc.aio serves a server-streaming method that writes with `context.write` and returns None;
     # the generated stub types only the generator form.
@@ -277,9 +279,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.ProduceStreamRequest, context: Context
     ) -> None:
         with _nested("produce", request.HasField("produce")):
-            call = with_conversation_id(convert.produce_request(request.produce))
+            call = with_conversation_id(self._calls.produce_request(request.produce))
             await self._streamed(
-                call, context, convert.produce_response, negotiator_pb2.ProduceStreamResponse
+                call, context, self._calls.produce_response, negotiator_pb2.ProduceStreamResponse
             )
 
     @_server_stream
@@ -287,8 +289,10 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         self, request: negotiator_pb2.InvokeStreamRequest, context: Context
     ) -> None:
         with _nested("invoke", request.HasField("invoke")):
-            call = with_conversation_id(convert.invoke_request(request.invoke))
-            await self._streamed(call, context, convert.invoke_response, negotiator_pb2.InvokeStreamResponse)
+            call = with_conversation_id(self._calls.invoke_request(request.invoke))
+            await self._streamed(
+                call, context, self._calls.invoke_response, negotiator_pb2.InvokeStreamResponse
+            )
 
     @_bidi
     async def ToolSession(

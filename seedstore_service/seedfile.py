@@ -70,8 +70,12 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 _NULL_WORDS = frozenset({"~", "null", "Null", "NULL"})
-_BOOL_WORDS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
-_RADIX_DIGITS = {16: re.compile(r"[0-9a-fA-F]+"), 8: re.compile(r"[0-7]+"), 2: re.compile(r"[01]+")}
+_BOOL_WORDS = MappingProxyType(
+    {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+)
+_RADIX_DIGITS = MappingProxyType(
+    {16: re.compile(r"[0-9a-fA-F]+"), 8: re.compile(r"[0-7]+"), 2: re.compile(r"[01]+")}
+)
 _DECIMAL_DIGITS = re.compile(r"[0-9]+")
 _RUST_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
@@ -388,11 +392,13 @@ class _SeedReader:
         return Verification(status=status, verified_at_unix=verified_at, outcomes=tuple(outcomes))
 
 
-_KIND_TAGS = {
-    yaml.ScalarNode: "tag:yaml.org,2002:str",
-    yaml.SequenceNode: "tag:yaml.org,2002:seq",
-    yaml.MappingNode: "tag:yaml.org,2002:map",
-}
+_KIND_TAGS = MappingProxyType(
+    {
+        yaml.ScalarNode: "tag:yaml.org,2002:str",
+        yaml.SequenceNode: "tag:yaml.org,2002:seq",
+        yaml.MappingNode: "tag:yaml.org,2002:map",
+    }
+)
 
 
 def untyped_loader(base: type[yaml.SafeLoader] | type[yaml.CSafeLoader]) -> type[yaml.SafeLoader]:

@@ -11,11 +11,10 @@ follow the same style.
 from __future__ import annotations
 
 import enum
-import functools
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import PurePath
 
 from seedstore_service.model import Outcome, Seed, Verification, VerificationStatus
 
@@ -145,11 +144,11 @@ class LookupResult:
     """The best candidate: the first executable one, else the first existing one."""
 
     state: FileState
-    path: Path | None = None
+    path: PurePath | None = None
 
 
 def lookup_on_path(
-    program: str, path_env: str | None, cwd: Path, probe: Callable[[str], FileState]
+    program: str, path_env: str | None, cwd: PurePath, probe: Callable[[str], FileState]
 ) -> LookupResult:
     """Find `program` as SkillSpec does, but noticing the exec bit.
 
@@ -171,34 +170,29 @@ def lookup_on_path(
     for candidate in candidates:
         state = probe(candidate)
         if state is FileState.EXECUTABLE:
-            return LookupResult(FileState.EXECUTABLE, Path(candidate))
+            return LookupResult(FileState.EXECUTABLE, PurePath(candidate))
         if state is FileState.NOT_EXECUTABLE and first_existing is None:
             first_existing = candidate
     if first_existing is not None:
-        return LookupResult(FileState.NOT_EXECUTABLE, Path(first_existing))
+        return LookupResult(FileState.NOT_EXECUTABLE, PurePath(first_existing))
     return LookupResult(FileState.MISSING)
 
 
-@functools.lru_cache(maxsize=32)
-def _search_directories(path_env: str, cwd: Path) -> tuple[str, ...]:
-    """PATH's non-empty entries as `str(cwd / entry)` spells them.
-
-    Cached: a verify looks up programs on the same PATH again and again, and
-    building Paths for a dozen entries cost more than the lookups' own stats.
-    """
+def _search_directories(path_env: str, cwd: PurePath) -> tuple[str, ...]:
+    """PATH's non-empty entries as `str(cwd / entry)` spells them."""
     return tuple(str(cwd / entry) for entry in path_env.split(":") if entry)
 
 
 def _joined(directory: str, program: str) -> str:
-    """`str(Path(directory) / program)`; plain file names (the usual case) without building a Path."""
+    """`str(PurePath(directory) / program)`; plain file names (the usual case) without building a PurePath."""
     if not program or program == "." or "/" in program:
-        return str(Path(directory) / program)
-    # Only a root ("/", or POSIX's special "//") ends with a slash once Path has normalised it.
+        return str(PurePath(directory) / program)
+    # Only a root ("/", or POSIX's special "//") ends with a slash once PurePath has normalised it.
     return directory + program if directory.endswith("/") else f"{directory}/{program}"
 
 
 def _component_count(name: str) -> int:
-    """Rust's `Path::components().count()`: a leading `/` or `./` counts, inner `.` do not."""
+    """Rust's `PurePath::components().count()`: a leading `/` or `./` counts, inner `.` do not."""
     count = 0
     rest = name
     if rest.startswith("/"):

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from negotiator_service.errors import AdapterRefused, AdapterTimeout
-from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
     AdapterCall,
     CallKind,
@@ -24,13 +23,6 @@ from negotiator_service.model import (
 from negotiator_service.negotiation import derive_requirements, judge
 
 ALL_CAPABILITIES = frozenset(Capability)
-
-# Without an output schema or tools, the verdict depends only on the
-# declaration and the options, and the same options object recurs call
-# after call (convert shares it), so the verdict ("" for none) is kept per
-# (declaration, options) pair.
-MAX_CACHED_CHECKS = 1024
-_CHECKED: IdentityCache[str] = IdentityCache(MAX_CACHED_CHECKS)
 
 
 def check_call(
@@ -50,15 +42,7 @@ def check_call(
         raise AdapterRefused(shortname, "Produce needs an output schema")
     if kind is CallKind.INVOKE and call.output_schema is not None:
         raise AdapterRefused(shortname, "Invoke returns plain text; it takes no output schema")
-    if call.output_schema is not None or call.tools is not None:
-        refusal = _refusal(declaration, call, kind, implemented)
-    else:
-        objects, details = (declaration, call.options), (kind is CallKind.PRODUCE, implemented)
-        known = _CHECKED.get(objects, details, None)
-        if known is None:
-            known = _refusal(declaration, call, kind, implemented)
-            _CHECKED.put(objects, details, known)
-        refusal = known
+    refusal = _refusal(declaration, call, kind, implemented)
     if refusal:
         raise AdapterRefused(shortname, refusal)
 

@@ -1,4 +1,4 @@
-"""The per-call caches on the hot path give the answers the uncached code gives, call after call."""
+"""A server's call caches (call_caches.py) give the answers the uncached code gives, call after call."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from google.protobuf import struct_pb2
 from negotiator_service import convert, negotiation
 from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
 from negotiator_service.broker import Broker
+from negotiator_service.call_caches import CallCaches
 from negotiator_service.errors import AdapterKindMismatch, AdapterNotFound, AdapterRefused, InvalidRequest
 from negotiator_service.identity_cache import IdentityCache
 from negotiator_service.model import (
@@ -35,37 +36,41 @@ def options_message(**settings: Any) -> negotiator_pb2.CallOptions:
 
 
 def test_the_same_options_encoding_is_converted_once_and_shared() -> None:
-    first = convert.call_options(options_message(temperature=0.2, seed=7))
-    again = convert.call_options(
+    caches = CallCaches()
+    first = caches.call_options(options_message(temperature=0.2, seed=7))
+    again = caches.call_options(
         negotiator_pb2.CallOptions.FromString(options_message(temperature=0.2, seed=7).SerializeToString())
     )
     assert again is first
     assert dict(first.settings) == {"temperature": 0.2, "seed": 7}
-    other = convert.call_options(options_message(temperature=0.3, seed=7))
+    other = caches.call_options(options_message(temperature=0.3, seed=7))
     assert other is not first
+    assert convert.call_options(options_message(temperature=0.2, seed=7)) is not first  # keeps none
     assert other.settings["temperature"] == 0.3
 
 
 def test_settings_holding_lists_or_objects_are_never_shared() -> None:
-    first = convert.call_options(options_message(stop=["a", "b"]))
+    caches = CallCaches()
+    first = caches.call_options(options_message(stop=["a", "b"]))
     stop = first.settings["stop"]
     assert isinstance(stop, list)
     stop.append("changed by an adapter")
-    again = convert.call_options(options_message(stop=["a", "b"]))
+    again = caches.call_options(options_message(stop=["a", "b"]))
     assert again is not first
     assert again.settings["stop"] == ["a", "b"]
 
 
 def test_options_that_cannot_be_converted_are_refused_every_time() -> None:
     bad = negotiator_pb2.CallOptions(allow_unknown=[common_pb2.Capability.Value("CAPABILITY_UNSPECIFIED")])
+    caches = CallCaches()
     for _ in range(2):
         with pytest.raises(InvalidRequest) as refused:
-            convert.call_options(bad)
+            caches.call_options(bad)
         assert refused.value.violations[0][0] == "options.allow_unknown[0]"
 
 
 def test_an_adapter_check_is_answered_per_declaration_even_for_shared_options() -> None:
-    options = convert.call_options(options_message(temperature=0.2))
+    options = CallCaches().call_options(options_message(temperature=0.2))
     supported = make_declaration(
         supported=(Capability.MODEL_OVERRIDE, Capability.SETTINGS),
         accepted_settings=["temperature"],
@@ -75,7 +80,7 @@ def test_an_adapter_check_is_answered_per_declaration_even_for_shared_options() 
         accepted_settings=["seed"],
     )
     call = AdapterCall(prompt="hi", options=options)
-    for _ in range(2):  # the second round is answered from the cache
+    for _ in range(2):
         check_call(supported, call, CallKind.INVOKE, implemented=ALL_CAPABILITIES)
         with pytest.raises(AdapterRefused) as refused:
             check_call(narrower, call, CallKind.INVOKE, implemented=ALL_CAPABILITIES)
@@ -86,7 +91,7 @@ def test_an_adapter_check_is_answered_per_declaration_even_for_shared_options() 
 
 
 def test_option_problems_are_reported_for_every_call_with_those_options() -> None:
-    options = convert.call_options(negotiator_pb2.CallOptions(model=" ", persona="p"))
+    options = CallCaches().call_options(negotiator_pb2.CallOptions(model=" ", persona="p"))
     request = CallRequest(kind=CallKind.INVOKE, prompt="hi", adapter="a", options=options)
     for _ in range(2):
         with pytest.raises(InvalidRequest) as refused:
@@ -119,20 +124,24 @@ def test_an_identity_cache_tells_equal_objects_apart_and_starts_over_when_full()
 DRAFT_PROFILE = Profile(name="draft", model="profile-model")
 
 
+# One server's caches, as server.py hands them to its Broker and servicer.
+CACHES = CallCaches()
+
+
 def judged_broker(*adapters: FakeAdapter) -> Broker:
     registry = AdapterRegistry()
     for adapter in adapters:
         registry.add(RegisteredAdapter(adapter=adapter, source="runtime"))
-    return Broker(registry, profiles={"draft": DRAFT_PROFILE})
+    return Broker(registry, profiles={"draft": DRAFT_PROFILE}, caches=CACHES)
 
 
 def shared_call(prompt: str = "hi", *, adapter: str = "fake", **options: Any) -> CallRequest:
-    """A call whose options object is the one convert shares for this encoding, as on the wire."""
+    """A call whose options object is the one the caches share for this encoding, as on the wire."""
     return CallRequest(
         kind=CallKind.INVOKE,
         prompt=prompt,
         adapter=adapter,
-        options=convert.call_options(negotiator_pb2.CallOptions(**options)),
+        options=CACHES.call_options(negotiator_pb2.CallOptions(**options)),
     )
 
 
@@ -204,11 +213,26 @@ def test_responses_carry_the_decision_as_built_field_by_field_every_time() -> No
     expected = convert.decision_to_proto(decision)
     reply = AdapterReply(text="out", events=(StreamEvent("progress", "half"),))
     for _ in range(2):
-        assert convert.negotiate_response(decision) == negotiator_pb2.NegotiateResponse(decision=expected)
-        assert convert.negotiate_response(decision) is convert.negotiate_response(decision)  # shared
-        invoked = convert.invoke_response(reply, decision)
+        assert CACHES.negotiate_response(decision) == negotiator_pb2.NegotiateResponse(decision=expected)
+        assert CACHES.negotiate_response(decision) is CACHES.negotiate_response(decision)  # shared
+        assert convert.negotiate_response(decision) is not convert.negotiate_response(decision)
+        invoked = CACHES.invoke_response(reply, decision)
         assert invoked == negotiator_pb2.InvokeResponse(
             text="out", decision=expected, events=[negotiator_pb2.StreamEvent(type="progress", text="half")]
         )
-        produced = convert.produce_response(AdapterReply(text="{}"), decision)
+        produced = CACHES.produce_response(AdapterReply(text="{}"), decision)
         assert produced == negotiator_pb2.ProduceResponse(output_json="{}", decision=expected)
+
+
+def test_each_server_keeps_its_own_caches_and_convert_keeps_none() -> None:
+    message = options_message(temperature=0.2)
+    first, second = CallCaches(), CallCaches()
+    assert first.call_options(message) is first.call_options(message)
+    assert second.call_options(message) is not first.call_options(message)
+    assert convert.call_options(message) is not convert.call_options(message)
+    one = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
+    other = Broker(one.registry)
+    call = shared_call(model="m")
+    assert one.negotiate(call) is one.negotiate(call)
+    assert other.negotiate(call) is not one.negotiate(call)
+    assert other.caches is not one.caches

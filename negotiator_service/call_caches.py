@@ -1,0 +1,110 @@
+"""The negotiator's call-path caches, one CallCaches per server.
+
+`server.py` builds one and hands it to the Broker and the servicer; nothing
+else keeps values across calls. A pure function of its key is all a cache
+here may hold, so a hit returns what recomputing would return. The rules:
+
+options
+    Key: the CallOptions message's deterministic encoding (settings keys
+    sorted), at most MAX_OPTIONS_BYTES long. Value: the converted
+    CallOptions, shared by every call with that encoding. Sound because
+    conversion reads nothing but the message, and CallOptions is immutable
+    all the way down except settings holding lists or objects, which an
+    adapter could change: those are converted afresh and never kept. A
+    message that fails to convert raises and is not kept.
+
+judgements (Broker._judge)
+    Key: the options object and the target's declaration object (by
+    identity), with the call's shape (kind, target names, schema text,
+    whether the prompt is empty). Value: the decision and the options after
+    profile expansion. Sound because a judgement reads only those and the
+    broker's profiles, which are fixed; a registered adapter keeps its
+    declaration object, and registering or replacing it brings a new one.
+    Only judgements that succeed are kept; calls with tools never are. The
+    identity key hits only because `options` hands the same object to like
+    calls.
+
+decision_lines (Broker._log_decision)
+    Key: the decision object, with the operation and allow_unknown. Value:
+    the decision's JSON log line, a pure function of the three.
+
+decision_protos, negotiate_responses
+    Key: the decision object. Value: its proto, and a dry run's whole
+    response. Shared between calls: replies copy the proto in, and the
+    response is only serialized by grpc, so neither is ever changed.
+
+Identity keys hold their objects (IdentityCache), so no other object can
+take their id()s while an entry lives. Every cache is bounded by
+MAX_ENTRIES and starts over when full: a miss costs only the recomputation.
+"""
+
+from __future__ import annotations
+
+from agentsidecar.negotiator.v1 import negotiator_pb2
+
+from negotiator_service import convert
+from negotiator_service.identity_cache import IdentityCache
+from negotiator_service.model import AdapterReply, CallOptions, CallRequest, Decision
+
+MAX_ENTRIES = 1024
+MAX_OPTIONS_BYTES = 4096
+
+
+class CallCaches:
+    """The caches of one negotiator server (the rules: this module's docstring)."""
+
+    __slots__ = ("_options", "decision_lines", "decision_protos", "judgements", "negotiate_responses")
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self._options: IdentityCache[CallOptions] = IdentityCache(max_entries)
+        self.judgements: IdentityCache[tuple[Decision, CallOptions]] = IdentityCache(max_entries)
+        self.decision_lines: IdentityCache[str] = IdentityCache(max_entries)
+        self.decision_protos: IdentityCache[negotiator_pb2.Decision] = IdentityCache(max_entries)
+        self.negotiate_responses: IdentityCache[negotiator_pb2.NegotiateResponse] = IdentityCache(max_entries)
+
+    # -- requests: convert's, with shared options ------------------------
+
+    def call_options(self, message: negotiator_pb2.CallOptions) -> CallOptions:
+        encoding = message.SerializeToString(deterministic=True)
+        options = self._options.get((), encoding, None)
+        if options is not None:
+            return options
+        options = convert.call_options(message)
+        if len(encoding) <= MAX_OPTIONS_BYTES and not any(
+            isinstance(value, (dict, list)) for value in options.settings.values()
+        ):
+            self._options.put((), encoding, options)
+        return options
+
+    def negotiate_request(self, message: negotiator_pb2.NegotiateRequest) -> CallRequest:
+        return convert.negotiate_request(message, self.call_options)
+
+    def produce_request(self, message: negotiator_pb2.ProduceRequest) -> CallRequest:
+        return convert.produce_request(message, self.call_options)
+
+    def invoke_request(self, message: negotiator_pb2.InvokeRequest) -> CallRequest:
+        return convert.invoke_request(message, self.call_options)
+
+    # -- responses: convert's, with shared decision protos ---------------
+
+    def decision_proto(self, decision: Decision) -> negotiator_pb2.Decision:
+        """The decision's proto, shared between calls: copy it, never change it."""
+        message = self.decision_protos.get((decision,), None, None)
+        if message is None:
+            message = convert.decision_to_proto(decision)
+            self.decision_protos.put((decision,), None, message)
+        return message
+
+    def negotiate_response(self, decision: Decision) -> negotiator_pb2.NegotiateResponse:
+        """The dry run's response, shared between calls: hand it to grpc, never change it."""
+        response = self.negotiate_responses.get((decision,), None, None)
+        if response is None:
+            response = convert.negotiate_response(decision, self.decision_proto)
+            self.negotiate_responses.put((decision,), None, response)
+        return response
+
+    def produce_response(self, reply: AdapterReply, decision: Decision) -> negotiator_pb2.ProduceResponse:
+        return convert.produce_response(reply, decision, self.decision_proto)
+
+    def invoke_response(self, reply: AdapterReply, decision: Decision) -> negotiator_pb2.InvokeResponse:
+        return convert.invoke_response(reply, decision, self.decision_proto)
