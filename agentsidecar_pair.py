@@ -32,7 +32,7 @@ def _wait_ready(name: str, process: subprocess.Popen[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sidecar_runtime.cli_common import add_version_argument
+    from agentsidecar.sidecar_runtime.cli_common import add_version_argument
 
     parser = argparse.ArgumentParser(
         prog="agentsidecar-pair",

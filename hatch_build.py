@@ -1,9 +1,16 @@
-"""Build hook: compile protos/**/*.proto into Python modules at install time.
+"""Build hook: compile protos/**/*.proto into Python modules at install time, and lay out
+the `agentsidecar` package of a checkout.
 
-The generated `*_pb2.py`, `*_pb2.pyi` and `*_pb2_grpc.py` land beside each
-`.proto` under `protos/agentsidecar/` and are never committed. The wheel
-ships them as the `agentsidecar` package; an editable install puts `protos/`
-on the path (see `[tool.hatch.build.targets.wheel]` in pyproject.toml).
+Everything installs under one package, `agentsidecar`: the generated code from
+`protos/agentsidecar/` and the repository's top-level folders as its
+subpackages (`negotiator_service/` is `agentsidecar.negotiator_service`, and so
+on; `agentsidecar_pair.py` is `agentsidecar.pair`). The generated `*_pb2.py`,
+`*_pb2.pyi` and `*_pb2_grpc.py` land beside each `.proto` and are never
+committed. A wheel maps each folder into the package (`sources` in
+pyproject.toml). An editable install puts only `protos/` on the path, and this
+hook links each folder into `protos/agentsidecar/`, so a checkout imports
+exactly the names a wheel installs, and type checkers see the same tree
+(`mypy_path = protos`). The links are ignored by git and by the wheel.
 """
 
 from __future__ import annotations
@@ -16,6 +23,14 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 PROTO_ROOT = "protos"
+# Subpackage (or module) of `agentsidecar` -> its place in the repository.
+CHECKOUT_MEMBERS = {
+    "clients": "clients",
+    "negotiator_service": "negotiator_service",
+    "seedstore_service": "seedstore_service",
+    "sidecar_runtime": "sidecar_runtime",
+    "pair.py": "agentsidecar_pair.py",
+}
 
 
 def compile_protos(root: Path) -> list[Path]:
@@ -67,6 +82,21 @@ def compile_protos(root: Path) -> list[Path]:
     return sorted(set(generated))
 
 
+def link_checkout(root: Path) -> None:
+    """Link the repository's folders into protos/agentsidecar/ (editable installs only)."""
+    package = root / PROTO_ROOT / "agentsidecar"
+    for name, source in CHECKOUT_MEMBERS.items():
+        link = package / name
+        target = Path("..", "..", source)
+        if link.is_symlink() and Path(link.readlink()) == target:
+            continue
+        if link.is_symlink():
+            link.unlink()
+        elif link.exists():
+            raise RuntimeError(f"{link} exists and is not the link to {source}: remove it")
+        link.symlink_to(target, target_is_directory=not name.endswith(".py"))
+
+
 class ProtoBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     """Generates the gRPC modules before the wheel (or editable) is built."""
 
@@ -75,11 +105,15 @@ class ProtoBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         root = Path(self.root)
         generated = compile_protos(root)
+        if version == "editable":
+            link_checkout(root)
         build_data["artifacts"].extend(str(p.relative_to(root)) for p in generated)
         cache = root / PROTO_ROOT / "agentsidecar" / "__pycache__"
         shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    for path in compile_protos(Path(__file__).parent):
+    here = Path(__file__).parent
+    for path in compile_protos(here):
         print(path)
+    link_checkout(here)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentsidecar.seedstore_service.persisted import INDEX_DIR_NAME, RACY_WINDOW_NS
 from bench.bench_seedstore import (
     SEARCHED_CAPABILITY,
     cached_store,
@@ -46,7 +47,6 @@ from bench.bench_seedstore import (
 )
 from bench.harness import ServerProcess, start_server_process
 from bench.report import Row, absolute_row, info_row, ratio_row, render_table
-from seedstore_service.persisted import INDEX_DIR_NAME, RACY_WINDOW_NS
 
 READ_GOAL = 4.0  # times the baseline, for every local read command at 1,000 and 10,000 seeds
 LIST_10K_GOAL_MS = 268.0  # SkillSpec's own `list` at 10,000 seeds

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from bench.bench_negotiator import API_KEY_ENV, MODEL, PROMPT, negotiator_argv, negotiator_env
 from bench.bench_stream import direct_first_delta, negotiator_first_delta
 from bench.harness import BENCH_DIR, Settings, open_channel, start_server_process

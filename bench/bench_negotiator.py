@@ -36,9 +36,9 @@ from pathlib import Path
 
 import grpc
 import httpx
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from google.protobuf import struct_pb2
 
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from bench.harness import (
     BENCH_DIR,
     Settings,

@@ -19,7 +19,7 @@ alike; each figure is the median across rounds, and ratios are against
 `bare` measured in the same run.
 
 `--before DIR` adds `none`, `cli` and `all` servers importing
-`sidecar_runtime` from DIR (a copy of the package as it was), labelled
+`agentsidecar.sidecar_runtime` from DIR (a copy of the package as it was), labelled
 `*-before`, so a change to the runtime is measured before and after in the
 same run.
 
@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from agentsidecar.negotiator.v1 import negotiator_pb2
 
+from agentsidecar.negotiator.v1 import negotiator_pb2
+from agentsidecar.sidecar_runtime.serve_args import add_serve_arguments, server_options_from_args
+from agentsidecar.sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES, serve_until_signalled, start_server
 from bench.harness import Settings, measure, open_channel, start_server_process
 from bench.report import Stats, median_stats
-from sidecar_runtime.serve_args import add_serve_arguments, server_options_from_args
-from sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES, serve_until_signalled, start_server
 
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/Echo"
@@ -245,7 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="short windows, 2 rounds")
     parser.add_argument("--rounds", type=int, help="override the number of rounds")
     parser.add_argument("--window", type=float, metavar="SECONDS", help="override the measured window")
-    parser.add_argument("--before", type=Path, metavar="DIR", help="also measure sidecar_runtime from DIR")
+    parser.add_argument(
+        "--before", type=Path, metavar="DIR", help="also measure agentsidecar.sidecar_runtime from DIR"
+    )
     args = parser.parse_args(argv)
     if args.command == "serve":
         asyncio.run(_serve(args.config, args.listen))

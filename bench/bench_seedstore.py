@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 
 import grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
 
+from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+from agentsidecar.seedstore_service.model import Evidence, Seed
+from agentsidecar.seedstore_service.seedfile import dump_seed
 from bench.harness import (
     ServerProcess,
     Settings,
@@ -43,8 +45,6 @@ from bench.harness import (
     window,
 )
 from bench.report import Row, absolute_row, compared_ratio, info_row, missing_row, startup_rows
-from seedstore_service.model import Evidence, Seed
-from seedstore_service.seedfile import dump_seed
 
 DOMAINS = 50
 SEARCHED_CAPABILITY = "bench_target"

@@ -32,8 +32,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from bench.bench_negotiator import (
     API_KEY_ENV,
     MODEL,

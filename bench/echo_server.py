@@ -15,7 +15,7 @@ import asyncio
 
 import grpc
 
-from sidecar_runtime.server import ServerOptions, serve_until_signalled, start_server
+from agentsidecar.sidecar_runtime.server import ServerOptions, serve_until_signalled, start_server
 
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/Echo"

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 import httpx
-from agentsidecar.negotiator.v1 import negotiator_pb2
 
-from sidecar_runtime.server import ServerOptions, serve_until_signalled, start_server
+from agentsidecar.negotiator.v1 import negotiator_pb2
+from agentsidecar.sidecar_runtime.server import ServerOptions, serve_until_signalled, start_server
 
 SERVICE = "agentsidecar.negotiator.v1.NegotiatorService"
 

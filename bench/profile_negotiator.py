@@ -2,7 +2,7 @@
 
     python bench/profile_negotiator.py [--calls N] [--cprofile] [--top K]
 
-Starts the negotiator in this process (`negotiator_service.server.create_server`
+Starts the negotiator in this process (`agentsidecar.negotiator_service.server.create_server`
 on a Unix socket, the bench config of bench_negotiator.py, decision lines to a
 file through the logging module at INFO; `negotiator serve` writes them
 through the runtime's batched stderr writer, which costs less), then:
@@ -31,15 +31,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.negotiator_service import convert, negotiation
+from agentsidecar.negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
+from agentsidecar.negotiator_service.broker import _AuditDraft
+from agentsidecar.negotiator_service.model import AdapterCall, AdapterReply, AuditOutcome, CallKind
+from agentsidecar.negotiator_service.server import Settings, create_server
 from bench.bench_negotiator import bench_config, scripted_invoke_request
 from bench.profile_openai import best_us
-from negotiator_service import convert, negotiation
-from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
-from negotiator_service.broker import _AuditDraft
-from negotiator_service.model import AdapterCall, AdapterReply, AuditOutcome, CallKind
-from negotiator_service.server import Settings, create_server
 
 REPEATS = 7  # the machine is noisy: the fastest of several batches is the work itself
 
@@ -49,7 +49,7 @@ def per_call_us(label: str, work: Callable[[], object], calls: int) -> None:
 
 
 async def breakdown(running: object, calls: int) -> None:
-    from negotiator_service.server import RunningNegotiator
+    from agentsidecar.negotiator_service.server import RunningNegotiator
 
     assert isinstance(running, RunningNegotiator)
     broker = running.broker
@@ -143,7 +143,7 @@ async def through_grpc(target: str, calls: int, top: int) -> None:
         print(f"\n== {method}: {calls} calls from a client process in {elapsed:.2f} s (profiled server) ==")
         stats = pstats.Stats(profile, stream=sys.stdout)
         stats.sort_stats("tottime").print_stats(top)
-        stats.sort_stats("cumulative").print_stats("negotiator_service|logging", top)
+        stats.sort_stats("cumulative").print_stats("agentsidecar.negotiator_service|logging", top)
 
 
 async def main(args: argparse.Namespace) -> None:

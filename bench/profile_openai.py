@@ -47,8 +47,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import httpx
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters._calls import Deadline, call_deadline, check_call
+from agentsidecar.negotiator_service.adapters.openai import (
+    IMPLEMENTED,
+    OpenAIAdapter,
+    read_response,
+    request_body,
+)
+from agentsidecar.negotiator_service.model import AdapterCall, AdapterSpec, CallKind, CallOptions, JsonValue
 from bench.bench_negotiator import (
     API_KEY_ENV,
     MODEL,
@@ -61,9 +69,6 @@ from bench.bench_negotiator import (
 )
 from bench.harness import BENCH_DIR, measure, open_channel, start_server_process
 from bench.mock_chat_server import COMPLETION
-from negotiator_service.adapters._calls import Deadline, call_deadline, check_call
-from negotiator_service.adapters.openai import IMPLEMENTED, OpenAIAdapter, read_response, request_body
-from negotiator_service.model import AdapterCall, AdapterSpec, CallKind, CallOptions, JsonValue
 
 REPEATS = 7  # batches per piece; the fastest is the work itself
 API_KEY = negotiator_env()[API_KEY_ENV]

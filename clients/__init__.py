@@ -1,18 +1,18 @@
 """Python clients for the sidecar pair, sync and asyncio.
 
-    from clients import SeedStoreClient, NegotiatorClient               # blocking
-    from clients import AsyncSeedStoreClient, AsyncNegotiatorClient     # asyncio
-    from clients import open_channel, TlsConfig                         # channels
-    from clients import SidecarError, UnsupportedCapabilityError, ...   # the error tree
+    from agentsidecar.clients import SeedStoreClient, NegotiatorClient               # blocking
+    from agentsidecar.clients import AsyncSeedStoreClient, AsyncNegotiatorClient     # asyncio
+    from agentsidecar.clients import open_channel, TlsConfig                         # channels
+    from agentsidecar.clients import SidecarError, UnsupportedCapabilityError, ...   # the error tree
 
-See `clients.channel` (targets, tokens, TLS, retries), `clients.errors` (the
-exception tree, drawn in its docstring), `clients.seedstore`,
-`clients.negotiator` and `clients.aio`.
+See `agentsidecar.clients.channel` (targets, tokens, TLS, retries), `agentsidecar.clients.errors` (the
+exception tree, drawn in its docstring), `agentsidecar.clients.seedstore`,
+`agentsidecar.clients.negotiator` and `agentsidecar.clients.aio`.
 """
 
-from clients.aio import AsyncNegotiatorClient, AsyncSeedStoreClient
-from clients.channel import CLIENT_TIMEOUT, TlsConfig, open_channel
-from clients.errors import (
+from agentsidecar.clients.aio import AsyncNegotiatorClient, AsyncSeedStoreClient
+from agentsidecar.clients.channel import CLIENT_TIMEOUT, TlsConfig, open_channel
+from agentsidecar.clients.errors import (
     AbortedError,
     AdapterFailureError,
     AdapterInternalError,
@@ -60,8 +60,8 @@ from clients.errors import (
     UnsupportedCapabilityError,
     from_rpc_error,
 )
-from clients.negotiator import NegotiatorClient, call_options, tool_spec
-from clients.seedstore import SeedStoreClient, VerifyEvent
+from agentsidecar.clients.negotiator import NegotiatorClient, call_options, tool_spec
+from agentsidecar.clients.seedstore import SeedStoreClient, VerifyEvent
 
 __all__ = [
     "CLIENT_TIMEOUT",

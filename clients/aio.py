@@ -1,7 +1,7 @@
 # `timeout` is the gRPC deadline, which the server sees and enforces too (asyncio.timeout would
 # only stop waiting here), and it mirrors the synchronous clients' parameter.
 # ruff: noqa: ASYNC109
-"""asyncio clients: the same methods as `clients.negotiator` / `clients.seedstore`, awaited.
+"""asyncio clients: the same methods as the sync clients (`negotiator`, `seedstore`), awaited.
 
     async with AsyncSeedStoreClient("unix:run/seedstore.sock") as seeds:
         found = await seeds.search_seeds(capability="voice_message", broaden=True)
@@ -25,21 +25,16 @@ from typing import Any, Self, TypeVar, Unpack, overload
 
 import grpc
 import grpc.aio
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
-from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 
-from clients.channel import (
+from agentsidecar.clients.channel import (
     CLIENT_TIMEOUT,
     ChannelClient,
     ChannelSettings,
     Timeout,
     open_channel,
 )
-from clients.errors import from_rpc_error
-from clients.negotiator import (
+from agentsidecar.clients.errors import from_rpc_error
+from agentsidecar.clients.negotiator import (
     Approver,
     DeltaHandler,
     EventHandler,
@@ -56,7 +51,7 @@ from clients.negotiator import (
     session_start,
     tool_result,
 )
-from clients.seedstore import (
+from agentsidecar.clients.seedstore import (
     AddSeedFields,
     ListSeedsFields,
     PreferSeedFields,
@@ -71,6 +66,11 @@ from clients.seedstore import (
     verify_event,
     verify_request,
 )
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 
 _Response = TypeVar("_Response")
 
@@ -91,7 +91,7 @@ async def _maybe_await(value: Any) -> Any:
 
 
 class AsyncClient(ChannelClient[grpc.aio.Channel]):
-    """What the asyncio clients share: `clients.channel.ChannelClient`, closing, and unary calls.
+    """What the asyncio clients share: `agentsidecar.clients.channel.ChannelClient`, closing, and unary calls.
 
     Leaving an `async with` block closes the channel only if the client opened it.
     """
@@ -125,7 +125,7 @@ class AsyncClient(ChannelClient[grpc.aio.Channel]):
 
 
 class AsyncNegotiatorClient(AsyncClient):
-    """The asyncio twin of `clients.negotiator.NegotiatorClient`; see it for each method."""
+    """The asyncio twin of `agentsidecar.clients.negotiator.NegotiatorClient`; see it for each method."""
 
     @cached_property
     def _stub(self) -> negotiator_pb2_grpc.NegotiatorServiceAsyncStub:
@@ -376,7 +376,7 @@ class AsyncNegotiatorClient(AsyncClient):
 
 
 class AsyncSeedStoreClient(AsyncClient):
-    """The asyncio twin of `clients.seedstore.SeedStoreClient`; see it for each method."""
+    """The asyncio twin of `agentsidecar.clients.seedstore.SeedStoreClient`; see it for each method."""
 
     @cached_property
     def _stub(self) -> seedstore_pb2_grpc.SeedStoreServiceAsyncStub:

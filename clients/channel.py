@@ -40,11 +40,11 @@ from typing import Any, Final, Generic, Literal, Self, TypeAlias, TypedDict, Typ
 
 import grpc
 import grpc.aio
+
+from agentsidecar.clients.errors import from_rpc_error
 from agentsidecar.negotiator.v1 import negotiator_pb2
 from agentsidecar.seedstore.v1 import seedstore_pb2
-
-from clients.errors import from_rpc_error
-from sidecar_runtime.addresses import parse_address
+from agentsidecar.sidecar_runtime.addresses import parse_address
 
 SEEDSTORE_SERVICE: Final = seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
 NEGOTIATOR_SERVICE: Final = negotiator_pb2.DESCRIPTOR.services_by_name["NegotiatorService"].full_name

@@ -78,14 +78,14 @@ from typing import ClassVar, Generic, Never, Self, TypeVar, overload
 
 import grpc
 
-from sidecar_runtime.richstatus import (
+from agentsidecar.sidecar_runtime.richstatus import (
     TRUNCATED,
     VIOLATIONS_OMITTED,
     DecodedError,
     PreconditionViolation,
     decode_error,
 )
-from sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
+from agentsidecar.sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
 
 UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
 # PreconditionFailure violation type of a refusal's gap -> the declaration's state.

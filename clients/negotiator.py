@@ -1,4 +1,4 @@
-"""A typed, synchronous client for the negotiator service (the asyncio twin is in `clients.aio`).
+"""A typed, synchronous client for the negotiator service (the asyncio twin is in `agentsidecar.clients.aio`).
 
     with NegotiatorClient("unix:run/negotiator.sock") as negotiator:
         decision = negotiator.negotiate(adapter="demo", prompt="hi", output_schema=schema)
@@ -10,7 +10,7 @@ values: a schema may be a dict) or, positionally, as a request proto. Replies
 with a single field are unwrapped: `get_adapter` returns the `Adapter`,
 `negotiate` the `Decision`, `list_adapters` a list; Produce, Invoke and
 Bootstrap return their response protos. A failed call raises the
-`clients.errors` tree, never a raw `grpc.RpcError`; a refusal is an
+`agentsidecar.clients.errors` tree, never a raw `grpc.RpcError`; a refusal is an
 `UnsupportedCapabilityError` whose `.gaps` lists every unmet requirement.
 
 Streams: `watch()` yields adapter changes and `watch_audit()` audit records;
@@ -31,13 +31,10 @@ from functools import cached_property
 from typing import Any, Literal, overload
 
 import grpc
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from google.protobuf import json_format, struct_pb2
 
-from clients.channel import CLIENT_TIMEOUT, SyncClient, Timeout
-from clients.errors import (
+from agentsidecar.clients.channel import CLIENT_TIMEOUT, SyncClient, Timeout
+from agentsidecar.clients.errors import (
     GAP_STATES,
     UNSUPPORTED_CAPABILITY,
     Gap,
@@ -48,7 +45,10 @@ from clients.errors import (
     from_rpc_error,
     mapped_stream,
 )
-from sidecar_runtime.richstatus import DecodedError
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.sidecar_runtime.richstatus import DecodedError
 
 DELEGATION_DEPTH_KEY = "x-delegation-depth"
 PROVIDER_MANAGED = "provider-managed"
@@ -373,7 +373,7 @@ class NegotiatorClient(SyncClient):
     """`NegotiatorClient("unix:run/negotiator.sock")`, `NegotiatorClient("127.0.0.1:50062")`,
     or `NegotiatorClient(channel=existing_channel)`.
 
-    The arguments (timeout, token, TLS, retry) are `clients.channel.ChannelClient`'s.
+    The arguments (timeout, token, TLS, retry) are `agentsidecar.clients.channel.ChannelClient`'s.
     """
 
     @cached_property

@@ -1,4 +1,4 @@
-"""A typed, synchronous client for the seedstore service (the asyncio twin is in `clients.aio`).
+"""A typed, synchronous client for the seedstore service (the asyncio twin is in `agentsidecar.clients.aio`).
 
     with SeedStoreClient("unix:run/seedstore.sock") as seeds:
         found = seeds.search_seeds(capability="voice_message", broaden=True)
@@ -12,7 +12,7 @@ are generators: `verify_seeds`/`watch_seeds` yield the responses,
 `verify(...)` yields just the typed event (CheckStarted, CheckFinished or
 SeedVerified) and `watch(...)` the changes. Leaving the loop early, or
 closing the generator, cancels the call (and with it the running checks).
-A failed call, also mid-stream, raises the `clients.errors` tree.
+A failed call, also mid-stream, raises the `agentsidecar.clients.errors` tree.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import cached_property
 from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack
 
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from google.protobuf import duration_pb2
 
-from clients.channel import CLIENT_TIMEOUT, SyncClient, Timeout
-from clients.errors import mapped_stream
+from agentsidecar.clients.channel import CLIENT_TIMEOUT, SyncClient, Timeout
+from agentsidecar.clients.errors import mapped_stream
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 
 _Request = TypeVar("_Request")
 
@@ -187,7 +187,7 @@ class SeedStoreClient(SyncClient):
     """`SeedStoreClient("unix:run/seedstore.sock")`, `SeedStoreClient("127.0.0.1:50061")`,
     or `SeedStoreClient(channel=existing_channel)`.
 
-    The arguments (timeout, token, TLS, retry) are `clients.channel.ChannelClient`'s.
+    The arguments (timeout, token, TLS, retry) are `agentsidecar.clients.channel.ChannelClient`'s.
     """
 
     @cached_property

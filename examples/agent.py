@@ -35,11 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
-from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
-
-from clients import (
+from agentsidecar.clients import (
     AsyncNegotiatorClient,
     AsyncSeedStoreClient,
     SeedNotFoundError,
@@ -48,7 +44,10 @@ from clients import (
     UnsupportedCapabilityError,
     call_options,
 )
-from clients.seedstore import AddSeedFields
+from agentsidecar.clients.seedstore import AddSeedFields
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
+from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 
 DEFAULT_SEEDSTORE = "unix:run/seedstore.sock"
 DEFAULT_NEGOTIATOR = "unix:run/negotiator.sock"

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+
 from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
 from agentsidecar.common.v1 import common_pb2
 

@@ -21,11 +21,11 @@ import logging
 from pathlib import Path
 from typing import TextIO
 
-from negotiator_service.errors import AuditWatcherDropped
-from negotiator_service.model import AuditRecord, JsonValue, ToolCallRecord, Usage, Verdict
+from agentsidecar.negotiator_service.errors import AuditWatcherDropped
+from agentsidecar.negotiator_service.model import AuditRecord, JsonValue, ToolCallRecord, Usage, Verdict
 
 DEFAULT_WATCH_QUEUE_SIZE = 1000
-_LOGGER = logging.getLogger("negotiator_service.audit")
+_LOGGER = logging.getLogger("agentsidecar.negotiator_service.audit")
 
 
 def verdict_json(verdict: Verdict) -> dict[str, JsonValue]:

@@ -1,4 +1,4 @@
-"""Capability bootstrap, the gRPC shell around `negotiator_service.bootstrap_plan`.
+"""Capability bootstrap, the gRPC shell around `agentsidecar.negotiator_service.bootstrap_plan`.
 
 `GrpcSeedSource` asks the seedstore (its client side, with the seedstore's
 failures mapped into the negotiator's taxonomy); `Bootstrapper` takes one
@@ -26,13 +26,12 @@ from types import MappingProxyType
 from typing import Protocol
 
 import grpc
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 
-from clients.aio import AsyncSeedStoreClient
-from clients.channel import CLIENT_TIMEOUT, Timeout, metadata_interceptors, open_channel
-from clients.errors import SidecarError
-from negotiator_service.adapters.command import (
+from agentsidecar.clients.aio import AsyncSeedStoreClient
+from agentsidecar.clients.channel import CLIENT_TIMEOUT, Timeout, metadata_interceptors, open_channel
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator_service.adapters.command import (
     DEFAULT_OUTPUT_CAP_BYTES,
     DEFAULT_TIMEOUT_SECONDS,
     OutputTooLarge,
@@ -43,8 +42,8 @@ from negotiator_service.adapters.command import (
     minimal_env,
     start_process,
 )
-from negotiator_service.audit import AuditLog
-from negotiator_service.bootstrap_plan import (
+from agentsidecar.negotiator_service.audit import AuditLog
+from agentsidecar.negotiator_service.bootstrap_plan import (
     BootstrapCall,
     BootstrapResult,
     BootstrapRun,
@@ -64,8 +63,8 @@ from negotiator_service.bootstrap_plan import (
     validate_call,
     verification_evidence,
 )
-from negotiator_service.convert import gates_from_proto, risks_from_proto
-from negotiator_service.errors import (
+from agentsidecar.negotiator_service.convert import gates_from_proto, risks_from_proto
+from agentsidecar.negotiator_service.errors import (
     InvalidRequest,
     NegotiatorError,
     SeedCommandFailed,
@@ -75,9 +74,10 @@ from negotiator_service.errors import (
     SeedstoreRefused,
     SeedstoreUnavailable,
 )
-from negotiator_service.model import AuditOutcome, AuditRecord
-from sidecar_runtime.addresses import parse_address
-from sidecar_runtime.tracing import trace_metadata
+from agentsidecar.negotiator_service.model import AuditOutcome, AuditRecord
+from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
+from agentsidecar.sidecar_runtime.addresses import parse_address
+from agentsidecar.sidecar_runtime.tracing import trace_metadata
 
 AUDIT_OPERATION = "bootstrap"
 

@@ -1,5 +1,5 @@
 """Capability bootstrap, the pure plan: what a Bootstrap request may run, decided from what the
-seedstore sent. No I/O, no grpc, no generated code; `negotiator_service.bootstrap` is the shell
+seedstore sent. No I/O, no grpc, no generated code; `agentsidecar.negotiator_service.bootstrap` is the shell
 that asks the seedstore and runs the command. The rules are written out in
 docs/ranking-and-gates.md.
 
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from negotiator_service.errors import (
+from agentsidecar.negotiator_service.errors import (
     AskPolicyRequiresChoice,
     GatesNotApproved,
     InvalidRequest,
@@ -41,7 +41,7 @@ from negotiator_service.errors import (
     SeedNotACandidate,
     SeedNotVerified,
 )
-from sidecar_runtime.wire_names import Gate, GateValue, RiskValue, UnknownGate
+from agentsidecar.sidecar_runtime.wire_names import Gate, GateValue, RiskValue, UnknownGate
 
 __all__ = [
     "BootstrapCall",

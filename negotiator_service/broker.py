@@ -26,11 +26,11 @@ from typing import Any
 
 import jsonschema_rs
 
-from negotiator_service import negotiation
-from negotiator_service.audit import AuditLog
-from negotiator_service.call_caches import CallCaches
-from negotiator_service.depth import DEFAULT_MAX_DEPTH, check_depth
-from negotiator_service.errors import (
+from agentsidecar.negotiator_service import negotiation
+from agentsidecar.negotiator_service.audit import AuditLog
+from agentsidecar.negotiator_service.call_caches import CallCaches
+from agentsidecar.negotiator_service.depth import DEFAULT_MAX_DEPTH, check_depth
+from agentsidecar.negotiator_service.errors import (
     AdapterInternal,
     AdapterTimeout,
     InvalidRequest,
@@ -38,8 +38,8 @@ from negotiator_service.errors import (
     OutputSchemaViolation,
     UnsupportedCapability,
 )
-from negotiator_service.mcp_policy import McpPolicy, check_servers
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.mcp_policy import McpPolicy, check_servers
+from agentsidecar.negotiator_service.model import (
     Adapter,
     AdapterCall,
     AdapterReply,
@@ -58,12 +58,12 @@ from negotiator_service.model import (
     ToolCallLog,
     Usage,
 )
-from negotiator_service.registry import AdapterRegistry
-from negotiator_service.tools import visible_tools
-from negotiator_service.usage import count_tokens, model_label
-from sidecar_runtime.metrics import record_refusals
+from agentsidecar.negotiator_service.registry import AdapterRegistry
+from agentsidecar.negotiator_service.tools import visible_tools
+from agentsidecar.negotiator_service.usage import count_tokens, model_label
+from agentsidecar.sidecar_runtime.metrics import record_refusals
 
-_LOGGER = logging.getLogger("negotiator_service.broker")
+_LOGGER = logging.getLogger("agentsidecar.negotiator_service.broker")
 
 
 class Broker:

@@ -41,10 +41,9 @@ MAX_ENTRIES and starts over when full: a miss costs only the recomputation.
 from __future__ import annotations
 
 from agentsidecar.negotiator.v1 import negotiator_pb2
-
-from negotiator_service import convert
-from negotiator_service.identity_cache import IdentityCache
-from negotiator_service.model import AdapterReply, CallOptions, CallRequest, Decision
+from agentsidecar.negotiator_service import convert
+from agentsidecar.negotiator_service.identity_cache import IdentityCache
+from agentsidecar.negotiator_service.model import AdapterReply, CallOptions, CallRequest, Decision
 
 MAX_ENTRIES = 1024
 MAX_OPTIONS_BYTES = 4096

@@ -23,7 +23,7 @@ defaults to $NEGOTIATOR_SERVER, else `unix:run/negotiator.sock`, the socket
 negotiator is named as such ("... serves agentsidecar.seedstore.v1..., not the
 negotiator"). `serve` without `--config` uses the embedded demo config;
 its auth, limit and observability flags are shared with the seedstore
-(`negotiator serve --help`; sidecar_runtime.serve_args).
+(`negotiator serve --help`; agentsidecar.sidecar_runtime.serve_args).
 PROMPT `-` reads the prompt from stdin; `--schema` takes JSON text (starting
 with `{`, or `true`/`false`), a file path, or `-` for stdin.
 
@@ -80,7 +80,7 @@ where
     VERDICT = {"capability", "set", "member", "request_field", "state", "allowed_unknown"}
     (set and member are null unless the requirement is a typed-set member)
 
-Errors go to stderr, in the seedstore CLI's shape (sidecar_runtime.cli_common):
+Errors go to stderr, in the seedstore CLI's shape (agentsidecar.sidecar_runtime.cli_common):
 `error: <message>`, then one compact JSON line
     {"error": {"code", "reason", "message", "metadata": {...},
                "field_violations": [{"field", "description"}],
@@ -111,16 +111,20 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from google.protobuf import json_format, struct_pb2
 
-from clients.errors import SidecarError
-from clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, gate, refusal_gaps
-from sidecar_runtime import cli_common
-from sidecar_runtime.addresses import parse_address
-from sidecar_runtime.lifecycle import log_json
-from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, gate, refusal_gaps
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.sidecar_runtime import cli_common
+from agentsidecar.sidecar_runtime.addresses import parse_address
+from agentsidecar.sidecar_runtime.lifecycle import log_json
+from agentsidecar.sidecar_runtime.serve_args import (
+    ServeArgumentError,
+    add_serve_arguments,
+    server_options_from_args,
+)
 
 SERVER_ENV = "NEGOTIATOR_SERVER"
 # A file holding the bearer token to send (a negotiator run with --token-file asks for one).
@@ -246,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="negotiator",
         description="Run the capability negotiator, or query and call one.",
-        epilog=f"{EXIT_CODES_HELP} Output shapes: the module docstring of negotiator_service.cli.",
+        epilog=f"{EXIT_CODES_HELP} Output shapes: the docstring of agentsidecar.negotiator_service.cli.",
     )
     cli_common.add_version_argument(parser)
     parser.add_argument("--server", metavar="ADDR", help=SERVER_HELP)
@@ -769,15 +773,15 @@ def run_client_command(args: argparse.Namespace) -> int:
 
 def run_config_schema(args: argparse.Namespace) -> int:
     # Imported here: only this command and `serve` need the config models.
-    from negotiator_service.config import config_json_schema
+    from agentsidecar.negotiator_service.config import config_json_schema
 
     print(cli_common.dumps(config_json_schema(), args.json_style or cli_common.DEFAULT_JSON_STYLE))
     return EXIT_OK
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from negotiator_service.errors import ConfigError
-    from negotiator_service.server import Settings, serve
+    from agentsidecar.negotiator_service.errors import ConfigError
+    from agentsidecar.negotiator_service.server import Settings, serve
 
     if not args.listen:
         raise UsageError("the following arguments are required: --listen")

@@ -94,11 +94,11 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-from negotiator_service.declarations import SHORTNAME_RE
-from negotiator_service.depth import DEFAULT_MAX_DEPTH
-from negotiator_service.errors import ConfigError
-from negotiator_service.mcp_policy import McpPolicy
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.declarations import SHORTNAME_RE
+from agentsidecar.negotiator_service.depth import DEFAULT_MAX_DEPTH
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.mcp_policy import McpPolicy
+from agentsidecar.negotiator_service.model import (
     MCP_TRANSPORTS,
     AdapterKind,
     AdapterSpec,
@@ -346,12 +346,11 @@ _JsonObject = Annotated[dict[StrictStr, JsonValue], AfterValidator(_key_check(_e
 _Text = Annotated[StrictStr, AfterValidator(_not_blank), Field(min_length=1)]
 _States = _choice([s.value for s in CapabilityState])
 
-_CAPABILITY_FIELDS: dict[str, Any] = {c.value: (_States | None, None) for c in Capability}
 Capabilities: type[_Section] = create_model(
     "Capabilities",
     __base__=_Section,
     __doc__="Capability states; a capability left out is `unknown`.",
-    **_CAPABILITY_FIELDS,
+    **{c.value: (_States | None, None) for c in Capability},  # type: ignore[call-overload]
 )
 
 

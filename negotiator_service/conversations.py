@@ -64,7 +64,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from negotiator_service.errors import (
+from agentsidecar.negotiator_service.errors import (
     AdapterInternal,
     ConversationAdapterMismatch,
     ConversationBusy,
@@ -73,7 +73,7 @@ from negotiator_service.errors import (
     DeclarationChanged,
     NegotiatorError,
 )
-from negotiator_service.model import AdapterReply, CallRequest, Decision, JsonValue
+from agentsidecar.negotiator_service.model import AdapterReply, CallRequest, Decision, JsonValue
 
 STATE_SUBDIRECTORY = Path("agentsidecar") / "conversations"
 # How often a call waiting for a conversation held by another process looks again.

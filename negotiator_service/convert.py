@@ -20,14 +20,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
-from negotiator_service.bootstrap_plan import BootstrapCall, BootstrapResult, Candidate
-from negotiator_service.declarations import validate_shortname
-from negotiator_service.errors import ConfigError, InvalidRequest
-from negotiator_service.model import (
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2
+from agentsidecar.negotiator_service.bootstrap_plan import BootstrapCall, BootstrapResult, Candidate
+from agentsidecar.negotiator_service.declarations import validate_shortname
+from agentsidecar.negotiator_service.errors import ConfigError, InvalidRequest
+from agentsidecar.negotiator_service.model import (
     AdapterKind,
     AdapterReply,
     AuditRecord,
@@ -51,9 +51,9 @@ from negotiator_service.model import (
     Usage,
     Verdict,
 )
-from negotiator_service.probes import Probeable, ProbeEvidence, ProbeVerdict
-from negotiator_service.registry import Change, RegisteredAdapter
-from negotiator_service.tools import (
+from agentsidecar.negotiator_service.probes import Probeable, ProbeEvidence, ProbeVerdict
+from agentsidecar.negotiator_service.registry import Change, RegisteredAdapter
+from agentsidecar.negotiator_service.tools import (
     ApprovalDecision,
     ApprovalMessage,
     ApprovalRequestMessage,
@@ -65,8 +65,8 @@ from negotiator_service.tools import (
     ToolDraft,
     ToolResultMessage,
 )
-from sidecar_runtime.addresses import Address, parse_address
-from sidecar_runtime.wire_names import Gate, GateValue, Risk, RiskValue, UnknownGate, UnknownRisk
+from agentsidecar.sidecar_runtime.addresses import Address, parse_address
+from agentsidecar.sidecar_runtime.wire_names import Gate, GateValue, Risk, RiskValue, UnknownGate, UnknownRisk
 
 # Doubles hold every integer up to 2**53 exactly; beyond that a "whole"
 # double is already rounded, so it stays a float rather than pretend precision.
@@ -617,7 +617,7 @@ def tool_session_response(message: SessionMessage) -> negotiator_pb2.ToolSession
 
 # --- capability bootstrap -------------------------------------------------------------
 
-# Gates and risks <-> the proto enums, matched by member name (sidecar_runtime.wire_names).
+# Gates and risks <-> the proto enums, matched by member name (agentsidecar.sidecar_runtime.wire_names).
 GATE_TO_PROTO: Mapping[Gate, common_pb2.Gate.ValueType] = MappingProxyType(
     {g: common_pb2.Gate.Value(f"GATE_{g.name}") for g in Gate}
 )

@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import (
     MCP_TRANSPORTS,
     Capability,
     CapabilityState,

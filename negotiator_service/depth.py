@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from negotiator_service.errors import DelegationDepthExceeded
-from negotiator_service.model import CallOptions
+from agentsidecar.negotiator_service.errors import DelegationDepthExceeded
+from agentsidecar.negotiator_service.model import CallOptions
 
 DEFAULT_MAX_DEPTH = 3
 NEGOTIATOR_LIMIT = "limits.max_depth"

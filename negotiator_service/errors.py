@@ -59,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from negotiator_service.model import Decision
+from agentsidecar.negotiator_service.model import Decision
 
 
 class NegotiatorError(Exception):

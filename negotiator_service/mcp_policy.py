@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
-from negotiator_service.errors import McpServerNotAllowed
-from negotiator_service.model import McpServer, ToolRisk
+from agentsidecar.negotiator_service.errors import McpServerNotAllowed
+from agentsidecar.negotiator_service.model import McpServer, ToolRisk
 
 MAX_FUNCTION_NAME = 64
 SEPARATOR = "__"

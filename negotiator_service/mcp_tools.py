@@ -7,7 +7,7 @@ one call's server state (a stdio child, an HTTP session id) never reaches
 another call.
 
 Transports:
-- stdio: the command runs under `sidecar_runtime.proctree` (its whole
+- stdio: the command runs under `agentsidecar.sidecar_runtime.proctree` (its whole
   process tree is killed when the call ends, and with the negotiator), with
   the SDK's default inherited environment (HOME, LOGNAME, PATH, SHELL, TERM,
   USER) plus the server's `env`; its stderr is the negotiator's. The SDK's
@@ -56,11 +56,11 @@ from mcp.shared.exceptions import McpError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from negotiator_service import mcp_policy
-from negotiator_service.errors import McpServerTimeout, McpServerUnavailable
-from negotiator_service.model import JsonValue, McpServer, ToolOutcome, ToolSpec
-from negotiator_service.negotiation import normalize_transport
-from sidecar_runtime import proctree
+from agentsidecar.negotiator_service import mcp_policy
+from agentsidecar.negotiator_service.errors import McpServerTimeout, McpServerUnavailable
+from agentsidecar.negotiator_service.model import JsonValue, McpServer, ToolOutcome, ToolSpec
+from agentsidecar.negotiator_service.negotiation import normalize_transport
+from agentsidecar.sidecar_runtime import proctree
 
 START_TIMEOUT_SECONDS = 10.0
 MAX_LIST_PAGES = 64
@@ -70,7 +70,7 @@ _READ_CHUNK = 64 * 1024
 # The SDK's own defaults for its HTTP transports: 30 s per operation, 300 s for a held stream.
 _HTTP_TIMEOUT = httpx.Timeout(30.0, read=300.0)
 _CLIENT_INFO = types.Implementation(name="agentsidecar-negotiator", version="0.1.0")
-_LOGGER = logging.getLogger("negotiator_service.mcp")
+_LOGGER = logging.getLogger("agentsidecar.negotiator_service.mcp")
 
 ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]

@@ -16,7 +16,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
+from agentsidecar.sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
 
 JsonValue = Any  # a value that json.dumps accepts
 
@@ -135,7 +135,7 @@ class TypedSet(enum.Enum):
 
 
 # The capability a typed set belongs to: a set member needs both. Clients read the same
-# table by wire name, so it is written once, in sidecar_runtime.wire_names.
+# table by wire name, so it is written once, in agentsidecar.sidecar_runtime.wire_names.
 SET_CAPABILITY: Mapping[TypedSet, Capability] = MappingProxyType(
     {TypedSet(typed_set): Capability(capability) for typed_set, capability in SET_CAPABILITY_NAMES.items()}
 )

@@ -36,8 +36,8 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from negotiator_service.errors import AdapterKindMismatch, InvalidRequest
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.errors import AdapterKindMismatch, InvalidRequest
+from agentsidecar.negotiator_service.model import (
     MCP_TRANSPORTS,
     SET_CAPABILITY,
     AdapterKind,

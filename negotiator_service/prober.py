@@ -16,11 +16,11 @@ import contextlib
 import logging
 from datetime import UTC, datetime
 
-from negotiator_service import probes
-from negotiator_service.config import ProbeSchedule
-from negotiator_service.errors import AdapterFailure, AdapterNotProbeable
-from negotiator_service.probes import Probeable, ProbeEvidence, ProbeKind, ProbeVerdict
-from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from agentsidecar.negotiator_service import probes
+from agentsidecar.negotiator_service.config import ProbeSchedule
+from agentsidecar.negotiator_service.errors import AdapterFailure, AdapterNotProbeable
+from agentsidecar.negotiator_service.probes import Probeable, ProbeEvidence, ProbeKind, ProbeVerdict
+from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 logger = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
-from negotiator_service.declarations import resolve_unknown
-from negotiator_service.model import Capability, CapabilityState, Declaration, JsonValue
+from agentsidecar.negotiator_service.declarations import resolve_unknown
+from agentsidecar.negotiator_service.model import Capability, CapabilityState, Declaration, JsonValue
 
 EXCERPT_LIMIT = 240  # characters of a request or reply kept in evidence, after escaping
 # Levels tried in this order; the first the model's declaration takes is sent.

@@ -36,21 +36,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentsidecar.adapter.v1 import adapter_pb2
 from google.protobuf import json_format
 
-from negotiator_service.errors import (
+from agentsidecar.adapter.v1 import adapter_pb2
+from agentsidecar.negotiator_service.errors import (
     AdapterAlreadyExists,
     AdapterNotRemovable,
     NegotiatorError,
     RegistrationStoreFailed,
 )
-from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 FILE_NAME = "registrations.json"
 CORRUPT_SUFFIX = ".corrupt"
 FORMAT = 1
-_LOGGER = logging.getLogger("negotiator_service.registrations")
+_LOGGER = logging.getLogger("agentsidecar.negotiator_service.registrations")
 
 
 # --- the pure core ------------------------------------------------------------------

@@ -17,8 +17,8 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from negotiator_service.errors import AdapterAlreadyExists, AdapterNotFound, AdapterNotRemovable
-from negotiator_service.model import Adapter, Declaration
+from agentsidecar.negotiator_service.errors import AdapterAlreadyExists, AdapterNotFound, AdapterNotRemovable
+from agentsidecar.negotiator_service.model import Adapter, Declaration
 
 Change = Literal["existing", "registered", "deregistered", "updated"]
 # How often a monitored adapter checks its remote, unless the registry is told otherwise.

@@ -24,37 +24,49 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
-from agentsidecar.negotiator.v1 import negotiator_pb2
 
-from negotiator_service.adapters import build_adapters, connect_remote
-from negotiator_service.adapters.remote import restore_remote
-from negotiator_service.audit import DEFAULT_WATCH_QUEUE_SIZE, AuditLog
-from negotiator_service.bootstrap import Bootstrapper, GrpcSeedSource
-from negotiator_service.broker import Broker
-from negotiator_service.call_caches import CallCaches
-from negotiator_service.config import (
+from agentsidecar.negotiator.v1 import negotiator_pb2
+from agentsidecar.negotiator_service.adapters import build_adapters, connect_remote
+from agentsidecar.negotiator_service.adapters.remote import restore_remote
+from agentsidecar.negotiator_service.audit import DEFAULT_WATCH_QUEUE_SIZE, AuditLog
+from agentsidecar.negotiator_service.bootstrap import Bootstrapper, GrpcSeedSource
+from agentsidecar.negotiator_service.broker import Broker
+from agentsidecar.negotiator_service.call_caches import CallCaches
+from agentsidecar.negotiator_service.config import (
     EMBEDDED_CONFIG_PATH,
     EMBEDDED_DEFAULT_CONFIG,
     NegotiatorConfig,
     load_negotiator_config,
 )
-from negotiator_service.conversations import ConversationManager, ConversationStore, default_state_dir
-from negotiator_service.errors import AdapterRegistrationFailed, ConfigError
-from negotiator_service.model import Adapter, AdapterSpec
-from negotiator_service.prober import Prober
-from negotiator_service.registrations import RegistrationStore, RuntimeRegistrations, StoredRegistration
-from negotiator_service.registry import DEFAULT_REFRESH_SECONDS, AdapterRegistry, RegisteredAdapter
-from negotiator_service.servicer import (
+from agentsidecar.negotiator_service.conversations import (
+    ConversationManager,
+    ConversationStore,
+    default_state_dir,
+)
+from agentsidecar.negotiator_service.errors import AdapterRegistrationFailed, ConfigError
+from agentsidecar.negotiator_service.model import Adapter, AdapterSpec
+from agentsidecar.negotiator_service.prober import Prober
+from agentsidecar.negotiator_service.registrations import (
+    RegistrationStore,
+    RuntimeRegistrations,
+    StoredRegistration,
+)
+from agentsidecar.negotiator_service.registry import (
+    DEFAULT_REFRESH_SECONDS,
+    AdapterRegistry,
+    RegisteredAdapter,
+)
+from agentsidecar.negotiator_service.servicer import (
     DEFAULT_DEADLINE_MARGIN_SECONDS,
     SERVICE_NAME,
     NegotiatorServicer,
     check_adapter_target,
     normal_host,
 )
-from sidecar_runtime.addresses import parse_address
-from sidecar_runtime.lifecycle import announce
-from sidecar_runtime.observability import CallLog, open_call_log
-from sidecar_runtime.server import (
+from agentsidecar.sidecar_runtime.addresses import parse_address
+from agentsidecar.sidecar_runtime.lifecycle import announce
+from agentsidecar.sidecar_runtime.observability import CallLog, open_call_log
+from agentsidecar.sidecar_runtime.server import (
     RunningServer,
     ServerOptions,
     add_service,
@@ -87,7 +99,7 @@ class Settings:
     config_path: Path | None = None  # None: the embedded default config
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     deadline_margin: float = DEFAULT_DEADLINE_MARGIN_SECONDS
-    # Auth, limits and observability (sidecar_runtime.serve_args); `listen`
+    # Auth, limits and observability (agentsidecar.sidecar_runtime.serve_args); `listen`
     # and `grace_seconds` above take precedence over the same fields here.
     server_options: ServerOptions | None = None
     # The seedstore Bootstrap searches (unix:PATH or HOST:PORT); None: Bootstrap is refused.

@@ -2,7 +2,7 @@
 
 Each method converts the request, calls the core and converts the answer
 back; its errors leave through one decorator per method shape
-(sidecar_runtime.rpcerrors) with the status table `status.ERRORS`: the
+(agentsidecar.sidecar_runtime.rpcerrors) with the status table `status.ERRORS`: the
 taxonomy's statuses, INTERNAL for anything else, never UNKNOWN. A timeout of
 the budget the sidecar's default deadline gave is DEFAULT_TIMEOUT_EXCEEDED.
 
@@ -31,13 +31,18 @@ from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 import grpc
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
-from negotiator_service import convert, tools
-from negotiator_service.bootstrap import Bootstrapper
-from negotiator_service.broker import Broker
-from negotiator_service.conversations import ConversationManager, Turn, new_conversation_id, owner_of
-from negotiator_service.errors import (
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.negotiator_service import convert, tools
+from agentsidecar.negotiator_service.bootstrap import Bootstrapper
+from agentsidecar.negotiator_service.broker import Broker
+from agentsidecar.negotiator_service.conversations import (
+    ConversationManager,
+    Turn,
+    new_conversation_id,
+    owner_of,
+)
+from agentsidecar.negotiator_service.errors import (
     AdapterTargetNotAllowed,
     AdapterTimeout,
     InvalidRequest,
@@ -46,7 +51,7 @@ from negotiator_service.errors import (
     SeedCommandTimeout,
     ShuttingDown,
 )
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.model import (
     Adapter,
     AdapterReply,
     AuditRecord,
@@ -58,17 +63,17 @@ from negotiator_service.model import (
     StreamEvent,
     ToolBox,
 )
-from negotiator_service.prober import Prober
-from negotiator_service.registrations import RuntimeRegistrations
-from negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
-from negotiator_service.status import ERRORS
-from negotiator_service.tools import CallerMessage, StartMessage
-from sidecar_runtime.addresses import Address
-from sidecar_runtime.auth import bearer_values, is_loopback, require_token
-from sidecar_runtime.handlers import call_metadata
-from sidecar_runtime.limits import default_timeout_exceeded, default_timeout_of
-from sidecar_runtime.richstatus import RichError
-from sidecar_runtime.rpcerrors import stream_stream, unary_stream, unary_unary
+from agentsidecar.negotiator_service.prober import Prober
+from agentsidecar.negotiator_service.registrations import RuntimeRegistrations
+from agentsidecar.negotiator_service.registry import AdapterRegistry, Change, RegisteredAdapter
+from agentsidecar.negotiator_service.status import ERRORS
+from agentsidecar.negotiator_service.tools import CallerMessage, StartMessage
+from agentsidecar.sidecar_runtime.addresses import Address
+from agentsidecar.sidecar_runtime.auth import bearer_values, is_loopback, require_token
+from agentsidecar.sidecar_runtime.handlers import call_metadata
+from agentsidecar.sidecar_runtime.limits import default_timeout_exceeded, default_timeout_of
+from agentsidecar.sidecar_runtime.richstatus import RichError
+from agentsidecar.sidecar_runtime.rpcerrors import stream_stream, unary_stream, unary_unary
 
 SERVICE_NAME = "agentsidecar.negotiator.v1.NegotiatorService"
 DELEGATION_DEPTH_KEY = "x-delegation-depth"
@@ -78,7 +83,7 @@ DEFAULT_DEADLINE_MARGIN_SECONDS = 0.02
 ConnectRemote = Callable[[str, str], Awaitable[Adapter]]  # (target, expected shortname or "")
 Context = grpc.aio.ServicerContext[Any, Any]
 
-_LOGGER = logging.getLogger("negotiator_service.servicer")
+_LOGGER = logging.getLogger("agentsidecar.negotiator_service.servicer")
 
 
 def _default_timeout(

@@ -67,10 +67,10 @@ from typing import Any
 
 import grpc
 
-from negotiator_service import errors
-from negotiator_service.model import CapabilityState, Verdict
-from sidecar_runtime.richstatus import PreconditionViolation, RichError
-from sidecar_runtime.rpcerrors import ErrorTable
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.model import CapabilityState, Verdict
+from agentsidecar.sidecar_runtime.richstatus import PreconditionViolation, RichError
+from agentsidecar.sidecar_runtime.rpcerrors import ErrorTable
 
 DOMAIN = "negotiator.agentsidecar"
 # ErrorInfo metadata `rule` of ADAPTER_TARGET_NOT_ALLOWED.
@@ -516,7 +516,7 @@ def unexpected_error(exc: BaseException, operation: str) -> RichError:
     )
 
 
-# What the servicer's error decorators send (sidecar_runtime.rpcerrors).
+# What the servicer's error decorators send (agentsidecar.sidecar_runtime.rpcerrors).
 ERRORS: ErrorTable[errors.NegotiatorError] = ErrorTable(
     errors.NegotiatorError, to_rich_error, unexpected_error
 )

@@ -70,9 +70,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
 
-from negotiator_service import negotiation
-from negotiator_service.errors import InvalidRequest
-from negotiator_service.model import (
+from agentsidecar.negotiator_service import negotiation
+from agentsidecar.negotiator_service.errors import InvalidRequest
+from agentsidecar.negotiator_service.model import (
     AdapterReply,
     CallKind,
     CallRequest,
@@ -94,14 +94,14 @@ from negotiator_service.model import (
 )
 
 if TYPE_CHECKING:
-    from negotiator_service.mcp_tools import McpTool, McpTools
+    from agentsidecar.negotiator_service.mcp_tools import McpTool, McpTools
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # What joins an MCP server's name to its tool's name (mcp_policy.SEPARATOR).
 MCP_NAME_SEPARATOR = "__"
 # Listed violations of one schema check, before "and N more".
 _MAX_LISTED_PROBLEMS = 5
-_MCP_LOGGER = logging.getLogger("negotiator_service.mcp")
+_MCP_LOGGER = logging.getLogger("agentsidecar.negotiator_service.mcp")
 
 
 class ApprovalDecision(enum.Enum):
@@ -548,7 +548,7 @@ class CallToolBox:
     Every MCP tool call the model makes is recorded in `log` (the call's
     ToolCallLog, which the broker puts in the call's audit record; caller
     tools record themselves through their own ToolBox) and logged as one
-    `negotiator.mcp_tool_call` JSON line (logger negotiator_service.mcp).
+    `negotiator.mcp_tool_call` JSON line (logger agentsidecar.negotiator_service.mcp).
     """
 
     def __init__(

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from negotiator_service.model import Declaration, Usage
-from sidecar_runtime.metrics import METRICS
+from agentsidecar.negotiator_service.model import Declaration, Usage
+from agentsidecar.sidecar_runtime.metrics import METRICS
 
 OTHER_MODEL = "other"
 

@@ -18,9 +18,9 @@ from typing import NoReturn
 
 import yaml
 
-from seedstore_service.errors import InvalidArgument, InvalidIdentifier
-from seedstore_service.ranking import RankedCandidate, SearchQuery, SearchResult, finish_search
-from seedstore_service.seedfile import (
+from agentsidecar.seedstore_service.errors import InvalidArgument, InvalidIdentifier
+from agentsidecar.seedstore_service.ranking import RankedCandidate, SearchQuery, SearchResult, finish_search
+from agentsidecar.seedstore_service.seedfile import (
     canonical,
     compose_single_document,
     validate_identifier,

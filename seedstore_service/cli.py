@@ -33,7 +33,7 @@ Subcommands, positional arguments, flags and JSON output are SkillSpec's
 Exit codes: 0 success (also when verify records a failed seed, unless
 `--strict`), 1 for an error, 2 for a usage error. An error prints
 `error: <message>` on stderr (SkillSpec's line), then the error as one JSON
-line, the negotiator CLI's shape (sidecar_runtime.cli_common); the local and
+line, the negotiator CLI's shape (agentsidecar.sidecar_runtime.cli_common); the local and
 the service paths print the same object. A usage error prints clap's text.
 """
 
@@ -48,8 +48,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeAlias, cast
 
-from seedstore_service import render
-from seedstore_service.cliparse import (
+from agentsidecar.seedstore_service import render
+from agentsidecar.seedstore_service.cliparse import (
     BOOL_VALUES,
     Command,
     HelpRequested,
@@ -61,9 +61,9 @@ from seedstore_service.cliparse import (
     parse_u8,
     similar,
 )
-from seedstore_service.errors import SeedStoreError
-from seedstore_service.model import Problem, VerificationStatus
-from seedstore_service.operations import (
+from agentsidecar.seedstore_service.errors import SeedStoreError
+from agentsidecar.seedstore_service.model import Problem, VerificationStatus
+from agentsidecar.seedstore_service.operations import (
     DEFAULT_CHECK_TIMEOUT_SECONDS,
     DEFAULT_VERIFY_CONCURRENCY,
     SearchOutcome,
@@ -76,9 +76,9 @@ from seedstore_service.operations import (
     default_equivalents_file,
     load_equivalents,
 )
-from seedstore_service.ranking import SearchQuery
-from seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
-from sidecar_runtime import cli_common
+from agentsidecar.seedstore_service.ranking import SearchQuery
+from agentsidecar.seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
+from agentsidecar.sidecar_runtime import cli_common
 
 # Agents run the local read commands one process per call: grpc, the generated code,
 # the client, the server and asyncio are imported only by the commands that use them
@@ -86,10 +86,10 @@ from sidecar_runtime import cli_common
 if TYPE_CHECKING:
     import argparse
 
-    from clients.errors import SidecarError
-    from seedstore_service.operations import VerifyProgress
-    from seedstore_service.patch import AddSpec, UpdatePatch
-    from seedstore_service.remote_frontend import RemoteFrontend
+    from agentsidecar.clients.errors import SidecarError
+    from agentsidecar.seedstore_service.operations import VerifyProgress
+    from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
+    from agentsidecar.seedstore_service.remote_frontend import RemoteFrontend
 
 SERVER_ENV = "SEEDSTORE_SERVER"
 # A file holding the bearer token to send with --server (a seedstore run with --token-file asks for one).
@@ -193,7 +193,7 @@ class LocalFrontend:
 
     def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]:
         targets = self._ops().verify_targets(request)
-        from seedstore_service.verification import plan_checks
+        from agentsidecar.seedstore_service.verification import plan_checks
 
         return {(stored.seed.domain, stored.seed.id): len(plan_checks(stored.seed)) for stored in targets}
 
@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     """
     import argparse
 
-    from seedstore_service.server import add_serve_arguments
+    from agentsidecar.seedstore_service.server import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False)
     parser.add_argument("--server", metavar="ADDR", help=SERVER_HELP)
@@ -544,7 +544,7 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _add_spec(args: argparse.Namespace) -> AddSpec:
-    from seedstore_service.patch import AddSpec
+    from agentsidecar.seedstore_service.patch import AddSpec
 
     return AddSpec(
         id=args.id,
@@ -568,7 +568,7 @@ def _add_spec(args: argparse.Namespace) -> AddSpec:
 
 
 def _update_patch(args: argparse.Namespace) -> UpdatePatch:
-    from seedstore_service.patch import UpdatePatch
+    from agentsidecar.seedstore_service.patch import UpdatePatch
 
     mark: VerificationStatus | None = None
     if args.mark_failed:
@@ -626,11 +626,11 @@ def _run_verify(
     with contextlib.ExitStack() as stack:
         show: ProgressListener | None = None
         if mode == "json":
-            from seedstore_service.verify_progress import JsonLines
+            from agentsidecar.seedstore_service.verify_progress import JsonLines
 
             show = JsonLines(stdout)
         elif mode == "auto" and stderr.isatty():
-            from seedstore_service.verify_progress import LiveDisplay
+            from agentsidecar.seedstore_service.verify_progress import LiveDisplay
 
             try:
                 planned: dict[tuple[str, str], int] | None = frontend.planned_checks(request)
@@ -787,7 +787,7 @@ def _error_text(error: SidecarError, target: str) -> str:
 
 def _local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
     """The JSON error of a local failure: the status the service would send for it."""
-    from seedstore_service.status import to_rich_error
+    from agentsidecar.seedstore_service.status import to_rich_error
 
     return cli_common.status_error_object(to_rich_error(error), message)
 
@@ -795,8 +795,8 @@ def _local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
 def _serve(args: argparse.Namespace, env: Mapping[str, str], stderr: TextIO) -> int:
     import asyncio
 
-    from seedstore_service.server import Settings, serve
-    from sidecar_runtime.lifecycle import log_json
+    from agentsidecar.seedstore_service.server import Settings, serve
+    from agentsidecar.sidecar_runtime.lifecycle import log_json
 
     log_json("seedstore", stderr)
     try:
@@ -843,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if respelling is not None and not respelling.needed:
             respelling = None
     if target is not None:
-        from seedstore_service.remote_frontend import RemoteFrontend
+        from agentsidecar.seedstore_service.remote_frontend import RemoteFrontend
 
         try:
             remote = RemoteFrontend(target, env.get(TOKEN_FILE_ENV) or None)

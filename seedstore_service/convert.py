@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from agentsidecar.common.v1 import common_pb2 as common
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from google.protobuf import duration_pb2
 
-from seedstore_service import errors, paging
-from seedstore_service.broadening import Broadening, BroadeningAttempt
-from seedstore_service.index import ChangeEvent
-from seedstore_service.model import (
+from agentsidecar.common.v1 import common_pb2 as common
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore_service import errors, paging
+from agentsidecar.seedstore_service.broadening import Broadening, BroadeningAttempt
+from agentsidecar.seedstore_service.index import ChangeEvent
+from agentsidecar.seedstore_service.model import (
     Evidence,
     ListedSeed,
     Outcome,
@@ -30,7 +30,7 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.operations import (
+from agentsidecar.seedstore_service.operations import (
     SearchOutcome,
     SeedListing,
     SeedRemoved,
@@ -39,8 +39,8 @@ from seedstore_service.operations import (
     VerifyProgress,
     VerifyRequest,
 )
-from seedstore_service.patch import AddSpec, UpdatePatch
-from seedstore_service.ranking import (
+from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
+from agentsidecar.seedstore_service.ranking import (
     ASK_WITHIN_POINTS,
     SELECTION_POLICY,
     RankedCandidate,
@@ -48,11 +48,11 @@ from seedstore_service.ranking import (
     SearchResult,
     seed_gates,
 )
-from seedstore_service.render import SCAN_MESSAGE
-from seedstore_service.runner import CheckFinished, CheckStarted
-from seedstore_service.seedfile import validate_identifier
-from seedstore_service.store import StoredSeed
-from sidecar_runtime import wire_names
+from agentsidecar.seedstore_service.render import SCAN_MESSAGE
+from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted
+from agentsidecar.seedstore_service.seedfile import validate_identifier
+from agentsidecar.seedstore_service.store import StoredSeed
+from agentsidecar.sidecar_runtime import wire_names
 
 # --- enums ----------------------------------------------------------------------
 
@@ -69,7 +69,7 @@ _MARK_TO_PROTO = {
 }
 _MARK_FROM_PROTO = {value: key for key, value in _MARK_TO_PROTO.items()}
 
-# Risk and gate names <-> the proto enums, matched by member name (sidecar_runtime.wire_names).
+# Risk and gate names <-> the proto enums, matched by member name (agentsidecar.sidecar_runtime.wire_names).
 _RISK_TO_PROTO = {risk.value: common.RiskFlag.Value(f"RISK_FLAG_{risk.name}") for risk in wire_names.Risk}
 _RISK_FROM_PROTO = {value: key for key, value in _RISK_TO_PROTO.items()}
 

@@ -45,10 +45,10 @@ from array import array
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
-from seedstore_service import persisted, ranking
-from seedstore_service.model import Problem, Seed
-from seedstore_service.seedtext import canonical, validate_identifier
-from seedstore_service.store import (
+from agentsidecar.seedstore_service import persisted, ranking
+from agentsidecar.seedstore_service.model import Problem, Seed
+from agentsidecar.seedstore_service.seedtext import canonical, validate_identifier
+from agentsidecar.seedstore_service.store import (
     LoadedScope,
     ParsedFile,
     SeedStore,

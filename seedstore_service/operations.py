@@ -26,12 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from seedstore_service import errors
-from seedstore_service.model import ListedSeed, Outcome, Problem, Verification, VerificationStatus
-from seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
-from seedstore_service.render import listed_seed
-from seedstore_service.seedtext import canonical, validate_identifier
-from seedstore_service.store import (
+from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service.model import (
+    ListedSeed,
+    Outcome,
+    Problem,
+    Verification,
+    VerificationStatus,
+)
+from agentsidecar.seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
+from agentsidecar.seedstore_service.render import listed_seed
+from agentsidecar.seedstore_service.seedtext import canonical, validate_identifier
+from agentsidecar.seedstore_service.store import (
     LoadedScope,
     Locator,
     SeedStore,
@@ -45,10 +51,10 @@ from seedstore_service.store import (
 if TYPE_CHECKING:
     import asyncio
 
-    from seedstore_service.broadening import Broadening, EquivalenceTable
-    from seedstore_service.index import ChangeEvent, SeedIndex
-    from seedstore_service.patch import AddSpec, UpdatePatch
-    from seedstore_service.runner import CheckFinished, CheckStarted, RunnerSettings, SeedChecked
+    from agentsidecar.seedstore_service.broadening import Broadening, EquivalenceTable
+    from agentsidecar.seedstore_service.index import ChangeEvent, SeedIndex
+    from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
+    from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted, RunnerSettings, SeedChecked
 
 EQUIVALENTS_FILE_NAME = "equivalents.yml"
 DEFAULT_CHECK_TIMEOUT_SECONDS = 10.0
@@ -118,7 +124,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     # `VerifyProgress` at run time (an isinstance-able union) without importing the runner up front.
     if name == "VerifyProgress":
-        from seedstore_service.runner import CheckFinished, CheckStarted
+        from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted
 
         return CheckStarted | CheckFinished | SeedVerified
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -148,7 +154,7 @@ class VerifyPlan:
         It describes the first check of the first seed, which `run_verify` starts
         without doing anything before it, so it can be sent before any work.
         """
-        from seedstore_service.runner import first_check_started
+        from agentsidecar.seedstore_service.runner import first_check_started
 
         return first_check_started(self.targets[0].seed) if self.targets else None
 
@@ -182,7 +188,7 @@ def load_equivalents(path: Path | None, *, required: bool) -> EquivalenceTable:
         InvalidArgument: the file cannot be parsed (file, field and line named).
         StoreUnavailable: a required file (given explicitly) cannot be read.
     """
-    from seedstore_service.broadening import builtin_table, merge_tables, parse_user_table
+    from agentsidecar.seedstore_service.broadening import builtin_table, merge_tables, parse_user_table
 
     if path is None:
         return builtin_table()
@@ -228,7 +234,7 @@ class SeedOperations:
     def equivalents(self) -> EquivalenceTable:
         """The table `search(broaden_empty=True)` uses: the one given, else the built-in one."""
         if self._equivalents is None:
-            from seedstore_service.broadening import builtin_table
+            from agentsidecar.seedstore_service.broadening import builtin_table
 
             self._equivalents = builtin_table()
         return self._equivalents
@@ -415,7 +421,7 @@ class SeedOperations:
                     extra.append(problem)
             return related_result
 
-        from seedstore_service.broadening import broaden
+        from agentsidecar.seedstore_service.broadening import broaden
 
         merged, broadening = broaden(result, query, self.equivalents, run_related)
         all_problems = tuple(sorted((*problems, *extra), key=lambda problem: problem.path))
@@ -459,8 +465,8 @@ class SeedOperations:
     def plan_verify(self, request: VerifyRequest, *, may_refresh: bool = True) -> VerifyPlan:
         """The request checked and its seeds located (`verify_targets`), ready for `run_verify`."""
         targets = self.verify_targets(request, may_refresh=may_refresh)
-        from seedstore_service.runner import RunnerSettings
-        from seedstore_service.verification import DEFAULT_PATH
+        from agentsidecar.seedstore_service.runner import RunnerSettings
+        from agentsidecar.seedstore_service.verification import DEFAULT_PATH
 
         settings = RunnerSettings(check_timeout=request.check_timeout, path=self._runner_path or DEFAULT_PATH)
         return VerifyPlan(targets, settings, request.concurrency)
@@ -494,8 +500,8 @@ class SeedOperations:
         """
         import asyncio
 
-        from seedstore_service.runner import SeedChecked, check_seeds
-        from sidecar_runtime.metrics import record_verification
+        from agentsidecar.seedstore_service.runner import SeedChecked, check_seeds
+        from agentsidecar.sidecar_runtime.metrics import record_verification
 
         items = [(stored.seed, stored.path) for stored in plan.targets]
         by_path = {stored.path: stored for stored in plan.targets}
@@ -533,7 +539,7 @@ class SeedOperations:
     async def _record_verdict(self, checked: SeedChecked, checked_seed: StoredSeed | None) -> SeedVerified:
         import asyncio
 
-        from seedstore_service.verification import build_verification
+        from agentsidecar.seedstore_service.verification import build_verification
 
         verification = build_verification(checked.outcomes, self._clock())
         stored = await asyncio.to_thread(self._write_verdict, checked, verification, checked_seed)

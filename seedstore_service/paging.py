@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from seedstore_service.errors import InvalidArgument
-from seedstore_service.model import ListedSeed, Problem
+from agentsidecar.seedstore_service.errors import InvalidArgument
+from agentsidecar.seedstore_service.model import ListedSeed, Problem
 
 DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 10_000

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from seedstore_service.errors import InvalidArgument
-from seedstore_service.model import (
+from agentsidecar.seedstore_service.errors import InvalidArgument
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Promotion,
     Rank,
@@ -20,7 +20,12 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.seedtext import MAX_PRIORITY, canonical, empty_alias_message, validate_identifier
+from agentsidecar.seedstore_service.seedtext import (
+    MAX_PRIORITY,
+    canonical,
+    empty_alias_message,
+    validate_identifier,
+)
 
 __all__ = [
     "EVIDENCE_SOURCE_CLI_HELP",

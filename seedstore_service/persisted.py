@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seedstore_service.model import ListedSeed, Problem, VerificationStatus
-from seedstore_service.ranking import could_match, match_keys
-from seedstore_service.seedtext import seed_from_json, seed_to_json
+from agentsidecar.seedstore_service.model import ListedSeed, Problem, VerificationStatus
+from agentsidecar.seedstore_service.ranking import could_match, match_keys
+from agentsidecar.seedstore_service.seedtext import seed_from_json, seed_to_json
 
 INDEX_DIR_NAME = ".seedstore-index"
 FORMAT = "agentsidecar-seedstore-index"
@@ -177,7 +177,7 @@ def parsed_from_entry(path: str, domain_dir: str | None, entry: Entry, signature
 
     Trusted: the file's current `signature` is the entry's, and the entry is not racy.
     """
-    from seedstore_service.store import ParsedFile
+    from agentsidecar.seedstore_service.store import ParsedFile
 
     if not _signature_matches(entry, signature) or _racy(entry):
         return None
@@ -242,7 +242,7 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
 
 def stored_from_entry(path: str, entry: Entry) -> Any:
     """The `store.StoredSeed` of a seed entry."""
-    from seedstore_service.store import StoredSeed
+    from agentsidecar.seedstore_service.store import StoredSeed
 
     notes = tuple(Problem(path, line, reason) for line, reason in entry[_NOTES])
     return StoredSeed(seed_from_json(json.loads(entry[_SEED])), path, entry[_REVISION], notes)
@@ -359,8 +359,8 @@ class PersistedIndex:
                 self._write(sections)
 
     def _write(self, sections: Mapping[str | None, Iterable[Entry]]) -> None:
-        from seedstore_service.errors import OutsideStore
-        from seedstore_service.store import open_store_directory
+        from agentsidecar.seedstore_service.errors import OutsideStore
+        from agentsidecar.seedstore_service.store import open_store_directory
 
         try:
             directory_fd = open_store_directory(self.root, self._directory, create=True)
@@ -399,7 +399,7 @@ class PersistedIndex:
         Files that are new, changed or racy are read (and parsed when their bytes
         changed); the sections that changed are saved.
         """
-        from seedstore_service.store import read_seed_file, walk_seed_files
+        from agentsidecar.seedstore_service.store import read_seed_file, walk_seed_files
 
         refs, walk_problems = walk_seed_files(self.root, domain)
         sections: dict[str | None, dict[str, Entry]] = {}
@@ -453,7 +453,7 @@ class PersistedIndex:
 
     def record(self, path: str, parsed: Any, checked_ns: int, *, locked: bool) -> None:
         """Put the file just written (`parsed`: what it now holds, or None when removed) into its section."""
-        from seedstore_service.store import domain_dir_of
+        from agentsidecar.seedstore_service.store import domain_dir_of
 
         try:
             section = domain_dir_of(self.root, path)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from seedstore_service.model import Seed, VerificationStatus
-from seedstore_service.seedtext import canonical, validate_identifier
-from sidecar_runtime.wire_names import Gate, Risk
+from agentsidecar.seedstore_service.model import Seed, VerificationStatus
+from agentsidecar.seedstore_service.seedtext import canonical, validate_identifier
+from agentsidecar.sidecar_runtime.wire_names import Gate, Risk
 
 __all__ = [
     "ASK_REASON",

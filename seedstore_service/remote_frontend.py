@@ -7,25 +7,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-
-from clients.errors import SidecarError
-from clients.seedstore import SeedStoreClient
-from seedstore_service import convert
-from seedstore_service.errors import SeedStoreError
-from seedstore_service.operations import (
+from agentsidecar.seedstore_service import convert
+from agentsidecar.seedstore_service.errors import SeedStoreError
+from agentsidecar.seedstore_service.operations import (
     SearchOutcome,
     SeedListing,
     SeedRemoved,
     SeedView,
     VerifyRequest,
 )
-from seedstore_service.patch import AddSpec, UpdatePatch
-from seedstore_service.ranking import SearchQuery
-from seedstore_service.verification import plan_checks
+from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
+from agentsidecar.seedstore_service.ranking import SearchQuery
+from agentsidecar.seedstore_service.verification import plan_checks
 
 if TYPE_CHECKING:
-    from seedstore_service.cli import ProgressListener
+    from agentsidecar.seedstore_service.cli import ProgressListener
 
 
 class RemoteFrontend:

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from seedstore_service.model import ListedSeed, Outcome, Problem, Seed, VerificationStatus
-from seedstore_service.ranking import SELECTION_POLICY, RankedCandidate, SearchResult, seed_risks
-from seedstore_service.seedtext import seed_to_json
+from agentsidecar.seedstore_service.model import ListedSeed, Outcome, Problem, Seed, VerificationStatus
+from agentsidecar.seedstore_service.ranking import SELECTION_POLICY, RankedCandidate, SearchResult, seed_risks
+from agentsidecar.seedstore_service.seedtext import seed_to_json
 
 if TYPE_CHECKING:
-    from seedstore_service.broadening import Broadening
+    from agentsidecar.seedstore_service.broadening import Broadening
 
 __all__ = [
     "SCAN_MESSAGE",

@@ -2,7 +2,7 @@
 
 Evidence commands come from user-writable YAML, so each one runs without a
 shell, in a fresh scratch directory, with a minimal environment, under a
-timeout, with its output capped, and contained by `sidecar_runtime.proctree`:
+timeout, with its output capped, and contained by `agentsidecar.sidecar_runtime.proctree`:
 whatever it starts, even in a session of its own, is killed when it exits.
 Whatever ends a check early — the timeout, a consumer that stops iterating, a
 cancelled task, the seedstore's own death — the whole process tree is killed
@@ -26,9 +26,9 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from seedstore_service.model import Outcome, Seed, VerificationStatus
-from seedstore_service.verification import DEFAULT_PATH as DEFAULT_PATH
-from seedstore_service.verification import (
+from agentsidecar.seedstore_service.model import Outcome, Seed, VerificationStatus
+from agentsidecar.seedstore_service.verification import DEFAULT_PATH as DEFAULT_PATH
+from agentsidecar.seedstore_service.verification import (
     Check,
     CommandEnd,
     EvidenceCommand,
@@ -46,7 +46,7 @@ from seedstore_service.verification import (
     plan_checks,
     verdict,
 )
-from sidecar_runtime import proctree
+from agentsidecar.sidecar_runtime import proctree
 
 _READ_CHUNK = 65536
 # The supervisor exits only once the whole tree is gone, so the pipe is at EOF by then;

@@ -24,8 +24,8 @@ from typing import Any, NoReturn
 
 import yaml
 
-from seedstore_service.errors import InvalidIdentifier, SeedMalformed, excerpt
-from seedstore_service.model import (
+from agentsidecar.seedstore_service.errors import InvalidIdentifier, SeedMalformed, excerpt
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Outcome,
     Promotion,
@@ -37,17 +37,17 @@ from seedstore_service.model import (
 )
 
 # Re-exported: the pure text rules live in seedtext, which imports no YAML.
-from seedstore_service.seedtext import MAX_IDENTIFIER_LENGTH as MAX_IDENTIFIER_LENGTH
-from seedstore_service.seedtext import MAX_PRIORITY as MAX_PRIORITY
-from seedstore_service.seedtext import MAX_SEED_FILE_BYTES as MAX_SEED_FILE_BYTES
-from seedstore_service.seedtext import canonical as canonical
-from seedstore_service.seedtext import empty_alias_message as empty_alias_message
-from seedstore_service.seedtext import inert_alias_message as inert_alias_message
-from seedstore_service.seedtext import revision_of as revision_of
-from seedstore_service.seedtext import seed_from_json as seed_from_json
-from seedstore_service.seedtext import seed_to_json as seed_to_json
-from seedstore_service.seedtext import text_matches as text_matches
-from seedstore_service.seedtext import validate_identifier as validate_identifier
+from agentsidecar.seedstore_service.seedtext import MAX_IDENTIFIER_LENGTH as MAX_IDENTIFIER_LENGTH
+from agentsidecar.seedstore_service.seedtext import MAX_PRIORITY as MAX_PRIORITY
+from agentsidecar.seedstore_service.seedtext import MAX_SEED_FILE_BYTES as MAX_SEED_FILE_BYTES
+from agentsidecar.seedstore_service.seedtext import canonical as canonical
+from agentsidecar.seedstore_service.seedtext import empty_alias_message as empty_alias_message
+from agentsidecar.seedstore_service.seedtext import inert_alias_message as inert_alias_message
+from agentsidecar.seedstore_service.seedtext import revision_of as revision_of
+from agentsidecar.seedstore_service.seedtext import seed_from_json as seed_from_json
+from agentsidecar.seedstore_service.seedtext import seed_to_json as seed_to_json
+from agentsidecar.seedstore_service.seedtext import text_matches as text_matches
+from agentsidecar.seedstore_service.seedtext import validate_identifier as validate_identifier
 
 _U8_MAX = 255
 _U64_MAX = 2**64 - 1

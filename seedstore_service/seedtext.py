@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from seedstore_service.errors import InvalidIdentifier, excerpt
-from seedstore_service.model import (
+from agentsidecar.seedstore_service.errors import InvalidIdentifier, excerpt
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Outcome,
     Promotion,

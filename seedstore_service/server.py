@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2
 
-from seedstore_service import convert
-from seedstore_service.index import ChangeEvent, SeedIndex
-from seedstore_service.operations import (
+from agentsidecar.seedstore.v1 import seedstore_pb2
+from agentsidecar.seedstore_service import convert
+from agentsidecar.seedstore_service.index import ChangeEvent, SeedIndex
+from agentsidecar.seedstore_service.operations import (
     DEFAULT_CHECK_TIMEOUT_SECONDS,
     DEFAULT_VERIFY_CONCURRENCY,
     DEFAULT_WATCH_BACKLOG_BYTES,
@@ -38,12 +38,12 @@ from seedstore_service.operations import (
     default_equivalents_file,
     load_equivalents,
 )
-from seedstore_service.runner import DEFAULT_PATH
-from seedstore_service.servicer import SeedStoreServicer
-from seedstore_service.store import SeedStore, resolve_store_root
-from sidecar_runtime.serve_args import add_serve_arguments as add_runtime_serve_arguments
-from sidecar_runtime.serve_args import server_options_from_args
-from sidecar_runtime.server import (
+from agentsidecar.seedstore_service.runner import DEFAULT_PATH
+from agentsidecar.seedstore_service.servicer import SeedStoreServicer
+from agentsidecar.seedstore_service.store import SeedStore, resolve_store_root
+from agentsidecar.sidecar_runtime.serve_args import add_serve_arguments as add_runtime_serve_arguments
+from agentsidecar.sidecar_runtime.serve_args import server_options_from_args
+from agentsidecar.sidecar_runtime.server import (
     RunningServer,
     ServerOptions,
     add_service,
@@ -84,7 +84,7 @@ class Settings:
     check_path: str = DEFAULT_PATH
     # Bytes of changes one WatchSeeds stream may fall behind before it is ended (ABORTED).
     watch_backlog_bytes: int = DEFAULT_WATCH_BACKLOG_BYTES
-    # Auth, limits and observability (sidecar_runtime.serve_args); `listen`
+    # Auth, limits and observability (agentsidecar.sidecar_runtime.serve_args); `listen`
     # and `grace_seconds` above take precedence over the same fields here.
     server_options: ServerOptions | None = None
 
@@ -317,7 +317,7 @@ async def serve(settings: Settings) -> None:
 
 
 def settings_from_environment(argv: Sequence[str] | None = None) -> Settings:
-    """For `python -m seedstore_service.server [--listen ...]`."""
+    """For `python -m agentsidecar.seedstore_service.server [--listen ...]`."""
     parser = argparse.ArgumentParser(prog="seedstore-server")
     add_serve_arguments(parser)
     return Settings.from_args(parser.parse_args(argv), os.environ)

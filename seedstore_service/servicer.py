@@ -4,7 +4,7 @@ Blocking operations (files, the store lock) run in worker threads so one slow
 disk never stalls other calls. Reads the in-memory index can answer at once
 (search, inspect) run on the event loop instead: for them the thread hop cost
 more than the read. Errors leave through `status.py`'s table, by the runtime's
-decorators (`sidecar_runtime.rpcerrors`), one per method shape.
+decorators (`agentsidecar.sidecar_runtime.rpcerrors`), one per method shape.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
+
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
-
-from seedstore_service import convert, paging
-from seedstore_service.operations import ChangeFeed, SeedOperations
-from seedstore_service.status import error_table
-from sidecar_runtime.rpcerrors import unary_stream, unary_unary
-from sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES
+from agentsidecar.seedstore_service import convert, paging
+from agentsidecar.seedstore_service.operations import ChangeFeed, SeedOperations
+from agentsidecar.seedstore_service.status import error_table
+from agentsidecar.sidecar_runtime.rpcerrors import unary_stream, unary_unary
+from agentsidecar.sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 

@@ -16,9 +16,9 @@ from types import MappingProxyType
 
 import grpc
 
-from seedstore_service import errors
-from sidecar_runtime.richstatus import PreconditionViolation, RichError
-from sidecar_runtime.rpcerrors import ErrorTable
+from agentsidecar.seedstore_service import errors
+from agentsidecar.sidecar_runtime.richstatus import PreconditionViolation, RichError
+from agentsidecar.sidecar_runtime.rpcerrors import ErrorTable
 
 ERROR_DOMAIN = "seedstore.agentsidecar"
 INTERNAL_REASON = "INTERNAL"

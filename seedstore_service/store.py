@@ -44,10 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from seedstore_service import errors
-from seedstore_service.model import ListedSeed, Problem, Seed, Verification
-from seedstore_service.persisted import PersistedIndex, assemble_problems, mismatch_problem, stored_from_entry
-from seedstore_service.seedtext import (
+from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed, Verification
+from agentsidecar.seedstore_service.persisted import (
+    PersistedIndex,
+    assemble_problems,
+    mismatch_problem,
+    stored_from_entry,
+)
+from agentsidecar.seedstore_service.seedtext import (
     MAX_IDENTIFIER_LENGTH,
     MAX_SEED_FILE_BYTES,
     canonical,
@@ -60,7 +65,7 @@ from seedstore_service.seedtext import (
 if TYPE_CHECKING:
     import filelock
 
-    from seedstore_service.patch import AddSpec, UpdatePatch
+    from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
 
 SEED_SUFFIXES = (".yml", ".yaml")
 LOCK_FILE_NAME = ".seedstore.lock"
@@ -308,7 +313,7 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
     except UnicodeDecodeError:
         reason = f"failed to read {path}: stream did not contain valid UTF-8"
         return ParsedFile(path, None, Problem(path, 0, reason), revision, False, stat_result, 0)
-    from seedstore_service.seedfile import parse_seed_with_notes
+    from agentsidecar.seedstore_service.seedfile import parse_seed_with_notes
 
     try:
         seed, notes = parse_seed_with_notes(text, path)
@@ -327,7 +332,7 @@ def stored_seed(seed: Seed, path: str, data: bytes) -> StoredSeed:
     notes: tuple[Problem, ...] = ()
     if not all(canonical(alias) for alias in seed.aliases):
         # Rare (only a file written so by another tool has such an alias): read the lines back.
-        from seedstore_service.seedfile import parse_seed_with_notes
+        from agentsidecar.seedstore_service.seedfile import parse_seed_with_notes
 
         _, found = parse_seed_with_notes(data.decode("utf-8"), path)
         notes = tuple(Problem(path, line, reason) for line, reason in found)
@@ -513,7 +518,7 @@ def remove_file(root: Path, path: Path) -> None:
 
 
 def dump_seed_text(seed: Seed) -> str:
-    from seedstore_service.seedfile import dump_seed
+    from agentsidecar.seedstore_service.seedfile import dump_seed
 
     return dump_seed(seed)
 
@@ -598,7 +603,7 @@ class SeedStore:
         if domain is not None:
             validate_identifier(domain, "domain")
         if self.persisted is None:
-            from seedstore_service.render import listed_seed
+            from agentsidecar.seedstore_service.render import listed_seed
 
             scope = self.load(domain)
             rows = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
@@ -703,7 +708,7 @@ class SeedStore:
 
     def add(self, spec: AddSpec) -> StoredSeed:
         """Write `<root>/<domain>/<id>.yml`; it may replace a valid seed there, never a broken file."""
-        from seedstore_service.patch import build_seed
+        from agentsidecar.seedstore_service.patch import build_seed
 
         seed = build_seed(spec)
         validate_identifier(seed.id, "capability id")
@@ -734,7 +739,11 @@ class SeedStore:
         """
         # SkillSpec's order: the target, priority and ties; the seed; then every other value.
         self._validate_target(seed_id, domain)
-        from seedstore_service.patch import apply_patch, validate_patch, validate_patch_before_load
+        from agentsidecar.seedstore_service.patch import (
+            apply_patch,
+            validate_patch,
+            validate_patch_before_load,
+        )
 
         validate_patch_before_load(patch)
         self._require_root(seed_id)
@@ -756,7 +765,7 @@ class SeedStore:
         locate: Locator | None = None,
     ) -> tuple[StoredSeed, tuple[Problem, ...]]:
         self._validate_target(seed_id, domain)
-        from seedstore_service.patch import apply_prefer, validate_prefer
+        from agentsidecar.seedstore_service.patch import apply_prefer, validate_prefer
 
         validate_prefer(for_capability, priority)
         self._require_root(seed_id)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from seedstore_service.model import Outcome, Seed, Verification, VerificationStatus
+from agentsidecar.seedstore_service.model import Outcome, Seed, Verification, VerificationStatus
 
 # The PATH checks search when neither the environment nor the service's settings give one.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"

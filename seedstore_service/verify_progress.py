@@ -21,10 +21,10 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from seedstore_service import convert
-from seedstore_service.model import VerificationStatus
-from seedstore_service.operations import SeedVerified, VerifyProgress
-from seedstore_service.runner import CheckFinished, CheckStarted
+from agentsidecar.seedstore_service import convert
+from agentsidecar.seedstore_service.model import VerificationStatus
+from agentsidecar.seedstore_service.operations import SeedVerified, VerifyProgress
+from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted
 
 __all__ = ["JsonLines", "LiveDisplay", "event_json"]
 

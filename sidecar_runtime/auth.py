@@ -45,9 +45,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from sidecar_runtime.addresses import Address
-from sidecar_runtime.handlers import Behavior, MethodInfo, call_metadata
-from sidecar_runtime.richstatus import RichError, abort_with
+from agentsidecar.sidecar_runtime.addresses import Address
+from agentsidecar.sidecar_runtime.handlers import Behavior, MethodInfo, call_metadata
+from agentsidecar.sidecar_runtime.richstatus import RichError, abort_with
 
 DOMAIN = "auth.agentsidecar"
 TOKEN_MISSING = "TOKEN_MISSING"
@@ -65,7 +65,7 @@ OPEN_SERVICES = frozenset(
         "grpc.reflection.v1.ServerReflection",
     }
 )
-_LOGGER = logging.getLogger("sidecar_runtime.auth")
+_LOGGER = logging.getLogger("agentsidecar.sidecar_runtime.auth")
 
 
 class AuthConfigError(ValueError):

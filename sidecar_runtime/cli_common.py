@@ -254,7 +254,7 @@ def served_services(target: str, timeout: float = 5.0) -> list[str] | None:
     import grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    from clients.channel import open_channel
+    from agentsidecar.clients.channel import open_channel
 
     try:
         channel = open_channel(target, retry=False)

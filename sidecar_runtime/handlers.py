@@ -48,7 +48,7 @@ from typing import Any, Protocol, TypeAlias
 
 import grpc
 
-from sidecar_runtime.richstatus import RichError, abort_with
+from agentsidecar.sidecar_runtime.richstatus import RichError, abort_with
 
 # (request or request iterator, context) -> response, or None for streamed responses.
 Behavior = Callable[[Any, Any], Awaitable[Any]]

@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar_runtime.addresses import parse_address
+from agentsidecar.sidecar_runtime.addresses import parse_address
 
 EXIT_SERVING = 0
 EXIT_INVALID_ARGUMENTS = 1

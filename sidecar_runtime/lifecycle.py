@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from sidecar_runtime.observability import CallLog, _timestamp
+from agentsidecar.sidecar_runtime.observability import CallLog, _timestamp
 
 
 def lifecycle_line(event: str, sidecar: str, **fields: Any) -> str:

@@ -28,8 +28,8 @@ from typing import Any
 
 import grpc
 
-from sidecar_runtime.handlers import Behavior, MethodInfo
-from sidecar_runtime.richstatus import RichError, abort_with
+from agentsidecar.sidecar_runtime.handlers import Behavior, MethodInfo
+from agentsidecar.sidecar_runtime.richstatus import RichError, abort_with
 
 DOMAIN = "limits.agentsidecar"
 TOO_MANY_CALLS = "TOO_MANY_CALLS"

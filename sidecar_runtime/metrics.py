@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from sidecar_runtime.addresses import parse_address
+from agentsidecar.sidecar_runtime.addresses import parse_address
 
 CALL_SECONDS_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,

@@ -42,8 +42,8 @@ from typing import Any, TextIO, TypeAlias
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from sidecar_runtime.handlers import Behavior, MethodInfo, call_metadata, service_and_method
-from sidecar_runtime.metrics import (
+from agentsidecar.sidecar_runtime.handlers import Behavior, MethodInfo, call_metadata, service_and_method
+from agentsidecar.sidecar_runtime.metrics import (
     METRICS,
     MethodCalls,
     SidecarMetrics,

@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import grpc
 
-from sidecar_runtime.richstatus import RichError, abort_with
+from agentsidecar.sidecar_runtime.richstatus import RichError, abort_with
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _Error = TypeVar("_Error", bound=Exception)

@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar_runtime.addresses import parse_address
-from sidecar_runtime.auth import EnvToken, TlsFiles, TokenFile, TokenSource
-from sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES, ServerOptions
+from agentsidecar.sidecar_runtime.addresses import parse_address
+from agentsidecar.sidecar_runtime.auth import EnvToken, TlsFiles, TokenFile, TokenSource
+from agentsidecar.sidecar_runtime.server import DEFAULT_MAX_MESSAGE_BYTES, ServerOptions
 
 DEFAULT_SOCKET_MODE = 0o660
 DEFAULT_GRACE_SECONDS = 10.0

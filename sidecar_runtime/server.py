@@ -33,20 +33,20 @@ from grpc_health.v1 import _async as health_aio  # the public alias `health.aio`
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sidecar_runtime.addresses import Address, parse_address
-from sidecar_runtime.auth import (
+from agentsidecar.sidecar_runtime.addresses import Address, parse_address
+from agentsidecar.sidecar_runtime.auth import (
     TlsFiles,
     TokenCheck,
     TokenSource,
     check_token_transport,
     listener_credentials,
 )
-from sidecar_runtime.handlers import Layer, RuntimeInterceptor
-from sidecar_runtime.lifecycle import announce
-from sidecar_runtime.limits import CallLimit, DefaultTimeout
-from sidecar_runtime.metrics import METRICS, MetricsEndpoint, start_metrics_endpoint
-from sidecar_runtime.observability import CallLog, CallObserver, open_call_log
-from sidecar_runtime.tracing import Tracing, start_tracing
+from agentsidecar.sidecar_runtime.handlers import Layer, RuntimeInterceptor
+from agentsidecar.sidecar_runtime.lifecycle import announce
+from agentsidecar.sidecar_runtime.limits import CallLimit, DefaultTimeout
+from agentsidecar.sidecar_runtime.metrics import METRICS, MetricsEndpoint, start_metrics_endpoint
+from agentsidecar.sidecar_runtime.observability import CallLog, CallObserver, open_call_log
+from agentsidecar.sidecar_runtime.tracing import Tracing, start_tracing
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # A listening socket accepts a connect at once (the kernel queues it); the

@@ -28,7 +28,7 @@ Outgoing calls: `trace_metadata()` is the current trace context as W3C
 `traceparent` / `tracestate` metadata, for the sidecar's own calls to other
 services (the negotiator's remote adapters; as HTTP headers, its openai
 adapter's requests; its seedstore connection, through
-`clients.channel.metadata_interceptors(trace_metadata)`), so their spans join
+`agentsidecar.clients.channel.metadata_interceptors(trace_metadata)`), so their spans join
 the caller's trace. It is empty until `start_tracing` ran.
 
 Packages: `pip install 'agentsidecar[otel]'` (the instrumentation, the SDK

@@ -10,7 +10,7 @@ Converters map by that name, so a Python member without a proto value fails
 at import, and tests/runtime/test_wire_names.py checks the other direction.
 
 Which gates a seed requires is decided by the seedstore alone
-(`seedstore_service.ranking.seed_gates`, see docs/ranking-and-gates.md);
+(`agentsidecar.seedstore_service.ranking.seed_gates`, see docs/ranking-and-gates.md);
 everything else reads the `required_gates` it sends.
 """
 

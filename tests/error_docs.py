@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from sidecar_runtime import auth, handlers, limits
+from agentsidecar.sidecar_runtime import auth, handlers, limits
 
 README = Path(__file__).resolve().parents[1] / "protos" / "README.md"
 _CODE = re.compile(r"\b([A-Z_]+)\b")

@@ -7,6 +7,19 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "agentsidecar"
+# The subpackages of `agentsidecar` a checkout holds as top-level folders (hatch_build.py).
+CHECKOUT_MEMBERS = frozenset(
+    {"clients", "negotiator_service", "seedstore_service", "sidecar_runtime", "pair"}
+)
+
+
+def member(module: str) -> str | None:
+    """The checkout member a module belongs to (`agentsidecar.clients.aio` -> `clients`), or None."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[0] == PACKAGE and parts[1] in CHECKOUT_MEMBERS:
+        return parts[1]
+    return None
 
 
 def imported_modules(path: Path, package: str) -> set[str]:
@@ -30,6 +43,10 @@ def imported_modules(path: Path, package: str) -> set[str]:
 def module_file(module: str) -> Path | None:
     """The repository file of `module`, or None (a library, or a name imported from a module)."""
     parts = module.split(".")
+    if member(module) == "pair":
+        return ROOT / "agentsidecar_pair.py" if len(parts) == 2 else None
+    if member(module) is not None:
+        parts = parts[1:]
     for candidate in (ROOT.joinpath(*parts).with_suffix(".py"), ROOT.joinpath(*parts, "__init__.py")):
         if candidate.is_file():
             return candidate

@@ -17,14 +17,14 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from negotiator_service.adapters.acp import AcpAdapter
-from negotiator_service.adapters.command import CommandAdapter
-from negotiator_service.adapters.openai import OpenAIAdapter
-from negotiator_service.adapters.remote import RemoteAdapter, connect_from_spec, connect_remote
-from negotiator_service.adapters.scripted import ScriptedAdapter
-from negotiator_service.declarations import validate_shortname
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import Adapter, AdapterSpec
+from agentsidecar.negotiator_service.adapters.acp import AcpAdapter
+from agentsidecar.negotiator_service.adapters.command import CommandAdapter
+from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
+from agentsidecar.negotiator_service.adapters.remote import RemoteAdapter, connect_from_spec, connect_remote
+from agentsidecar.negotiator_service.adapters.scripted import ScriptedAdapter
+from agentsidecar.negotiator_service.declarations import validate_shortname
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import Adapter, AdapterSpec
 
 _SYNC_BUILDERS: Mapping[str, Callable[[AdapterSpec], Adapter]] = MappingProxyType(
     {

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from negotiator_service.errors import AdapterRefused, AdapterTimeout
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.errors import AdapterRefused, AdapterTimeout
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     CallKind,
     CallRequest,
@@ -20,7 +20,7 @@ from negotiator_service.model import (
     Declaration,
     JsonValue,
 )
-from negotiator_service.negotiation import derive_requirements, judge
+from agentsidecar.negotiator_service.negotiation import derive_requirements, judge
 
 ALL_CAPABILITIES = frozenset(Capability)
 

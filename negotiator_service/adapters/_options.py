@@ -11,8 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import NoReturn
 
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import AdapterSpec, JsonValue
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import AdapterSpec, JsonValue
 
 
 class OptionReader:

@@ -25,7 +25,7 @@ runs `initialize` and a `session/new` in a scratch directory, and stops it again
 When the probe session could not be created (the agent wants a login, say), what only a
 session tells (model, effort, modes) is UNKNOWN. Config may narrow the declaration.
 
-One agent process per call, contained by `sidecar_runtime.proctree` (killed with everything it
+One agent process per call, contained by `agentsidecar.sidecar_runtime.proctree` (killed with everything it
 started when the call ends, on timeout or cancellation, and when the negotiator dies): it is
 initialized, gets `session/new` (or `session/resume` / `session/load` inside a conversation)
 with the call's cwd and MCP servers, then `session/prompt` with the prompt. `stream` yields each
@@ -110,10 +110,10 @@ from acp.schema import (
     WriteTextFileResponse,
 )
 
-from negotiator_service import errors
-from negotiator_service.adapters._calls import Deadline, call_deadline, check_call
-from negotiator_service.adapters._options import OptionReader, is_number, type_name
-from negotiator_service.adapters.command import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters._calls import Deadline, call_deadline, check_call
+from agentsidecar.negotiator_service.adapters._options import OptionReader, is_number, type_name
+from agentsidecar.negotiator_service.adapters.command import (
     STDERR_TAIL_BYTES,
     _read_call_env,
     _read_cwd_roots,
@@ -121,8 +121,8 @@ from negotiator_service.adapters.command import (
     minimal_env,
     resolve_program,
 )
-from negotiator_service.declarations import narrow
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.declarations import narrow
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterReply,
@@ -138,7 +138,7 @@ from negotiator_service.model import (
     StreamItem,
     ToolBox,
 )
-from sidecar_runtime import proctree
+from agentsidecar.sidecar_runtime import proctree
 
 DEFAULT_TIMEOUT_SECONDS = 300.0
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 30.0
@@ -152,7 +152,7 @@ CANCEL_GRACE_SECONDS = 3.0
 # How long the stderr of an agent that went away may take to reach EOF.
 _STDERR_DRAIN_SECONDS = 1.0
 _READ_CHUNK = 64 * 1024
-_LOGGER = logging.getLogger("negotiator_service.adapters.acp")
+_LOGGER = logging.getLogger("agentsidecar.negotiator_service.adapters.acp")
 CLIENT_FS_MODES = ("none", "read", "read-write")
 CLIENT_INFO = Implementation(name="agentsidecar-negotiator", title="agentsidecar negotiator", version="0.1.0")
 

@@ -43,7 +43,7 @@ Options:
 Files a run hands the CLI (`{output_schema_file}`, `{output_file}`,
 `{mcp_config_file}`) live in a scratch directory of that run, removed when it ends.
 
-Each run is contained by `sidecar_runtime.proctree`: whatever it starts, even
+Each run is contained by `agentsidecar.sidecar_runtime.proctree`: whatever it starts, even
 in a session of its own, is killed when the command exits, on timeout or
 cancellation, and when the negotiator dies. `start_process` and `collect` are
 that harness on their own, for other callers of local commands (capability
@@ -62,10 +62,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from negotiator_service import errors
-from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
-from negotiator_service.adapters._options import OptionReader, is_number, type_name
-from negotiator_service.adapters.command_map import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
+from agentsidecar.negotiator_service.adapters._options import OptionReader, is_number, type_name
+from agentsidecar.negotiator_service.adapters.command_map import (
     CallArguments,
     CallNotPassable,
     HarnessMap,
@@ -73,9 +73,9 @@ from negotiator_service.adapters.command_map import (
     parse_events,
     read_map,
 )
-from negotiator_service.adapters.command_presets import with_preset
-from negotiator_service.declarations import narrow
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.adapters.command_presets import with_preset
+from agentsidecar.negotiator_service.declarations import narrow
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterReply,
@@ -89,7 +89,7 @@ from negotiator_service.model import (
     StreamEvent,
     StreamItem,
 )
-from sidecar_runtime import proctree
+from agentsidecar.sidecar_runtime import proctree
 
 PROMPT_PLACEHOLDER = "{prompt}"
 DEFAULT_TIMEOUT_SECONDS = 60.0

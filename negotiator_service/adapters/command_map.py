@@ -46,8 +46,8 @@ from types import MappingProxyType
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from negotiator_service.adapters._options import OptionReader, is_number, type_name
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.adapters._options import OptionReader, is_number, type_name
+from agentsidecar.negotiator_service.model import (
     MCP_TRANSPORTS,
     CallOptions,
     Capability,

@@ -21,8 +21,8 @@ import copy
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from negotiator_service.adapters._options import OptionReader
-from negotiator_service.model import AdapterSpec, JsonValue
+from agentsidecar.negotiator_service.adapters._options import OptionReader
+from agentsidecar.negotiator_service.model import AdapterSpec, JsonValue
 
 CODEX_CLI: Mapping[str, JsonValue] = MappingProxyType(
     {

@@ -82,17 +82,17 @@ from typing import Any, TypeVar
 
 import httpx
 
-from negotiator_service import errors, mcp_tools
-from negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
-from negotiator_service.adapters._options import OptionReader
-from negotiator_service.adapters._strict import STRICT_FORMATS, strict_form
-from negotiator_service.adapters.openai_settings import (
+from agentsidecar.negotiator_service import errors, mcp_tools
+from agentsidecar.negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
+from agentsidecar.negotiator_service.adapters._options import OptionReader
+from agentsidecar.negotiator_service.adapters._strict import STRICT_FORMATS, strict_form
+from agentsidecar.negotiator_service.adapters.openai_settings import (
     ACCEPTED_SETTINGS,
     MAX_TOKENS_FIELDS,
     setting_problems,
 )
-from negotiator_service.declarations import narrow
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.declarations import narrow
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterReply,
@@ -111,9 +111,9 @@ from negotiator_service.model import (
     Usage,
     strict_json,
 )
-from negotiator_service.probes import ProbeEvidence, ProbeRequest, settle
-from negotiator_service.tools import CallToolBox
-from sidecar_runtime.tracing import trace_metadata
+from agentsidecar.negotiator_service.probes import ProbeEvidence, ProbeRequest, settle
+from agentsidecar.negotiator_service.tools import CallToolBox
+from agentsidecar.sidecar_runtime.tracing import trace_metadata
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024

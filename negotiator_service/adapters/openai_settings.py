@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
-from negotiator_service.model import JsonValue
+from agentsidecar.negotiator_service.model import JsonValue
 
 MAX_IDENTIFIER_CHARS = 512
 MAX_STOP_SEQUENCES = 4

@@ -55,24 +55,24 @@ from typing import Any, TypeVar, cast
 
 import grpc
 import grpc.aio
-from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
-from agentsidecar.common.v1 import common_pb2
 from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from negotiator_service import errors
-from negotiator_service.adapters._calls import (
+from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters._calls import (
     ALL_CAPABILITIES,
     Deadline,
     call_deadline,
     check_call,
     plain_json,
 )
-from negotiator_service.adapters._options import OptionReader
-from negotiator_service.declarations import narrow, validate_shortname
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.adapters._options import OptionReader
+from agentsidecar.negotiator_service.declarations import narrow, validate_shortname
+from agentsidecar.negotiator_service.model import (
     MCP_TRANSPORTS,
     AdapterCall,
     AdapterKind,
@@ -91,7 +91,7 @@ from negotiator_service.model import (
     ToolOutcome,
     strict_json,
 )
-from sidecar_runtime.tracing import trace_metadata
+from agentsidecar.sidecar_runtime.tracing import trace_metadata
 
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
@@ -103,7 +103,7 @@ DEFAULT_REFRESH_SECONDS = 30.0
 # connected to again within this long, and its declaration re-read as soon as it is.
 MAX_RECONNECT_BACKOFF_SECONDS = 5.0
 INITIAL_RECONNECT_BACKOFF_SECONDS = 0.2
-_LOGGER = logging.getLogger("negotiator_service.adapters.remote")
+_LOGGER = logging.getLogger("agentsidecar.negotiator_service.adapters.remote")
 # The largest GetDeclarationResponse registered, serialized. Every declaration
 # travels in each ListAdapters page and WatchAdapters event, so one must stay
 # small beside the 4 MiB message limit; real ones are a few hundred bytes.

@@ -58,11 +58,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from negotiator_service import errors
-from negotiator_service.adapters._calls import call_deadline, check_call, plain_json
-from negotiator_service.adapters._options import OptionReader, type_name
-from negotiator_service.declarations import declaration_from_override
-from negotiator_service.model import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters._calls import call_deadline, check_call, plain_json
+from agentsidecar.negotiator_service.adapters._options import OptionReader, type_name
+from agentsidecar.negotiator_service.declarations import declaration_from_override
+from agentsidecar.negotiator_service.model import (
     SET_CAPABILITY,
     AdapterCall,
     AdapterReply,

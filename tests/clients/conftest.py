@@ -25,9 +25,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from negotiator_service import server as negotiator_server
-from negotiator_service.conversations import ConversationStore
-from seedstore_service import server as seedstore_server
+from agentsidecar.negotiator_service import server as negotiator_server
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.seedstore_service import server as seedstore_server
 from tests.clients.sidecars import (
     NEGOTIATOR_CONFIG,
     REPO,

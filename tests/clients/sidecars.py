@@ -24,12 +24,12 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
-from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 from google.protobuf import json_format
 
-from clients.channel import NEGOTIATOR_SERVICE, SEEDSTORE_SERVICE
-from sidecar_runtime.richstatus import PreconditionViolation, RichError, abort_with
+from agentsidecar.clients.channel import NEGOTIATOR_SERVICE, SEEDSTORE_SERVICE
+from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
+from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
+from agentsidecar.sidecar_runtime.richstatus import PreconditionViolation, RichError, abort_with
 
 REPO = Path(__file__).resolve().parents[2]
 _T = TypeVar("_T")

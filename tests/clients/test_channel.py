@@ -12,8 +12,14 @@ from typing import Any
 import grpc
 import pytest
 
-from clients import AsyncSeedStoreClient, SeedStoreClient, TlsConfig, UnavailableError, open_channel
-from clients.channel import (
+from agentsidecar.clients import (
+    AsyncSeedStoreClient,
+    SeedStoreClient,
+    TlsConfig,
+    UnavailableError,
+    open_channel,
+)
+from agentsidecar.clients.channel import (
     IDEMPOTENT_METHODS,
     NEGOTIATOR_SERVICE,
     SEEDSTORE_SERVICE,

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-import agentsidecar_pair
-from negotiator_service import cli as negotiator_cli
-from seedstore_service import cli as seedstore_cli
+from agentsidecar import pair as agentsidecar_pair
+from agentsidecar.negotiator_service import cli as negotiator_cli
+from agentsidecar.seedstore_service import cli as seedstore_cli
 from tests.clients.sidecars import ServerHandle
 
 BIN = Path(sys.executable).parent

@@ -8,11 +8,16 @@ from collections.abc import Callable
 import grpc
 import grpc.aio
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 
-from clients import AsyncNegotiatorClient, AsyncSeedStoreClient, NegotiatorClient, SeedStoreClient
-from clients.channel import DEFAULT_TIMEOUT_SECONDS
-from clients.negotiator import invoke_call, produce_call
+from agentsidecar.clients import (
+    AsyncNegotiatorClient,
+    AsyncSeedStoreClient,
+    NegotiatorClient,
+    SeedStoreClient,
+)
+from agentsidecar.clients.channel import DEFAULT_TIMEOUT_SECONDS
+from agentsidecar.clients.negotiator import invoke_call, produce_call
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from tests.clients.sidecars import FakeServer
 
 NOWHERE = "unix:/tmp/no-sidecar-listens-here.sock"

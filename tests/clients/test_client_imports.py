@@ -6,18 +6,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.import_walk import ROOT, imported_modules, module_file
+from tests.import_walk import ROOT, imported_modules, member, module_file
 
-SERVER_PACKAGES = frozenset({"negotiator_service", "seedstore_service", "agentsidecar_pair"})
-# The runtime modules a client may reach; anything else under sidecar_runtime serves a server.
+SERVER_PACKAGES = frozenset({"negotiator_service", "seedstore_service", "pair"})
+# The runtime modules a client may reach; anything else under agentsidecar.sidecar_runtime serves a server.
 CLIENT_SAFE_RUNTIME = frozenset(
-    {"sidecar_runtime.addresses", "sidecar_runtime.richstatus", "sidecar_runtime.wire_names"}
+    {
+        "agentsidecar.sidecar_runtime.addresses",
+        "agentsidecar.sidecar_runtime.richstatus",
+        "agentsidecar.sidecar_runtime.wire_names",
+    }
 )
 
 
 def client_import_problems() -> list[str]:
     problems: list[str] = []
-    queue = [(path, "clients") for path in sorted((ROOT / "clients").glob("*.py"))]
+    queue = [(path, "agentsidecar.clients") for path in sorted((ROOT / "clients").glob("*.py"))]
     seen: set[Path] = set()
     while queue:
         path, package = queue.pop()
@@ -26,16 +30,18 @@ def client_import_problems() -> list[str]:
         seen.add(path)
         where = path.relative_to(ROOT)
         for module in sorted(imported_modules(path, package)):
-            root = module.split(".")[0]
+            root = member(module)
             if root in SERVER_PACKAGES:
                 problems.append(f"{where} imports {module}")
-            elif root == "sidecar_runtime" and module != "sidecar_runtime":
+            elif root == "sidecar_runtime" and module != "agentsidecar.sidecar_runtime":
                 target = module_file(module)
-                if target is None:  # `from sidecar_runtime.m import name`: the name, not a module
+                if (
+                    target is None
+                ):  # `from agentsidecar.sidecar_runtime.m import name`: the name, not a module
                     continue
                 if module not in CLIENT_SAFE_RUNTIME:
                     problems.append(f"{where} imports {module}, which is not a client-safe runtime module")
-                queue.append((target, "sidecar_runtime"))
+                queue.append((target, "agentsidecar.sidecar_runtime"))
     return problems
 
 
@@ -48,9 +54,9 @@ def test_the_walk_sees_a_server_import(tmp_path: Path) -> None:
     source = tmp_path / "probe.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from negotiator_service.model import Capability\n"
-        "def f():\n    import seedstore_service.ranking\n"
+        "if TYPE_CHECKING:\n    from agentsidecar.negotiator_service.model import Capability\n"
+        "def f():\n    import agentsidecar.seedstore_service.ranking\n"
     )
     found = imported_modules(source, "clients")
-    assert "negotiator_service.model" in found
-    assert "seedstore_service.ranking" in found
+    assert "agentsidecar.negotiator_service.model" in found
+    assert "agentsidecar.seedstore_service.ranking" in found

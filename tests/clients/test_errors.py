@@ -8,9 +8,9 @@ from typing import Any
 import grpc
 import pytest
 
-import clients
-from clients import errors
-from clients.errors import (
+from agentsidecar import clients
+from agentsidecar.clients import errors
+from agentsidecar.clients.errors import (
     AdapterFailureError,
     Gap,
     SidecarError,
@@ -19,10 +19,10 @@ from clients.errors import (
     from_decoded,
     from_rpc_error,
 )
-from clients.negotiator import refusal_gaps
-from negotiator_service import errors as nerrors
-from negotiator_service import status as nstatus
-from negotiator_service.model import (
+from agentsidecar.clients.negotiator import refusal_gaps
+from agentsidecar.negotiator_service import errors as nerrors
+from agentsidecar.negotiator_service import status as nstatus
+from agentsidecar.negotiator_service.model import (
     Capability,
     CapabilityState,
     Decision,
@@ -30,10 +30,10 @@ from negotiator_service.model import (
     TypedSet,
     Verdict,
 )
-from seedstore_service import errors as serrors
-from seedstore_service import status as sstatus
-from sidecar_runtime import auth, handlers, limits
-from sidecar_runtime.richstatus import DecodedError, RichError
+from agentsidecar.seedstore_service import errors as serrors
+from agentsidecar.seedstore_service import status as sstatus
+from agentsidecar.sidecar_runtime import auth, handlers, limits
+from agentsidecar.sidecar_runtime.richstatus import DecodedError, RichError
 
 
 class RpcErrorImpl(grpc.RpcError, grpc.Call):

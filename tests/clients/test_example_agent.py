@@ -26,10 +26,27 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     negotiator_target = f"unix://{sockets / 'negotiator.sock'}"
     commands = [
         (
-            [sys.executable, "-m", "seedstore_service.cli", "serve", "--listen", seedstore_target],
+            [
+                sys.executable,
+                "-m",
+                "agentsidecar.seedstore_service.cli",
+                "serve",
+                "--listen",
+                seedstore_target,
+            ],
             {"SKILLSPEC_HOME": str(home)},
         ),
-        ([sys.executable, "-m", "negotiator_service.cli", "serve", "--listen", negotiator_target], {}),
+        (
+            [
+                sys.executable,
+                "-m",
+                "agentsidecar.negotiator_service.cli",
+                "serve",
+                "--listen",
+                negotiator_target,
+            ],
+            {},
+        ),
     ]
     # Started together: each pays its interpreter start-up in parallel.
     processes = [

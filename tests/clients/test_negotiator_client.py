@@ -8,10 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 
-from clients import (
+from agentsidecar.clients import (
     AdapterKindMismatchError,
     AdapterNotFoundError,
     AdapterNotRemovableError,
@@ -25,8 +23,10 @@ from clients import (
     UnsupportedCapabilityError,
     call_options,
 )
-from clients.negotiator import tool_spec
-from negotiator_service import server as negotiator_server
+from agentsidecar.clients.negotiator import tool_spec
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator_service import server as negotiator_server
 from tests.clients.sidecars import REFUSE_PROMPT, FakeNegotiator, ServerHandle, ServerLoop
 
 SCHEMA = {

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 
-from clients import (
+from agentsidecar.clients import (
     AmbiguousSeedError,
     AsyncSeedStoreClient,
     InvalidArgumentError,
@@ -20,7 +19,8 @@ from clients import (
     SeedNotFoundError,
     SeedStoreClient,
 )
-from clients.seedstore import AddSeedFields
+from agentsidecar.clients.seedstore import AddSeedFields
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from tests.clients.sidecars import ServerHandle
 from tests.procs import process_alive
 

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 
-from clients import AsyncSeedStoreClient, SeedMalformedError, SeedStoreClient
+from agentsidecar.clients import AsyncSeedStoreClient, SeedMalformedError, SeedStoreClient
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from tests.clients.sidecars import MID_STREAM_FAILURE, FakeServer
 
 CANCEL_SEEN_WITHIN = 5.0

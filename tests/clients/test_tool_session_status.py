@@ -19,11 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients.aio import AsyncNegotiatorClient
-from clients.negotiator import NegotiatorClient, tool_spec
+from agentsidecar.clients.aio import AsyncNegotiatorClient
+from agentsidecar.clients.negotiator import NegotiatorClient, tool_spec
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from tests.procs import start_process, stop_process
 
 SESSIONS = 8  # per client and kind: a client cancelling on the result loses the race in most of them
@@ -59,7 +59,7 @@ def negotiator(socket_dir: Path, tmp_path: Path) -> Iterator[Negotiator]:
     target = f"unix:{socket_dir / 'negotiator.sock'}"
     process, _ = start_process(
         [
-            *(sys.executable, "-m", "negotiator_service.cli", "serve"),
+            *(sys.executable, "-m", "agentsidecar.negotiator_service.cli", "serve"),
             *("--config", str(config), "--state-dir", str(tmp_path / "state")),
             *("--listen", target, "--log-file", str(log_file), "--metrics-listen", "127.0.0.1:0"),
         ]

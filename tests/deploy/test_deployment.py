@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 import yaml
 
-from negotiator_service import cli as negotiator_cli
-from negotiator_service.conversations import default_state_dir
-from negotiator_service.servicer import SERVICE_NAME as NEGOTIATOR_SERVICE
-from seedstore_service import cli as seedstore_cli
-from seedstore_service.server import SERVICE_NAME as SEEDSTORE_SERVICE
-from seedstore_service.server import Settings as SeedStoreSettings
-from sidecar_runtime import healthprobe
-from sidecar_runtime.addresses import parse_address
+from agentsidecar.negotiator_service import cli as negotiator_cli
+from agentsidecar.negotiator_service.conversations import default_state_dir
+from agentsidecar.negotiator_service.servicer import SERVICE_NAME as NEGOTIATOR_SERVICE
+from agentsidecar.seedstore_service import cli as seedstore_cli
+from agentsidecar.seedstore_service.server import SERVICE_NAME as SEEDSTORE_SERVICE
+from agentsidecar.seedstore_service.server import Settings as SeedStoreSettings
+from agentsidecar.sidecar_runtime import healthprobe
+from agentsidecar.sidecar_runtime.addresses import parse_address
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -207,8 +207,8 @@ def test_compose_seeds_on_a_named_volume_at_skillspec_home(compose: dict[str, An
 def test_probe_command_is_an_installed_console_script() -> None:
     # The healthchecks (and the image) call the probe by this name.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert project["project"]["scripts"].get(PROBE) == "sidecar_runtime.healthprobe:main", (
-        f'add `{PROBE} = "sidecar_runtime.healthprobe:main"` to [project.scripts] in pyproject.toml'
+    assert project["project"]["scripts"].get(PROBE) == "agentsidecar.sidecar_runtime.healthprobe:main", (
+        f'add `{PROBE} = "agentsidecar.sidecar_runtime.healthprobe:main"` to [project.scripts]'
     )
 
 

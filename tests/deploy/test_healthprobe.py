@@ -1,9 +1,9 @@
 """agentsidecar-health-probe against real servers: grpc_health_probe's exit codes and messages.
 
-Servers are real grpc.aio servers (sidecar_runtime.server.start_server on a
+Servers are real grpc.aio servers (agentsidecar.sidecar_runtime.server.start_server on a
 Unix socket in tmp_path and 127.0.0.1:0; a TLS server for the -tls flags).
 The probe runs in a worker thread (the server needs the event loop) or as a
-real `python -m sidecar_runtime.healthprobe` subprocess.
+real `python -m agentsidecar.sidecar_runtime.healthprobe` subprocess.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar_runtime import healthprobe
-from sidecar_runtime.server import RunningServer, ServerOptions, start_server
+from agentsidecar.sidecar_runtime import healthprobe
+from agentsidecar.sidecar_runtime.server import RunningServer, ServerOptions, start_server
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_SERVICE = "test.healthprobe.v1.FakeService"
@@ -84,7 +84,7 @@ async def probe_process(*args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "sidecar_runtime.healthprobe",
+        "agentsidecar.sidecar_runtime.healthprobe",
         *args,
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
@@ -261,7 +261,7 @@ def test_invalid_arguments_exit_1(argv: list[str], message: str, capsys: Capture
 @pytest.mark.slow
 def test_invalid_arguments_from_a_real_process() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "sidecar_runtime.healthprobe", "-addr", "h:1", "-nope"],
+        [sys.executable, "-m", "agentsidecar.sidecar_runtime.healthprobe", "-addr", "h:1", "-nope"],
         cwd=REPO,
         capture_output=True,
         text=True,

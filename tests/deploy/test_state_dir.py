@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-
-from sidecar_runtime.richstatus import decode_error
+from agentsidecar.sidecar_runtime.richstatus import decode_error
 from tests.procs import REPO, start_process, stop_process
 
 CONFIG = """\
@@ -57,7 +57,14 @@ def compose_negotiator_command(work: Path) -> list[str]:
         for part in command[1:]
     ]
     (work / "config.yaml").write_text(CONFIG)
-    return [sys.executable, "-m", "negotiator_service.cli", *remapped, "--config", str(work / "config.yaml")]
+    return [
+        sys.executable,
+        "-m",
+        "agentsidecar.negotiator_service.cli",
+        *remapped,
+        "--config",
+        str(work / "config.yaml"),
+    ]
 
 
 async def converse(work: Path, argv: list[str]) -> grpc.aio.AioRpcError | None:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from negotiator_testkit import REMOTE_ADAPTER, TEST_CONFIG
 
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
 from tests.procs import start_process, stop_process
 
 

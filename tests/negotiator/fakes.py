@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeAlias
 
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterReply,

@@ -19,6 +19,7 @@ import signal
 from typing import Any
 
 import grpc
+
 from agentsidecar.adapter.v1 import adapter_pb2
 from agentsidecar.common.v1 import common_pb2
 

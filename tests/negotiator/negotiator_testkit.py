@@ -16,10 +16,10 @@ import grpc
 import pytest
 from fakes import FakeAdapter, make_declaration
 
-from negotiator_service.model import Capability, Declaration
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator
-from sidecar_runtime.richstatus import DecodedError, decode_error
+from agentsidecar.negotiator_service.model import Capability, Declaration
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.sidecar_runtime.richstatus import DecodedError, decode_error
 
 REPO = Path(__file__).resolve().parents[2]
 NEGOTIATOR_BIN = Path(sys.executable).parent / "negotiator"

@@ -73,12 +73,13 @@ from typing import Any, cast
 
 import grpc
 import grpc.aio
-from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 
 SUPPORTED = (
     common_pb2.CAPABILITY_STRUCTURED_OUTPUT,

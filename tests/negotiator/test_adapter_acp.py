@@ -18,14 +18,14 @@ from typing import Any, TypeAlias
 import grpc
 import pytest
 import yaml
+from negotiator_testkit import call_error
+
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from negotiator_testkit import call_error
-
-from negotiator_service import errors
-from negotiator_service.adapters.acp import AcpAdapter
-from negotiator_service.model import AdapterSpec, Capability, CapabilityState
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters.acp import AcpAdapter
+from agentsidecar.negotiator_service.model import AdapterSpec, Capability, CapabilityState
 
 FAKE_AGENT = Path(__file__).with_name("fake_acp_agent.py")
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"

@@ -20,11 +20,12 @@ from typing import Any, TypeAlias
 import grpc
 import pytest
 import yaml
+from mock_responses import MockResponses
+from negotiator_testkit import REPO, call_error
+
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from mock_responses import MockResponses
-from negotiator_testkit import REPO, call_error
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 PEER = REPO / "tests" / "peers" / "codex-acp"

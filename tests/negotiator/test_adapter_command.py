@@ -18,14 +18,14 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from negotiator_testkit import NEGOTIATOR_BIN
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.command import CommandAdapter
-from negotiator_service.model import (
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.command import CommandAdapter
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterSpec,
@@ -34,7 +34,7 @@ from negotiator_service.model import (
     CapabilityState,
     DeclarationOverride,
 )
-from sidecar_runtime.richstatus import DecodedError, decode_error
+from agentsidecar.sidecar_runtime.richstatus import DecodedError, decode_error
 from tests.procs import process_alive, start_process, stop_process
 
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from mock_responses import MockResponses
 from negotiator_testkit import NEGOTIATOR_BIN, REPO
 
-from sidecar_runtime.richstatus import decode_error
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.sidecar_runtime.richstatus import decode_error
 from tests.procs import start_process, stop_process
 
 CODEX_BIN_DIR = REPO / "tests" / "peers" / "codex-cli" / "node_modules" / ".bin"

@@ -22,13 +22,13 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.command import CommandAdapter, build_argv
-from negotiator_service.adapters.command_map import CallArguments, CallNotPassable, toml_string
-from negotiator_service.adapters.command_presets import CLAUDE_CODE, CODEX_CLI, PRESETS, merged
-from negotiator_service.broker import check_output
-from negotiator_service.model import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.command import CommandAdapter, build_argv
+from agentsidecar.negotiator_service.adapters.command_map import CallArguments, CallNotPassable, toml_string
+from agentsidecar.negotiator_service.adapters.command_presets import CLAUDE_CODE, CODEX_CLI, PRESETS, merged
+from agentsidecar.negotiator_service.broker import check_output
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterSpec,
     CallOptions,

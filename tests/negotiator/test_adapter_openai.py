@@ -16,14 +16,14 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from mock_openai import MockOpenAI
 from negotiator_testkit import NEGOTIATOR_BIN
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.openai import OpenAIAdapter, retry_after_seconds
-from negotiator_service.model import (
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter, retry_after_seconds
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterSpec,

@@ -20,14 +20,19 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
-from agentsidecar.common.v1 import common_pb2
 from google.protobuf import json_format
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter_async, build_adapters
-from negotiator_service.adapters.remote import RemoteAdapter, call_options, connect_remote, implemented_in
-from negotiator_service.model import (
+from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter_async, build_adapters
+from agentsidecar.negotiator_service.adapters.remote import (
+    RemoteAdapter,
+    call_options,
+    connect_remote,
+    implemented_in,
+)
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterSpec,
@@ -546,7 +551,7 @@ def test_the_example_listens_on_tcp_too() -> None:
 def test_example_runs_without_the_project_on_its_path() -> None:
     # The example is a standalone program: it needs only the generated stubs and grpc.
     source = EXAMPLE.read_text()
-    assert "negotiator_service" not in source
+    assert "agentsidecar.negotiator_service" not in source
     assert os.access(EXAMPLE, os.R_OK)
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter, build_adapter_async, build_adapters
-from negotiator_service.adapters.scripted import ScriptedAdapter
-from negotiator_service.model import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter, build_adapter_async, build_adapters
+from agentsidecar.negotiator_service.adapters.scripted import ScriptedAdapter
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterSpec,

@@ -17,19 +17,19 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import Hang, make_declaration
 from google.protobuf import timestamp_pb2
 from negotiator_testkit import NEGOTIATOR_BIN, add_fake, call_error
 
-from negotiator_service import cli
-from negotiator_service.audit import AuditLog, record_json
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.convert import audit_record_to_proto
-from negotiator_service.errors import AuditWatcherDropped
-from negotiator_service.model import (
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service import cli
+from agentsidecar.negotiator_service.audit import AuditLog, record_json
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.convert import audit_record_to_proto
+from agentsidecar.negotiator_service.errors import AuditWatcherDropped
+from agentsidecar.negotiator_service.model import (
     AuditOutcome,
     AuditRecord,
     Capability,
@@ -38,11 +38,11 @@ from negotiator_service.model import (
     ToolCallRecord,
     ToolRisk,
 )
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from negotiator_service.servicer import caller_identity
-from sidecar_runtime.auth import TlsFiles
-from sidecar_runtime.richstatus import decode_error
-from sidecar_runtime.server import ServerOptions
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator_service.servicer import caller_identity
+from agentsidecar.sidecar_runtime.auth import TlsFiles
+from agentsidecar.sidecar_runtime.richstatus import decode_error
+from agentsidecar.sidecar_runtime.server import ServerOptions
 from tests.procs import start_process, stop_process
 from tests.runtime.runtime_support import make_pki, tls_channel
 

@@ -20,23 +20,28 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
+from negotiator_testkit import NEGOTIATOR_BIN, call_error
+
+from agentsidecar.clients.aio import AsyncSeedStoreClient
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service import bootstrap_plan
+from agentsidecar.negotiator_service.errors import (
+    AskPolicyRequiresChoice,
+    GatesNotApproved,
+    NoSeedFound,
+    SeedHasNoCommand,
+)
+from agentsidecar.negotiator_service.model import AuditOutcome, AuditRecord
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
-from negotiator_testkit import NEGOTIATOR_BIN, call_error
-
-from clients.aio import AsyncSeedStoreClient
-from negotiator_service import bootstrap_plan
-from negotiator_service.errors import AskPolicyRequiresChoice, GatesNotApproved, NoSeedFound, SeedHasNoCommand
-from negotiator_service.model import AuditOutcome, AuditRecord
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from seedstore_service.server import SeedStoreServer
-from seedstore_service.server import Settings as SeedStoreSettings
-from seedstore_service.server import create_server as create_seedstore
-from seedstore_service.store import resolve_store_root
-from sidecar_runtime.wire_names import Gate
+from agentsidecar.seedstore_service.server import SeedStoreServer
+from agentsidecar.seedstore_service.server import Settings as SeedStoreSettings
+from agentsidecar.seedstore_service.server import create_server as create_seedstore
+from agentsidecar.seedstore_service.store import resolve_store_root
+from agentsidecar.sidecar_runtime.wire_names import Gate
 from tests.procs import process_alive, start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from fakes import FakeAdapter, Hang, make_declaration
 
-from negotiator_service import errors
-from negotiator_service.broker import Broker
-from negotiator_service.mcp_policy import McpPolicy
-from negotiator_service.model import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.broker import Broker
+from agentsidecar.negotiator_service.mcp_policy import McpPolicy
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterReply,
@@ -31,7 +31,7 @@ from negotiator_service.model import (
     ToolFilter,
     TypedSet,
 )
-from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 SUPPORTED = CapabilityState.SUPPORTED
 UNKNOWN = CapabilityState.UNKNOWN
@@ -221,7 +221,7 @@ async def test_unknown_allowed_by_the_caller_is_accepted_recorded_and_logged(
     request = invoke(
         "fake", model="m", effort="low", allow_unknown=frozenset({Capability.EFFORT, Capability.HOOKS})
     )
-    with caplog.at_level(logging.INFO, logger="negotiator_service.broker"):
+    with caplog.at_level(logging.INFO, logger="agentsidecar.negotiator_service.broker"):
         reply, decision = await broker.call(request, time_budget=5)
     assert reply.text == "say hi"
     assert adapter.call_count == 1
@@ -229,7 +229,11 @@ async def test_unknown_allowed_by_the_caller_is_accepted_recorded_and_logged(
     [allowed] = decision.allowed_unknowns
     assert (allowed.requirement.capability, allowed.state) == (Capability.EFFORT, UNKNOWN)
 
-    [record] = [json.loads(r.getMessage()) for r in caplog.records if r.name == "negotiator_service.broker"]
+    [record] = [
+        json.loads(r.getMessage())
+        for r in caplog.records
+        if r.name == "agentsidecar.negotiator_service.broker"
+    ]
     assert record["outcome"] == "accepted"
     assert record["adapter"] == "fake"
     assert record["declaration_version"] == decision.declaration_version
@@ -250,7 +254,7 @@ async def test_unknown_allowed_by_the_caller_is_accepted_recorded_and_logged(
 async def test_refusals_are_logged_too(caplog: pytest.LogCaptureFixture) -> None:
     broker, _adapter = setup(make_declaration(unsupported=[Capability.PERSONA]))
     with (
-        caplog.at_level(logging.INFO, logger="negotiator_service.broker"),
+        caplog.at_level(logging.INFO, logger="agentsidecar.negotiator_service.broker"),
         pytest.raises(errors.UnsupportedCapability),
     ):
         await broker.call(invoke("fake", persona="p"), time_budget=5)

@@ -6,18 +6,23 @@ import dataclasses
 from typing import Any
 
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2
 from fakes import FakeAdapter, make_declaration
 from google.protobuf import struct_pb2
 
-from negotiator_service import convert, negotiation
-from negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
-from negotiator_service.broker import Broker
-from negotiator_service.call_caches import CallCaches
-from negotiator_service.errors import AdapterKindMismatch, AdapterNotFound, AdapterRefused, InvalidRequest
-from negotiator_service.identity_cache import IdentityCache
-from negotiator_service.model import (
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2
+from agentsidecar.negotiator_service import convert, negotiation
+from agentsidecar.negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
+from agentsidecar.negotiator_service.broker import Broker
+from agentsidecar.negotiator_service.call_caches import CallCaches
+from agentsidecar.negotiator_service.errors import (
+    AdapterKindMismatch,
+    AdapterNotFound,
+    AdapterRefused,
+    InvalidRequest,
+)
+from agentsidecar.negotiator_service.identity_cache import IdentityCache
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterReply,
     CallKind,
@@ -26,7 +31,7 @@ from negotiator_service.model import (
     Profile,
     StreamEvent,
 )
-from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 
 def options_message(**settings: Any) -> negotiator_pb2.CallOptions:

@@ -12,16 +12,16 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import make_declaration
 from negotiator_testkit import add_fake, call_error
 
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.model import AdapterCall, AdapterReply, Capability
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from sidecar_runtime import limits
-from sidecar_runtime.server import ServerOptions
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.model import AdapterCall, AdapterReply, Capability
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.sidecar_runtime import limits
+from agentsidecar.sidecar_runtime.server import ServerOptions
 
 Started = Callable[..., AbstractAsyncContextManager[tuple[RunningNegotiator, Any]]]
 

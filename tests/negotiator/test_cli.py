@@ -12,10 +12,10 @@ import pytest
 from fakes import make_declaration
 from negotiator_testkit import NEGOTIATOR_BIN, TEST_CONFIG, add_fake
 
-from negotiator_service.cli import main
-from negotiator_service.config import load_config
-from negotiator_service.model import Capability, MaxDepth, McpServer, ToolFilter
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.cli import main
+from agentsidecar.negotiator_service.config import load_config
+from agentsidecar.negotiator_service.model import Capability, MaxDepth, McpServer, ToolFilter
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
 

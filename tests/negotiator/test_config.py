@@ -15,15 +15,15 @@ import pytest
 import yaml
 from negotiator_testkit import NEGOTIATOR_BIN
 
-from negotiator_service.config import (
+from agentsidecar.negotiator_service.config import (
     EMBEDDED_CONFIG_PATH,
     EMBEDDED_DEFAULT_CONFIG,
     load_config,
     load_negotiator_config,
 )
-from negotiator_service.declarations import declaration_from_override
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import AdapterKind, AdapterSpec, Capability, CapabilityState
+from agentsidecar.negotiator_service.declarations import declaration_from_override
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import AdapterKind, AdapterSpec, Capability, CapabilityState
 
 PATH = "/etc/negotiator/adapters.yaml"
 
@@ -362,7 +362,7 @@ def test_the_schema_refuses_what_the_loader_refuses_for_its_shape(text: str) -> 
 
 
 def schema_from_models() -> dict[str, Any]:
-    from negotiator_service.config import config_json_schema
+    from agentsidecar.negotiator_service.config import config_json_schema
 
     return config_json_schema()
 
@@ -371,12 +371,12 @@ def schema_from_models() -> dict[str, Any]:
 def test_client_commands_do_not_import_the_config_models() -> None:
     """The config's models (and pydantic) load for `serve` and `config-schema` only."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import negotiator_service.cli"],
+        [sys.executable, "-X", "importtime", "-c", "import agentsidecar.negotiator_service.cli"],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
-    assert "negotiator_service.config" not in imported
+    assert "agentsidecar.negotiator_service.config" not in imported
     assert "pydantic" not in imported

@@ -8,16 +8,16 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import FakeAdapter, make_declaration
 from negotiator_testkit import add_fake, call_error
 
-from negotiator_service.conversations import GENERATED_ID_BYTES, ConversationStore
-from negotiator_service.model import AdapterCall, AdapterReply, Capability
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from sidecar_runtime.auth import EnvToken
-from sidecar_runtime.server import ServerOptions
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.conversations import GENERATED_ID_BYTES, ConversationStore
+from agentsidecar.negotiator_service.model import AdapterCall, AdapterReply, Capability
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.sidecar_runtime.auth import EnvToken
+from agentsidecar.sidecar_runtime.server import ServerOptions
 
 Served: TypeAlias = "tuple[negotiator_pb2_grpc.NegotiatorServiceAsyncStub, FakeAdapter, bool]"
 STATEFUL = make_declaration("counter", supported=[Capability.STATEFUL_HISTORY])

@@ -19,24 +19,24 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import FakeAdapter, make_declaration
 from mock_openai import MockOpenAI
 from negotiator_testkit import NEGOTIATOR_BIN, add_fake, call_error
 
-from negotiator_service import errors
-from negotiator_service.adapters import openai
-from negotiator_service.adapters.scripted import ScriptedAdapter
-from negotiator_service.cli import main as cli_main
-from negotiator_service.conversations import (
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import openai
+from agentsidecar.negotiator_service.adapters.scripted import ScriptedAdapter
+from agentsidecar.negotiator_service.cli import main as cli_main
+from agentsidecar.negotiator_service.conversations import (
     ConversationRecord,
     ConversationStore,
     default_state_dir,
     record_from_text,
     record_to_text,
 )
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterReply,
@@ -46,8 +46,8 @@ from negotiator_service.model import (
     CapabilityState,
     DeclarationOverride,
 )
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
 from tests.procs import start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"

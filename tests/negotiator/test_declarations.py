@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from fakes import make_declaration
 
-from negotiator_service.declarations import declaration_from_override, narrow, validate_shortname
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.declarations import declaration_from_override, narrow, validate_shortname
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import (
     AdapterKind,
     Capability,
     CapabilityState,

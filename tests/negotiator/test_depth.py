@@ -15,15 +15,20 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import make_declaration
 from negotiator_testkit import EVERYTHING, REMOTE_ADAPTER, TEST_CONFIG, add_fake, call_error
 
-from negotiator_service.depth import DEFAULT_MAX_DEPTH, NEGOTIATOR_LIMIT, REQUEST_LIMIT, check_depth
-from negotiator_service.errors import DelegationDepthExceeded
-from negotiator_service.model import CallOptions, Capability, MaxDepth
-from negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.depth import (
+    DEFAULT_MAX_DEPTH,
+    NEGOTIATOR_LIMIT,
+    REQUEST_LIMIT,
+    check_depth,
+)
+from agentsidecar.negotiator_service.errors import DelegationDepthExceeded
+from agentsidecar.negotiator_service.model import CallOptions, Capability, MaxDepth
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
 from tests.procs import start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"

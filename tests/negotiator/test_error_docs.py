@@ -9,8 +9,8 @@ from pathlib import Path
 
 from test_status import concrete_errors, error_tree, sample
 
-from negotiator_service import errors
-from negotiator_service.status import to_rich_error
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.status import to_rich_error
 from tests.error_docs import RUNTIME, documented, rows, section
 
 # Bases only their subclasses are raised as (test_bases_are_never_raised checks the sources).

@@ -9,15 +9,15 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import make_declaration
 from negotiator_testkit import TEST_CONFIG, add_fake, call_error
 
-from negotiator_service.model import MAX_JSON_DEPTH, MAX_JSON_INTEGER_DIGITS, Capability
-from negotiator_service.negotiation import MAX_IN_PLACE_APPLICATIONS
-from negotiator_service.server import RunningNegotiator
-from sidecar_runtime.richstatus import decode_error
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.model import MAX_JSON_DEPTH, MAX_JSON_INTEGER_DIGITS, Capability
+from agentsidecar.negotiator_service.negotiation import MAX_IN_PLACE_APPLICATIONS
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.sidecar_runtime.richstatus import decode_error
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 EOF_MARK: object = grpc.aio.EOF  # type: ignore[attr-defined]

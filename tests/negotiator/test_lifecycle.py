@@ -12,16 +12,16 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import Hang
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from negotiator_testkit import NEGOTIATOR_BIN, add_fake, call_error
 
-from negotiator_service.cli import main
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from negotiator_service.servicer import SERVICE_NAME
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.cli import main
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator_service.servicer import SERVICE_NAME
 from tests.procs import start_process, stop_process
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
@@ -357,8 +357,8 @@ async def test_serve_needs_a_listen_address() -> None:
 async def test_a_failure_building_the_service_leaves_no_writer_thread_and_closes_the_adapters(
     config_file: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from negotiator_service import server as server_module
-    from negotiator_service.registry import AdapterRegistry
+    from agentsidecar.negotiator_service import server as server_module
+    from agentsidecar.negotiator_service.registry import AdapterRegistry
 
     closed: list[int] = []
     original_close = AdapterRegistry.close

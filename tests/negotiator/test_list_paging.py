@@ -8,15 +8,15 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import make_declaration
 from negotiator_testkit import add_fake, call_error
 
-from clients.aio import AsyncNegotiatorClient
-from negotiator_service.cli import main as cli_main
-from negotiator_service.server import RunningNegotiator
-from negotiator_service.servicer import DEFAULT_PAGE_SIZE, LIST_PAGE_BYTES, MAX_PAGE_SIZE
+from agentsidecar.clients.aio import AsyncNegotiatorClient
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.cli import main as cli_main
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.servicer import DEFAULT_PAGE_SIZE, LIST_PAGE_BYTES, MAX_PAGE_SIZE
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 

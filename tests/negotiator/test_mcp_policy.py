@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from negotiator_service.config import load_negotiator_config
-from negotiator_service.errors import ConfigError, McpServerNotAllowed
-from negotiator_service.mcp_policy import (
+from agentsidecar.negotiator_service.config import load_negotiator_config
+from agentsidecar.negotiator_service.errors import ConfigError, McpServerNotAllowed
+from agentsidecar.negotiator_service.mcp_policy import (
     MAX_FUNCTION_NAME,
     RULE_CALLER_HOST,
     RULE_CALLER_STDIO,
@@ -15,8 +15,8 @@ from negotiator_service.mcp_policy import (
     function_name,
     tool_risk,
 )
-from negotiator_service.model import McpServer, ToolRisk
-from negotiator_service.tools import TOOL_NAME
+from agentsidecar.negotiator_service.model import McpServer, ToolRisk
+from agentsidecar.negotiator_service.tools import TOOL_NAME
 
 R, M, S = ToolRisk.READ_ONLY, ToolRisk.MUTATING, ToolRisk.SENSITIVE
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from mock_openai import MockOpenAI
 from negotiator_testkit import call_error
 from test_tools import Caller, Stub, tool
 
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from tests.procs import start_process, stop_process
 
 KEY_ENV = "NEGOTIATOR_TEST_MCP_KEY"
@@ -134,7 +134,7 @@ async def test_a_mutating_mcp_tool_without_a_session_is_denied_audited_and_never
             {"name": "t__drop_table", "arguments": {"name": "users"}},
         ]
     ]
-    with caplog.at_level(logging.INFO, logger="negotiator_service.mcp"):
+    with caplog.at_level(logging.INFO, logger="agentsidecar.negotiator_service.mcp"):
         await stub.Invoke(invoke(profile="local"), timeout=20)
     contents = tool_contents(mock)
     assert contents[0].startswith(
@@ -142,7 +142,9 @@ async def test_a_mutating_mcp_tool_without_a_session_is_denied_audited_and_never
     )
     assert contents[1].startswith('denied: "t__drop_table" is a sensitive tool')
     assert journaled(journal) == []
-    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "negotiator_service.mcp"]
+    records = [
+        json.loads(r.getMessage()) for r in caplog.records if r.name == "agentsidecar.negotiator_service.mcp"
+    ]
     assert [(r["function"], r["decision"], r["risk"]) for r in records] == [
         ("t__write_note", "denied", "mutating"),
         ("t__drop_table", "denied", "sensitive"),

@@ -9,20 +9,20 @@ from typing import Any
 
 import grpc
 import pytest
+from mock_openai import MockOpenAI
+
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from mock_openai import MockOpenAI
-
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters._strict import strict_form
-from negotiator_service.adapters.openai import code_declaration, response_format
-from negotiator_service.config import load_config
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.declarations import narrow, resolve_unknown
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import Capability, CapabilityState
-from negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters._strict import strict_form
+from agentsidecar.negotiator_service.adapters.openai import code_declaration, response_format
+from agentsidecar.negotiator_service.config import load_config
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.declarations import narrow, resolve_unknown
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import Capability, CapabilityState
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
 
 KEY_ENV = "NEGOTIATOR_TEST_MODEL_DECL_KEY"
 SUPPORTED = common_pb2.CAPABILITY_STATE_SUPPORTED

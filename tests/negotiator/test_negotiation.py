@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fakes import make_declaration
 
-from negotiator_service.errors import AdapterKindMismatch, AdapterNotFound, InvalidRequest
-from negotiator_service.model import (
+from agentsidecar.negotiator_service.errors import AdapterKindMismatch, AdapterNotFound, InvalidRequest
+from agentsidecar.negotiator_service.model import (
     AdapterKind,
     CallKind,
     CallOptions,
@@ -23,7 +23,7 @@ from negotiator_service.model import (
     ToolFilter,
     TypedSet,
 )
-from negotiator_service.negotiation import (
+from agentsidecar.negotiator_service.negotiation import (
     derive_requirements,
     judge,
     normalize_transport,

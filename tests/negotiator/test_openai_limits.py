@@ -8,14 +8,14 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from mock_openai import MockOpenAI
 from negotiator_testkit import call_error
 
-from negotiator_service.adapters.openai import DEFAULT_MAX_RESPONSE_BYTES
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.server import Settings, create_server
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters.openai import DEFAULT_MAX_RESPONSE_BYTES
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.server import Settings, create_server
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 KEY_ENV = "TEST_OPENAI_LIMITS_KEY"

@@ -12,17 +12,17 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from google.protobuf import struct_pb2
 from mock_openai import MockOpenAI
 from negotiator_testkit import call_error
 from test_tools import Caller, Stub, tool
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.openai import OpenAIAdapter
-from negotiator_service.adapters.openai_settings import ACCEPTED_SETTINGS
-from negotiator_service.model import (
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
+from agentsidecar.negotiator_service.adapters.openai_settings import ACCEPTED_SETTINGS
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterSpec,
     CallOptions,
@@ -30,8 +30,8 @@ from negotiator_service.model import (
     CapabilityState,
     DeclarationOverride,
 )
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_SURFACE_KEY"
 SUPPORTED = CapabilityState.SUPPORTED

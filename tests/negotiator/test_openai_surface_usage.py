@@ -15,14 +15,14 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from mock_openai import MockOpenAI
 from negotiator_testkit import NEGOTIATOR_BIN
 from test_tools import Caller, Stub, tool
 
-from negotiator_service.adapters.openai import read_usage
-from negotiator_service.model import Usage
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters.openai import read_usage
+from agentsidecar.negotiator_service.model import Usage
 from tests.procs import start_process
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_USAGE_KEY"

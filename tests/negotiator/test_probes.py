@@ -11,21 +11,21 @@ from typing import Any
 
 import grpc
 import pytest
+from mock_openai import MockOpenAI
+
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from mock_openai import MockOpenAI
-
-from negotiator_service import probes
-from negotiator_service.adapters.openai import code_declaration
-from negotiator_service.cli import main
-from negotiator_service.config import load_negotiator_config
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import Capability, CapabilityState
-from negotiator_service.probes import ProbeKind, ProbeVerdict
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from sidecar_runtime.richstatus import decode_error
+from agentsidecar.negotiator_service import probes
+from agentsidecar.negotiator_service.adapters.openai import code_declaration
+from agentsidecar.negotiator_service.cli import main
+from agentsidecar.negotiator_service.config import load_negotiator_config
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import Capability, CapabilityState
+from agentsidecar.negotiator_service.probes import ProbeKind, ProbeVerdict
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.sidecar_runtime.richstatus import decode_error
 
 KEY_ENV = "NEGOTIATOR_TEST_PROBES_KEY"
 SUPPORTED = common_pb2.CAPABILITY_STATE_SUPPORTED

@@ -13,17 +13,24 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import make_declaration
 from google.protobuf import struct_pb2
 from negotiator_testkit import EVERYTHING, TEST_CONFIG, add_fake, call_error
 
-from negotiator_service import negotiation
-from negotiator_service.config import load_negotiator_config
-from negotiator_service.errors import ConfigError, InvalidRequest
-from negotiator_service.model import CallKind, CallOptions, CallRequest, Capability, McpServer, Profile
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service import negotiation
+from agentsidecar.negotiator_service.config import load_negotiator_config
+from agentsidecar.negotiator_service.errors import ConfigError, InvalidRequest
+from agentsidecar.negotiator_service.model import (
+    CallKind,
+    CallOptions,
+    CallRequest,
+    Capability,
+    McpServer,
+    Profile,
+)
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 

@@ -25,10 +25,10 @@ from fakes import FakeAdapter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from negotiator_service import errors
-from negotiator_service.broker import Broker
-from negotiator_service.mcp_policy import McpPolicy
-from negotiator_service.model import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.broker import Broker
+from agentsidecar.negotiator_service.mcp_policy import McpPolicy
+from agentsidecar.negotiator_service.model import (
     SET_CAPABILITY,
     AdapterKind,
     CallKind,
@@ -43,7 +43,7 @@ from negotiator_service.model import (
     ToolFilter,
     TypedSet,
 )
-from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 FORMATS = ("email", "date", "uuid", "uri")
 SETTING_KEYS = ("temperature", "seed", "top_k")

@@ -14,14 +14,14 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from negotiator_testkit import NEGOTIATOR_BIN, REMOTE_ADAPTER, call_error
 
-from negotiator_service.adapters.remote import MAX_DECLARATION_BYTES
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from negotiator_service.status import ADAPTER_TARGET_RULE, DOMAIN
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters.remote import MAX_DECLARATION_BYTES
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator_service.status import ADAPTER_TARGET_RULE, DOMAIN
 from tests.procs import start_process, stop_process
 
 HOSTILE = Path(__file__).with_name("hostile_remote.py")

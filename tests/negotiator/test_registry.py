@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from fakes import FakeAdapter, make_declaration
 
-from negotiator_service.errors import AdapterAlreadyExists, AdapterNotFound, AdapterNotRemovable
-from negotiator_service.model import AdapterKind
-from negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from agentsidecar.negotiator_service.errors import AdapterAlreadyExists, AdapterNotFound, AdapterNotRemovable
+from agentsidecar.negotiator_service.model import AdapterKind
+from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 
 def entry(name: str, source: str = "runtime", target: str = "") -> RegisteredAdapter:

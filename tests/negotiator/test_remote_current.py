@@ -22,13 +22,13 @@ from typing import Any, TypeAlias
 import grpc
 import grpc.aio
 import pytest
+from negotiator_testkit import NEGOTIATOR_BIN, call_error
+
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from negotiator_testkit import NEGOTIATOR_BIN, call_error
-
-from negotiator_service.registrations import CORRUPT_SUFFIX, FILE_NAME, RegistrationStore
-from negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.negotiator_service.registrations import CORRUPT_SUFFIX, FILE_NAME, RegistrationStore
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
 from tests.procs import start_process, stop_process
 
 VERSIONED_REMOTE = Path(__file__).with_name("versioned_remote.py")

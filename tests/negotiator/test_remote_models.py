@@ -8,11 +8,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.server import RunningNegotiator
 from tests.procs import start_process, stop_process
 
 VERSIONED_REMOTE = Path(__file__).with_name("versioned_remote.py")

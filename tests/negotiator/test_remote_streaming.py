@@ -17,14 +17,14 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from negotiator_testkit import call_error
 from test_adapter_remote import SCHEMA, ExampleProcess
 from test_tools_remote import LocalToolBox
 
-from negotiator_service.adapters.remote import RemoteAdapter, connect_remote
-from negotiator_service.model import (
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters.remote import RemoteAdapter, connect_remote
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterReply,
     CallKind,
@@ -32,7 +32,7 @@ from negotiator_service.model import (
     StreamDelta,
     StreamEvent,
 )
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 CALLS = ("RPC Invoke", "RPC Produce", "RPC CallWithTools")

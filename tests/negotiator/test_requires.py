@@ -15,19 +15,19 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import make_declaration
 from negotiator_testkit import EVERYTHING, add_fake, call_error
 from test_tools import Caller
 
-from clients import NegotiatorClient, call_options
-from clients.errors import InvalidArgumentError, UnsupportedCapabilityError
-from negotiator_service.cli import main
-from negotiator_service.convert import CAPABILITY_TO_PROTO
-from negotiator_service.model import Capability
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.clients import NegotiatorClient, call_options
+from agentsidecar.clients.errors import InvalidArgumentError, UnsupportedCapabilityError
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.cli import main
+from agentsidecar.negotiator_service.convert import CAPABILITY_TO_PROTO
+from agentsidecar.negotiator_service.model import Capability
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 

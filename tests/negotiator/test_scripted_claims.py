@@ -18,24 +18,24 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from google.protobuf import json_format, struct_pb2
 from negotiator_testkit import NEGOTIATOR_BIN, TEST_CONFIG, call_error
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.scripted import ScriptedAdapter
-from negotiator_service.config import EMBEDDED_DEFAULT_CONFIG, load_config
-from negotiator_service.convert import CAPABILITY_TO_PROTO
-from negotiator_service.model import (
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.scripted import ScriptedAdapter
+from agentsidecar.negotiator_service.config import EMBEDDED_DEFAULT_CONFIG, load_config
+from agentsidecar.negotiator_service.convert import CAPABILITY_TO_PROTO
+from agentsidecar.negotiator_service.model import (
     AdapterKind,
     AdapterSpec,
     Capability,
     CapabilityState,
     DeclarationOverride,
 )
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 

@@ -9,16 +9,16 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import Hang, make_declaration
 from google.protobuf import struct_pb2
 from negotiator_testkit import ERROR_KINDS, EVERYTHING, add_fake, call_error
 
-from negotiator_service.model import AdapterKind, Capability, MaxDepth, McpServer, ToolFilter
-from negotiator_service.server import RunningNegotiator
-from negotiator_service.status import DOMAIN
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.model import AdapterKind, Capability, MaxDepth, McpServer, ToolFilter
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.status import DOMAIN
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 
@@ -434,7 +434,7 @@ async def test_a_bug_in_a_watch_is_internal_not_unknown(stub: Stub, monkeypatch:
     def broken(*_: object) -> None:
         raise ValueError("bug")
 
-    monkeypatch.setattr("negotiator_service.convert.watch_response", broken)
+    monkeypatch.setattr("agentsidecar.negotiator_service.convert.watch_response", broken)
     call = stub.WatchAdapters(pb.WatchAdaptersRequest())
     error = await call_error(call.read())
     assert error.code is grpc.StatusCode.INTERNAL

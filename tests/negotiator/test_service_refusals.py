@@ -9,16 +9,16 @@ from typing import TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import make_declaration
 from negotiator_testkit import EVERYTHING, add_fake, call_error
 
-from negotiator_service.convert import CAPABILITY_TO_PROTO
-from negotiator_service.model import AdapterKind, Capability, Declaration
-from negotiator_service.server import RunningNegotiator
-from negotiator_service.status import DOMAIN
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.convert import CAPABILITY_TO_PROTO
+from agentsidecar.negotiator_service.model import AdapterKind, Capability, Declaration
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.status import DOMAIN
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 Request: TypeAlias = "pb.ProduceRequest | pb.InvokeRequest"

@@ -7,9 +7,16 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from negotiator_service import errors
-from negotiator_service.model import Capability, CapabilityState, Decision, Requirement, TypedSet, Verdict
-from negotiator_service.status import DOMAIN, STATUS_TABLE, to_rich_error, unexpected_error
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.model import (
+    Capability,
+    CapabilityState,
+    Decision,
+    Requirement,
+    TypedSet,
+    Verdict,
+)
+from agentsidecar.negotiator_service.status import DOMAIN, STATUS_TABLE, to_rich_error, unexpected_error
 
 
 def all_subclasses(cls: type[errors.NegotiatorError]) -> list[type[errors.NegotiatorError]]:

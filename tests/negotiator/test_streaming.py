@@ -12,19 +12,19 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from mock_openai import MockOpenAI
 from negotiator_testkit import NEGOTIATOR_BIN, call_error
 from test_tools_openai import LocalToolBox
 
-from clients import NegotiatorClient
-from clients.aio import AsyncNegotiatorClient
-from clients.errors import UnsupportedCapabilityError
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.openai import OpenAIAdapter, SseReader
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.model import (
+from agentsidecar.clients import NegotiatorClient
+from agentsidecar.clients.aio import AsyncNegotiatorClient
+from agentsidecar.clients.errors import UnsupportedCapabilityError
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter, SseReader
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterReply,
     AdapterSpec,
@@ -33,10 +33,10 @@ from negotiator_service.model import (
     StreamDelta,
     StreamEvent,
 )
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator, Settings, create_server
-from sidecar_runtime import limits
-from sidecar_runtime.server import ServerOptions
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator, Settings, create_server
+from agentsidecar.sidecar_runtime import limits
+from agentsidecar.sidecar_runtime.server import ServerOptions
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_STREAM_KEY"

@@ -12,14 +12,14 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from negotiator_testkit import call_error
 
-from negotiator_service.adapters import build_adapter
-from negotiator_service.model import AdapterSpec
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.model import AdapterSpec
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 

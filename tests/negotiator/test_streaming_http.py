@@ -14,10 +14,10 @@ import pytest
 from mock_openai import MockOpenAI
 from test_tools_openai import LocalToolBox
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.openai import OpenAIAdapter
-from negotiator_service.model import (
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterReply,
     AdapterSpec,

@@ -11,15 +11,15 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from fakes import ReplyFn, make_declaration
 from negotiator_testkit import TEST_CONFIG, add_fake
 
-from negotiator_service.adapters import build_adapter
-from negotiator_service.errors import ConfigError
-from negotiator_service.model import (
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.errors import ConfigError
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterKind,
     AdapterReply,
@@ -28,8 +28,8 @@ from negotiator_service.model import (
     DeclarationOverride,
     ToolOutcome,
 )
-from negotiator_service.server import RunningNegotiator
-from sidecar_runtime.richstatus import DecodedError, decode_error
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.sidecar_runtime.richstatus import DecodedError, decode_error
 
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # grpc-stubs do not know it

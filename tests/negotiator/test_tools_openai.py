@@ -12,14 +12,14 @@ from types import MappingProxyType
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from mock_openai import MockOpenAI
 from test_tools import KEY_SCHEMA, Caller, Stub, tool
 
-from negotiator_service import errors
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.openai import MAX_TOOL_ROUNDS, OpenAIAdapter, tool_message
-from negotiator_service.model import (
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.openai import MAX_TOOL_ROUNDS, OpenAIAdapter, tool_message
+from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterSpec,
     CallOptions,
@@ -30,8 +30,8 @@ from negotiator_service.model import (
     ToolOutcome,
     ToolSpec,
 )
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_TOOLS_KEY"
 CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -12,16 +12,21 @@ import json
 
 import grpc
 import pytest
-from agentsidecar.adapter.v1 import adapter_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from test_adapter_remote import SCHEMA, ExampleProcess, example, remote
 from test_tools import KEY_SCHEMA, Caller, Stub, tool
 
-from negotiator_service import errors
-from negotiator_service.adapters.remote import MAX_TOOL_CALLS, RemoteAdapter, connect_remote, reply_state
-from negotiator_service.model import AdapterCall, CallOptions, JsonValue, ToolOutcome, ToolSpec
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator
+from agentsidecar.adapter.v1 import adapter_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator_service import errors
+from agentsidecar.negotiator_service.adapters.remote import (
+    MAX_TOOL_CALLS,
+    RemoteAdapter,
+    connect_remote,
+    reply_state,
+)
+from agentsidecar.negotiator_service.model import AdapterCall, CallOptions, JsonValue, ToolOutcome, ToolSpec
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator
 
 __all__ = ["example", "remote"]  # fixtures (the example adapter's process and a connection), used by name
 

@@ -17,18 +17,18 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from mock_openai import MockOpenAI
 from test_tools import EOF, TOOLS_CONFIG, Caller, Stub, tool
 
-from clients import NegotiatorClient
-from clients.aio import AsyncNegotiatorClient
-from negotiator_service.adapters import build_adapter
-from negotiator_service.adapters.openai import OpenAIAdapter
-from negotiator_service.model import AdapterSpec
-from negotiator_service.registry import RegisteredAdapter
-from negotiator_service.server import RunningNegotiator
-from sidecar_runtime.richstatus import decode_error
+from agentsidecar.clients import NegotiatorClient
+from agentsidecar.clients.aio import AsyncNegotiatorClient
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator_service.adapters import build_adapter
+from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
+from agentsidecar.negotiator_service.model import AdapterSpec
+from agentsidecar.negotiator_service.registry import RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.sidecar_runtime.richstatus import decode_error
 
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_TOOL_STREAM_KEY"
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}

@@ -25,11 +25,12 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
-from agentsidecar.common.v1 import common_pb2
 from google.protobuf import struct_pb2
 from grpc_health.v1 import _async as health_aio  # the public alias `health.aio` is invisible to mypy
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agentsidecar.adapter.v1 import adapter_pb2, adapter_pb2_grpc
+from agentsidecar.common.v1 import common_pb2
 
 
 def declaration(

@@ -7,10 +7,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 
-from negotiator_service.conversations import ConversationStore
-from negotiator_service.server import Settings, create_server
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
+from agentsidecar.negotiator_service.conversations import ConversationStore
+from agentsidecar.negotiator_service.server import Settings, create_server
 
 KEY_ENV = "NEGOTIATOR_PEER_KEY"
 

@@ -11,9 +11,9 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
+
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-
 from tests.peers.negotiator_kit import KEY_ENV, negotiator_stub
 from tests.peers.peer_support import Peer, RecordingProxy
 from tests.peers.test_litellm import MASTER_KEY, STRICT_READY, litellm, proxy

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
+
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-
 from tests.peers.negotiator_kit import KEY_ENV, negotiator_stub
 from tests.peers.peer_support import Peer, RecordingProxy, free_port, peer_binary, running_peer
 

@@ -29,10 +29,10 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from negotiator_service import errors as negotiator_errors
-from seedstore_service import errors as seedstore_errors
-from seedstore_service import status as seedstore_status
-from sidecar_runtime.richstatus import DecodedError, decode_error
+from agentsidecar.negotiator_service import errors as negotiator_errors
+from agentsidecar.seedstore_service import errors as seedstore_errors
+from agentsidecar.seedstore_service import status as seedstore_status
+from agentsidecar.sidecar_runtime.richstatus import DecodedError, decode_error
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -282,7 +282,7 @@ def start_seedstore(
     argv = [
         PYTHON,
         "-m",
-        "seedstore_service.cli",
+        "agentsidecar.seedstore_service.cli",
         "serve",
         "--listen",
         f"unix:{socket_path}",
@@ -304,7 +304,7 @@ def start_negotiator(
     argv = [
         PYTHON,
         "-m",
-        "negotiator_service.cli",
+        "agentsidecar.negotiator_service.cli",
         "serve",
         "--config",
         str(config),

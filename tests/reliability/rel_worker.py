@@ -3,7 +3,7 @@
 rel_worker.py updates TARGET HOME WORKER COUNT SEED[,SEED...]
     COUNT updates, each adding the provides value `w<WORKER>_<n>` to one of the
     shared seeds (round robin, offset by WORKER). Every third update (offset
-    by WORKER) runs the local CLI path, `python -m seedstore_service.cli update`
+    by WORKER) runs the local CLI path, `python -m agentsidecar.seedstore_service.cli update`
     in its own process against the files under HOME; the others go through the
     RPC path, clients/seedstore.py against the service at TARGET. (A CLI
     process costs half a second of CPU at start-up; a third keeps the CI size
@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-
-from clients.seedstore import SeedStoreClient
-from seedstore_service.patch import UpdatePatch
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.patch import UpdatePatch
+from agentsidecar.seedstore_service.store import SeedStore
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -45,7 +44,15 @@ def cli_update(home: str, seed_id: str, value: str) -> None:
     env = {key: val for key, val in os.environ.items() if not key.startswith(("SEEDSTORE_", "SKILLSPEC_"))}
     env["SKILLSPEC_HOME"] = home
     completed = subprocess.run(
-        [sys.executable, "-m", "seedstore_service.cli", "update", seed_id, "--add-provides", value],
+        [
+            sys.executable,
+            "-m",
+            "agentsidecar.seedstore_service.cli",
+            "update",
+            seed_id,
+            "--add-provides",
+            value,
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from mock_openai import MockOpenAI
 
-from clients.errors import SidecarError
-from clients.negotiator import NegotiatorClient
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.negotiator import NegotiatorClient
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from tests.reliability.rel_support import (
     NEGOTIATOR_DOMAIN,
     Figures,

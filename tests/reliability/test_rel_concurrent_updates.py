@@ -2,7 +2,7 @@
 
 Each of N worker processes makes M updates, each adding its own provides value
 (`w<worker>_<n>`) to one of a few shared seeds, mixing the local CLI path
-(`python -m seedstore_service.cli update`, one process per update, straight
+(`python -m agentsidecar.seedstore_service.cli update`, one process per update, straight
 on the files; every third update) and the RPC path (clients/seedstore.py against a real
 `seedstore serve` process on the same store). Meanwhile this process keeps
 reading every seed file and listing through the service. At the end every
@@ -27,14 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 
-from clients.errors import SidecarError
-from clients.seedstore import SeedStoreClient
-from seedstore_service.errors import SeedMalformed
-from seedstore_service.patch import AddSpec
-from seedstore_service.seedfile import parse_seed
-from seedstore_service.store import SeedStore
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.seedstore import SeedStoreClient
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore_service.errors import SeedMalformed
+from agentsidecar.seedstore_service.patch import AddSpec
+from agentsidecar.seedstore_service.seedfile import parse_seed
+from agentsidecar.seedstore_service.store import SeedStore
 from tests.reliability.rel_support import (
     PYTHON,
     WORKER,

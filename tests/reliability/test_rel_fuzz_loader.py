@@ -21,8 +21,8 @@ from types import MappingProxyType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seedstore_service.errors import SeedMalformed
-from seedstore_service.model import (
+from agentsidecar.seedstore_service.errors import SeedMalformed
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Outcome,
     Promotion,
@@ -32,7 +32,7 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.seedfile import dump_seed, parse_seed
+from agentsidecar.seedstore_service.seedfile import dump_seed, parse_seed
 from tests.reliability.rel_support import Sizes
 
 EXAMPLES = Sizes.from_env(os.environ).fuzz_examples

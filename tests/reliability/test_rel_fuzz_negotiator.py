@@ -33,13 +33,13 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.common.v1 import common_pb2
-from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
-from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from google.protobuf import struct_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from tests.reliability.rel_support import (
     UNDECODABLE,
     Figures,

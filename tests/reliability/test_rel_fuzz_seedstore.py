@@ -31,16 +31,16 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seedstore_service.patch import AddSpec
-from seedstore_service.seedfile import parse_seed
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
+from agentsidecar.seedstore_service.patch import AddSpec
+from agentsidecar.seedstore_service.seedfile import parse_seed
+from agentsidecar.seedstore_service.store import SeedStore
 from tests.reliability.rel_support import (
     UNDECODABLE,
     Figures,

@@ -26,13 +26,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-
-from clients.errors import SidecarError
-from clients.seedstore import SeedStoreClient
-from seedstore_service.patch import AddSpec
-from seedstore_service.seedfile import parse_seed
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.patch import AddSpec
+from agentsidecar.seedstore_service.seedfile import parse_seed
+from agentsidecar.seedstore_service.store import SeedStore
 from tests.reliability.rel_support import (
     PYTHON,
     WORKER,

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-
-from clients.seedstore import SeedStoreClient
-from sidecar_runtime import proctree
+from agentsidecar.sidecar_runtime import proctree
 from tests.reliability.rel_support import Figures, Sidecar, is_gone, start_negotiator, start_seedstore
 
 ESCAPER = """#!/bin/sh

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
-
-from clients.seedstore import SeedStoreClient
 from tests.reliability.rel_support import Figures, Sidecar, Sizes, decoded, start_seedstore
 
 FULL = Sizes.from_env(os.environ).full

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.negotiator import NegotiatorClient
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.negotiator.v1 import negotiator_pb2 as npb
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
-
-from clients.errors import SidecarError
-from clients.negotiator import NegotiatorClient
-from clients.seedstore import SeedStoreClient
-from seedstore_service.patch import AddSpec
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.patch import AddSpec
+from agentsidecar.seedstore_service.store import SeedStore
 from tests.reliability.rel_support import (
     Figures,
     Sidecar,

@@ -6,7 +6,7 @@ an error that would quote far more than that: Invoke with 500 unknown
 settings keys (500 gaps), calls naming a 100 KB adapter or seed identifier.
 grpcio's synchronous client (C-core) must get the documented code and
 ErrorInfo, with the trailers under the runtime's budget
-(`sidecar_runtime.richstatus.MAX_TRAILER_BYTES`), and `violationsOmitted`
+(`agentsidecar.sidecar_runtime.richstatus.MAX_TRAILER_BYTES`), and `violationsOmitted`
 counting what was left out.
 
 Figures: trailer bytes per case and violations kept.
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
 from google.protobuf import struct_pb2
 
-from sidecar_runtime.richstatus import (
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+from agentsidecar.sidecar_runtime.richstatus import (
     MAX_METADATA_VALUE_CHARS,
     MAX_TRAILER_BYTES,
     VIOLATIONS_OMITTED,

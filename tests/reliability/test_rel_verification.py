@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from google.protobuf import duration_pb2
 
-from clients.seedstore import SeedStoreClient
+from agentsidecar.clients.seedstore import SeedStoreClient
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from tests.reliability.rel_support import (
     Figures,
     Sidecar,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sidecar_runtime.server import RunningServer, ServerOptions, start_server
+from agentsidecar.sidecar_runtime.server import RunningServer, ServerOptions, start_server
 
 from .runtime_support import PROBE_READS, PROBE_SERVICE, Pki, Probe, StartProbe, make_pki
 

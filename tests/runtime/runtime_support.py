@@ -24,8 +24,8 @@ from typing import Any
 
 import grpc
 
-from sidecar_runtime.richstatus import RichError, abort_with, wire_message_size
-from sidecar_runtime.server import RunningServer
+from agentsidecar.sidecar_runtime.richstatus import RichError, abort_with, wire_message_size
+from agentsidecar.sidecar_runtime.server import RunningServer
 
 PROBE_SERVICE = "runtime.test.v1.Probe"
 MUTATE = f"/{PROBE_SERVICE}/Mutate"

@@ -9,15 +9,15 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from negotiator_service import server as negotiator_server
-from seedstore_service import server as seedstore_server
-from sidecar_runtime.auth import (
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.negotiator_service import server as negotiator_server
+from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+from agentsidecar.seedstore_service import server as seedstore_server
+from agentsidecar.sidecar_runtime.auth import (
     DOMAIN,
     AuthConfigError,
     EnvToken,
@@ -27,8 +27,8 @@ from sidecar_runtime.auth import (
     judge,
     parse_tokens,
 )
-from sidecar_runtime.richstatus import DecodedError, decode_error
-from sidecar_runtime.server import ServerOptions
+from agentsidecar.sidecar_runtime.richstatus import DecodedError, decode_error
+from agentsidecar.sidecar_runtime.server import ServerOptions
 
 from .runtime_support import MUTATE, Pki, StartProbe, method, stream, tls_channel, unary
 

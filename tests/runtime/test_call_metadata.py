@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from sidecar_runtime.handlers import RuntimeInterceptor, call_metadata
+from agentsidecar.sidecar_runtime.handlers import RuntimeInterceptor, call_metadata
 
 KEY = "x-caller-mark"
 

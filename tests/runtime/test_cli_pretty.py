@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar_runtime.cli_common import pretty
+from agentsidecar.sidecar_runtime.cli_common import pretty
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text()
 values = st.recursive(

@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from clients.errors import from_rpc_error
-from sidecar_runtime.richstatus import (
+from agentsidecar.clients.errors import from_rpc_error
+from agentsidecar.sidecar_runtime.richstatus import (
     MAX_MESSAGE_WIRE_BYTES,
     MAX_METADATA_VALUE_CHARS,
     MAX_TRAILER_BYTES,
@@ -30,7 +30,7 @@ from sidecar_runtime.richstatus import (
     decode_error,
     wire_message_size,
 )
-from sidecar_runtime.server import RunningServer, ServerOptions, start_server
+from agentsidecar.sidecar_runtime.server import RunningServer, ServerOptions, start_server
 from tests.runtime.runtime_support import trailer_bytes
 
 SERVICE = "runtime.test.v1.Oversized"

@@ -20,13 +20,13 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
-from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar_runtime.metrics import GO_CODE_NAMES
-from sidecar_runtime.richstatus import RichError, abort_with
-from sidecar_runtime.server import ServerOptions, start_server
+from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
+from agentsidecar.sidecar_runtime.metrics import GO_CODE_NAMES
+from agentsidecar.sidecar_runtime.richstatus import RichError, abort_with
+from agentsidecar.sidecar_runtime.server import ServerOptions, start_server
 from tests.procs import start_process, stop_process
 
 SHAPES = "runtime.test.v1.Shapes"
@@ -181,7 +181,7 @@ def seedstore(socket_dir: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
     target = f"unix:{socket_dir / 'seedstore.sock'}"
     process, _ = start_process(
         [
-            *(sys.executable, "-m", "seedstore_service.cli", "serve", "--listen", target),
+            *(sys.executable, "-m", "agentsidecar.seedstore_service.cli", "serve", "--listen", target),
             *("--metrics-listen", "127.0.0.1:0", "--no-call-log"),
         ],
         env={"SKILLSPEC_HOME": str(tmp_path / "home")},

@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 import pytest
+
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
-
 from tests.procs import REPO
 
 CALLS = 50

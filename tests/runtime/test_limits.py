@@ -12,9 +12,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar_runtime.limits import DOMAIN
-from sidecar_runtime.richstatus import decode_error
-from sidecar_runtime.server import ServerOptions, start_server
+from agentsidecar.sidecar_runtime.limits import DOMAIN
+from agentsidecar.sidecar_runtime.richstatus import decode_error
+from agentsidecar.sidecar_runtime.server import ServerOptions, start_server
 
 from .runtime_support import PROBE_SERVICE, Probe, StartProbe, stream, unary
 

@@ -19,11 +19,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from sidecar_runtime import handlers
-from sidecar_runtime.auth import EnvToken
-from sidecar_runtime.handlers import RuntimeInterceptor
-from sidecar_runtime.richstatus import DecodedError, decode_error
-from sidecar_runtime.server import RunningServer, ServerOptions, start_server
+from agentsidecar.sidecar_runtime import handlers
+from agentsidecar.sidecar_runtime.auth import EnvToken
+from agentsidecar.sidecar_runtime.handlers import RuntimeInterceptor
+from agentsidecar.sidecar_runtime.richstatus import DecodedError, decode_error
+from agentsidecar.sidecar_runtime.server import RunningServer, ServerOptions, start_server
 
 UNDECODABLE = b"\xff\xff\xff\xff\x0f"  # a field tag whose number overflows: no message parses it
 TYPED_SERVICE = "runtime.test.v1.Typed"

@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar_runtime import observability
-from sidecar_runtime.auth import EnvToken
-from sidecar_runtime.observability import CallLog
+from agentsidecar.sidecar_runtime import observability
+from agentsidecar.sidecar_runtime.auth import EnvToken
+from agentsidecar.sidecar_runtime.observability import CallLog
 
 from .runtime_support import PROBE_SERVICE, StartProbe, method, stream, unary
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2
-from agentsidecar.seedstore.v1 import seedstore_pb2
 
-from negotiator_service.servicer import NegotiatorServicer
-from seedstore_service.servicer import SeedStoreServicer
-from sidecar_runtime.richstatus import RichError, abort_with, decode_error
-from sidecar_runtime.rpcerrors import ErrorTable, stream_stream, unary_stream, unary_unary
-from sidecar_runtime.server import ServerOptions, start_server
+from agentsidecar.negotiator.v1 import negotiator_pb2
+from agentsidecar.negotiator_service.servicer import NegotiatorServicer
+from agentsidecar.seedstore.v1 import seedstore_pb2
+from agentsidecar.seedstore_service.servicer import SeedStoreServicer
+from agentsidecar.sidecar_runtime.richstatus import RichError, abort_with, decode_error
+from agentsidecar.sidecar_runtime.rpcerrors import ErrorTable, stream_stream, unary_stream, unary_unary
+from agentsidecar.sidecar_runtime.server import ServerOptions, start_server
 
 SERVICE = "runtime.test.v1.Failing"
 DOMAIN = "failing.test"

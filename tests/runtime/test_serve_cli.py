@@ -17,18 +17,22 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from negotiator_service import cli as negotiator_cli
-from seedstore_service import cli as seedstore_cli
-from seedstore_service.server import Settings as SeedStoreSettings
-from seedstore_service.server import add_serve_arguments as add_seedstore_serve_arguments
-from sidecar_runtime.auth import EnvToken, TlsFiles, TokenFile
-from sidecar_runtime.richstatus import decode_error
-from sidecar_runtime.serve_args import ServeArgumentError, add_serve_arguments, server_options_from_args
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.negotiator_service import cli as negotiator_cli
+from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+from agentsidecar.seedstore_service import cli as seedstore_cli
+from agentsidecar.seedstore_service.server import Settings as SeedStoreSettings
+from agentsidecar.seedstore_service.server import add_serve_arguments as add_seedstore_serve_arguments
+from agentsidecar.sidecar_runtime.auth import EnvToken, TlsFiles, TokenFile
+from agentsidecar.sidecar_runtime.richstatus import decode_error
+from agentsidecar.sidecar_runtime.serve_args import (
+    ServeArgumentError,
+    add_serve_arguments,
+    server_options_from_args,
+)
 
 BIN = Path(sys.executable).parent
 TOKEN = "cli-token"

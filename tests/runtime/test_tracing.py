@@ -12,12 +12,12 @@ from typing import Any
 
 import grpc
 import pytest
-from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from sidecar_runtime.tracing import TracingConfigError, start_tracing
+from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
+from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
+from agentsidecar.sidecar_runtime.tracing import TracingConfigError, start_tracing
 from tests.procs import REPO, start_process, stop_process
 from tests.runtime.runtime_support import StartProbe
 from tests.runtime.test_serve_cli import BIN, Sidecar, cleanup, env, launch
@@ -206,7 +206,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sidecar_runtime.server import ServerOptions, start_server
+from agentsidecar.sidecar_runtime.server import ServerOptions, start_server
 
 exporter = InMemorySpanExporter()
 provider = TracerProvider()
@@ -233,7 +233,7 @@ TWICE = """
 import asyncio, sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sidecar_runtime.server import ServerOptions, start_server
+from agentsidecar.sidecar_runtime.server import ServerOptions, start_server
 
 async def serve_once(socket):
     running = await start_server(lambda server: None, (), ServerOptions(listen=[f"unix:{socket}"], otel=True))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import enum
 
 import pytest
-from agentsidecar.common.v1 import common_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
-from negotiator_service.model import Capability, TypedSet
-from sidecar_runtime.wire_names import SET_CAPABILITY_NAMES, Gate, Risk, UnknownGate
+from agentsidecar.common.v1 import common_pb2
+from agentsidecar.negotiator_service.model import Capability, TypedSet
+from agentsidecar.sidecar_runtime.wire_names import SET_CAPABILITY_NAMES, Gate, Risk, UnknownGate
 
 
 @pytest.mark.parametrize(

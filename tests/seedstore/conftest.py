@@ -6,7 +6,7 @@
   call it with blocking clients and CLI subprocesses.
 * `cli`: the `seedstore` CLI in a subprocess, parametrized "local" (files) and
   "server" (`--server unix:...`). `cli.run(...)` is one `python -m
-  seedstore_service.cli` process; `cli.batch([...])` runs many commands through
+  agentsidecar.seedstore_service.cli` process; `cli.batch([...])` runs many commands through
   `main()` in one subprocess, which keeps the suite fast on a busy machine.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from seedstore_service.server import SeedStoreServer, Settings, create_server
+from agentsidecar.seedstore_service.server import SeedStoreServer, Settings, create_server
 
 PYTHON = sys.executable
 MAIN_ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ MAIN_ROOT = Path(__file__).resolve().parents[2]
 # Runs each argv list of a JSON array (stdin) through main(), capturing what it prints.
 _BATCH_SCRIPT = """
 import contextlib, io, json, sys
-from seedstore_service.cli import main
+from agentsidecar.seedstore_service.cli import main
 results = []
 for argv in json.load(sys.stdin):
     out, err = io.StringIO(), io.StringIO()
@@ -213,7 +213,7 @@ class Cli:
 
     def run(self, *args: str, timeout: float = 30) -> CliResult:
         completed = subprocess.run(
-            [PYTHON, "-m", "seedstore_service.cli", *self.argv(args)],
+            [PYTHON, "-m", "agentsidecar.seedstore_service.cli", *self.argv(args)],
             env=self.env,
             capture_output=True,
             text=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seedstore_service.broadening import (
+from agentsidecar.seedstore_service.broadening import (
     NOTHING_FOUND_POLICY,
     RELATED_FOUND_POLICY,
     Broadening,
@@ -17,10 +17,10 @@ from seedstore_service.broadening import (
     parse_user_table,
     plan_attempts,
 )
-from seedstore_service.errors import InvalidArgument
-from seedstore_service.model import Rank, Risk, Seed, Verification, VerificationStatus
-from seedstore_service.ranking import SearchQuery, SearchResult, search
-from seedstore_service.seedfile import canonical, validate_identifier
+from agentsidecar.seedstore_service.errors import InvalidArgument
+from agentsidecar.seedstore_service.model import Rank, Risk, Seed, Verification, VerificationStatus
+from agentsidecar.seedstore_service.ranking import SearchQuery, SearchResult, search
+from agentsidecar.seedstore_service.seedfile import canonical, validate_identifier
 
 SEED_001_TERMS = (
     "voice",

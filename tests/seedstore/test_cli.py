@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from seedstore_service.patch import AddSpec
-from seedstore_service.render import SCAN_MESSAGE
-from seedstore_service.seedfile import parse_seed
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.patch import AddSpec
+from agentsidecar.seedstore_service.render import SCAN_MESSAGE
+from agentsidecar.seedstore_service.seedfile import parse_seed
+from agentsidecar.seedstore_service.store import SeedStore
 
 from .conftest import PYTHON, Cli, CliResult, ServerThread
 
@@ -471,7 +471,7 @@ def test_server_address_from_environment_over_tcp(
     add_example(home)
     server.sync()
     completed = subprocess.run(
-        [PYTHON, "-m", "seedstore_service.cli", "list"],
+        [PYTHON, "-m", "agentsidecar.seedstore_service.cli", "list"],
         env={**cli_env, "SEEDSTORE_SERVER": server.tcp_target, "SKILLSPEC_HOME": "/nonexistent"},
         capture_output=True,
         text=True,
@@ -485,7 +485,14 @@ def test_server_address_from_environment_over_tcp(
 @pytest.mark.slow
 def test_unreachable_server_is_an_error(cli_env: dict[str, str], socket_dir: Path) -> None:
     completed = subprocess.run(
-        [PYTHON, "-m", "seedstore_service.cli", "--server", f"unix:{socket_dir}/none.sock", "store"],
+        [
+            PYTHON,
+            "-m",
+            "agentsidecar.seedstore_service.cli",
+            "--server",
+            f"unix:{socket_dir}/none.sock",
+            "store",
+        ],
         env=cli_env,
         capture_output=True,
         text=True,
@@ -504,7 +511,7 @@ def test_verify_shows_live_progress_on_a_terminal(cli: Cli, home: Path) -> None:
     controller, terminal = pty.openpty()
     try:
         process = subprocess.Popen(
-            [PYTHON, "-m", "seedstore_service.cli", *cli.argv(["verify", "remote-voice-cli"])],
+            [PYTHON, "-m", "agentsidecar.seedstore_service.cli", *cli.argv(["verify", "remote-voice-cli"])],
             env=cli.env,
             stdout=subprocess.PIPE,
             stderr=terminal,
@@ -577,7 +584,7 @@ def test_verify_progress_json_streams_the_events_as_json_lines(cli: Cli, home: P
 
 _WORKER = """
 import sys
-from seedstore_service.cli import main
+from agentsidecar.seedstore_service.cli import main
 prefix, server = sys.argv[1], sys.argv[2]
 base = ["--server", server] if server else []
 for n in range(25):

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seedstore_service.cli import main
+from agentsidecar.seedstore_service.cli import main
 
 from .conftest import PYTHON, Cli
 
@@ -230,7 +230,11 @@ def test_hostile_argv_in_a_real_process(tmp_path: Path, argv: list[str]) -> None
     env = {**os.environ, "SKILLSPEC_HOME": str(tmp_path)}
     env.pop("SEEDSTORE_SERVER", None)
     result = subprocess.run(
-        [PYTHON, "-m", "seedstore_service.cli", *argv], env=env, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "agentsidecar.seedstore_service.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode in (0, 1, 2)
     assert "Traceback" not in result.stderr
@@ -243,7 +247,7 @@ def test_arguments_that_are_not_utf8_are_refused_as_clap_does(tmp_path: Path) ->
     argv = [
         PYTHON.encode(),
         b"-m",
-        b"seedstore_service.cli",
+        b"agentsidecar.seedstore_service.cli",
         *(arg.encode() for arg in ADD),
         b"--command",
         b"\xff",

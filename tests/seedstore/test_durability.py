@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from seedstore_service.model import Seed
-from seedstore_service.patch import UpdatePatch
-from seedstore_service.seedfile import dump_seed, parse_seed
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.model import Seed
+from agentsidecar.seedstore_service.patch import UpdatePatch
+from agentsidecar.seedstore_service.seedfile import dump_seed, parse_seed
+from agentsidecar.seedstore_service.store import SeedStore
 
 WRITER = Path(__file__).with_name("writer_process.py")
 # Loaded by path: it is also run as a script, and this test directory may or may not be a package.

@@ -4,7 +4,7 @@ sections names is one the code returns."""
 
 from __future__ import annotations
 
-from seedstore_service.status import to_rich_error
+from agentsidecar.seedstore_service.status import to_rich_error
 from tests.error_docs import RUNTIME, documented, rows, section
 from tests.seedstore.test_status import EXAMPLES
 

@@ -3,12 +3,11 @@ search's candidate carries for the same file, and SearchSeeds says its ask windo
 
 from __future__ import annotations
 
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-
-from clients.seedstore import SeedStoreClient
-from seedstore_service.ranking import ASK_WITHIN_POINTS
-from sidecar_runtime.wire_names import Gate
+from agentsidecar.seedstore_service.ranking import ASK_WITHIN_POINTS
+from agentsidecar.sidecar_runtime.wire_names import Gate
 
 from .conftest import ServerThread
 

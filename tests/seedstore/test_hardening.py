@@ -12,17 +12,17 @@ from typing import cast
 
 import grpc
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from clients.errors import SidecarError
-from clients.seedstore import SeedStoreClient
-from seedstore_service.persisted import INDEX_DIR_NAME
-from seedstore_service.seedfile import MAX_IDENTIFIER_LENGTH, MAX_SEED_FILE_BYTES
-from seedstore_service.status import ERROR_DOMAIN
-from sidecar_runtime.server import ServerOptions
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.seedstore import SeedStoreClient
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
+from agentsidecar.seedstore_service.persisted import INDEX_DIR_NAME
+from agentsidecar.seedstore_service.seedfile import MAX_IDENTIFIER_LENGTH, MAX_SEED_FILE_BYTES
+from agentsidecar.seedstore_service.status import ERROR_DOMAIN
+from agentsidecar.sidecar_runtime.server import ServerOptions
 
 from .conftest import Cli, ServerThread
 from .test_watch import Watcher

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seedstore_service import errors, ranking
-from seedstore_service.index import ChangeEvent, SeedIndex
-from seedstore_service.model import (
+from agentsidecar.seedstore_service import errors, ranking
+from agentsidecar.seedstore_service.index import ChangeEvent, SeedIndex
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Outcome,
     Problem,
@@ -24,9 +24,15 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.patch import UpdatePatch
-from seedstore_service.seedfile import dump_seed, revision_of
-from seedstore_service.store import LoadedScope, ParsedFile, SeedStore, StoredSeed, read_seed_file
+from agentsidecar.seedstore_service.patch import UpdatePatch
+from agentsidecar.seedstore_service.seedfile import dump_seed, revision_of
+from agentsidecar.seedstore_service.store import (
+    LoadedScope,
+    ParsedFile,
+    SeedStore,
+    StoredSeed,
+    read_seed_file,
+)
 
 # Small vocabularies, so random seeds collide on the interesting cases: canonical equality
 # (text-to-speech / text_to_speech), short texts inside long terms (speech, cli) and the reverse.
@@ -345,7 +351,7 @@ def test_refresh_rereads_only_changed_files(root: Path, monkeypatch: pytest.Monk
         reads.append(path)
         return read_seed_file(path, domain_dir, known)
 
-    monkeypatch.setattr("seedstore_service.index.read_seed_file", counting_read)
+    monkeypatch.setattr("agentsidecar.seedstore_service.index.read_seed_file", counting_read)
     seed_index = SeedIndex(SeedStore(root))
     seed_index.refresh()
     assert len(reads) == 5

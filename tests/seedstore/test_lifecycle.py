@@ -17,14 +17,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from clients.errors import SidecarError
-from clients.seedstore import SeedStoreClient
-from seedstore_service import errors
-from seedstore_service.server import (
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.seedstore import SeedStoreClient
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service.server import (
     SERVICE_NAME,
     Settings,
     _refresh_forever,
@@ -131,7 +131,7 @@ def test_sigterm_drains_a_running_verify_then_exits_cleanly(
         [
             PYTHON,
             "-m",
-            "seedstore_service.cli",
+            "agentsidecar.seedstore_service.cli",
             "serve",
             "--listen",
             f"unix:{socket_path}",

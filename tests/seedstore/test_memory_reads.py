@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from seedstore_service import errors
-from seedstore_service.index import SeedIndex
-from seedstore_service.model import Evidence, Seed
-from seedstore_service.operations import SeedOperations, VerifyRequest
-from seedstore_service.ranking import SearchQuery
-from seedstore_service.runner import (
+from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service.index import SeedIndex
+from agentsidecar.seedstore_service.model import Evidence, Seed
+from agentsidecar.seedstore_service.operations import SeedOperations, VerifyRequest
+from agentsidecar.seedstore_service.ranking import SearchQuery
+from agentsidecar.seedstore_service.runner import (
     CheckFinished,
     CheckStarted,
     RunnerSettings,
@@ -28,8 +28,8 @@ from seedstore_service.runner import (
     VerifyEvent,
     check_seeds,
 )
-from seedstore_service.seedfile import dump_seed
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.seedfile import dump_seed
+from agentsidecar.seedstore_service.store import SeedStore
 
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 

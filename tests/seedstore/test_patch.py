@@ -7,8 +7,8 @@ from types import MappingProxyType
 
 import pytest
 
-from seedstore_service.errors import InvalidArgument, InvalidIdentifier
-from seedstore_service.model import (
+from agentsidecar.seedstore_service.errors import InvalidArgument, InvalidIdentifier
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Outcome,
     Promotion,
@@ -18,7 +18,7 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.patch import (
+from agentsidecar.seedstore_service.patch import (
     AddSpec,
     UpdatePatch,
     apply_patch,

@@ -21,9 +21,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seedstore_service import errors, ranking
-from seedstore_service.index import ChangeEvent, SeedIndex
-from seedstore_service.model import (
+from agentsidecar.seedstore_service import errors, ranking
+from agentsidecar.seedstore_service.index import ChangeEvent, SeedIndex
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Outcome,
     Promotion,
@@ -33,10 +33,10 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.operations import SeedOperations
-from seedstore_service.patch import UpdatePatch
-from seedstore_service.seedfile import dump_seed, dump_seed_via_emitter, parse_seed, revision_of
-from seedstore_service.store import (
+from agentsidecar.seedstore_service.operations import SeedOperations
+from agentsidecar.seedstore_service.patch import UpdatePatch
+from agentsidecar.seedstore_service.seedfile import dump_seed, dump_seed_via_emitter, parse_seed, revision_of
+from agentsidecar.seedstore_service.store import (
     Locator,
     ParsedFile,
     SeedStore,
@@ -362,8 +362,12 @@ class ReadCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.store_reads: list[str] = []
         self.index_reads: list[str] = []
-        monkeypatch.setattr("seedstore_service.store.read_seed_file", self._reader(self.store_reads))
-        monkeypatch.setattr("seedstore_service.index.read_seed_file", self._reader(self.index_reads))
+        monkeypatch.setattr(
+            "agentsidecar.seedstore_service.store.read_seed_file", self._reader(self.store_reads)
+        )
+        monkeypatch.setattr(
+            "agentsidecar.seedstore_service.index.read_seed_file", self._reader(self.index_reads)
+        )
 
     @staticmethod
     def _reader(into: list[str]) -> Callable[[str, str | None, StoredSeed | None], ParsedFile]:

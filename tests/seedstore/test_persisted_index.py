@@ -19,13 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seedstore_service import errors, persisted
-from seedstore_service.model import Evidence, Seed
-from seedstore_service.operations import SeedOperations
-from seedstore_service.persisted import INDEX_DIR_NAME
-from seedstore_service.ranking import SearchQuery
-from seedstore_service.seedfile import dump_seed
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service import errors, persisted
+from agentsidecar.seedstore_service.model import Evidence, Seed
+from agentsidecar.seedstore_service.operations import SeedOperations
+from agentsidecar.seedstore_service.persisted import INDEX_DIR_NAME
+from agentsidecar.seedstore_service.ranking import SearchQuery
+from agentsidecar.seedstore_service.seedfile import dump_seed
+from agentsidecar.seedstore_service.store import SeedStore
 
 PYTHON = sys.executable
 DOMAINS = ["voice", "audio"]
@@ -182,7 +182,7 @@ def test_added_and_removed_files_are_seen(root: Path) -> None:
 
 
 def test_writes_through_the_store_keep_the_index_exact(root: Path) -> None:
-    from seedstore_service.patch import UpdatePatch
+    from agentsidecar.seedstore_service.patch import UpdatePatch
 
     seed_store = SeedStore(root)
     seed_store.update("say", None, UpdatePatch(add_provides=("tts",)), expected_revision=None, now_unix=1)
@@ -252,7 +252,11 @@ def run_cli(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SKILLSPEC_HOME": str(home)}
     env.pop("SEEDSTORE_SERVER", None)
     return subprocess.run(
-        [PYTHON, "-m", "seedstore_service.cli", *argv], env=env, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "agentsidecar.seedstore_service.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -260,7 +264,7 @@ def test_two_cli_writers_at_once_leave_an_exact_index(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = (
         "import sys\n"
-        "from seedstore_service.cli import main\n"
+        "from agentsidecar.seedstore_service.cli import main\n"
         "for n in range(15):\n"
         "    assert main(['add', f'{sys.argv[1]}-{n}', '--domain', 'voice', '--kind', 'cli',"
         " '--provides', 'text_to_speech']) == 0\n"
@@ -314,14 +318,16 @@ def test_local_read_commands_import_no_grpc_asyncio_yaml_or_server(tmp_path: Pat
     time.sleep(persisted.RACY_WINDOW_NS / 1e9 + 0.1)  # past the racy window: the index is trusted as saved
     script = (
         "import contextlib, io, sys\n"
-        "from seedstore_service.cli import main\n"
+        "from agentsidecar.seedstore_service.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    main(['list'])\n"  # builds the index (parses YAML)
-        "heavy = ('grpc', 'asyncio', 'yaml', 'rich', 'jsonschema', 'google.protobuf', 'clients',"
-        " 'prometheus_client', 'filelock', 'seedstore_service.server', 'seedstore_service.seedfile')\n"
+        "heavy = ('grpc', 'asyncio', 'yaml', 'rich', 'jsonschema', 'google.protobuf',"
+        " 'agentsidecar.clients', 'prometheus_client', 'filelock',"
+        " 'agentsidecar.seedstore_service.server', 'agentsidecar.seedstore_service.seedfile')\n"
         "for argv in (['store'], ['list'], ['search', 'text_to_speech', '--domain', 'voice', '--json'],"
         " ['inspect', 'say'], ['list', '--domain', 'voice']):\n"
-        "    for name in [m for m in sys.modules if m.split('.')[0] in heavy or m in heavy]:\n"
+        "    for name in [m for m in sys.modules if m.split('.')[0] in heavy or m in heavy"
+        " or m.startswith(tuple(h + '.' for h in heavy))]:\n"
         "        del sys.modules[name]\n"
         "    with contextlib.redirect_stdout(io.StringIO()):\n"
         "        assert main(argv) == 0, argv\n"
@@ -360,7 +366,7 @@ def test_a_stale_index_after_many_edits_costs_no_wrong_answer_in_the_same_second
 
 
 def test_the_service_index_starts_from_the_persisted_index_and_still_sees_edits(root: Path) -> None:
-    from seedstore_service.index import SeedIndex
+    from agentsidecar.seedstore_service.index import SeedIndex
 
     (root / "voice" / "piper.yml").write_text(seed_text("piper", "voice"))
     (root / "audio" / "x.yml").write_text(seed_text("x", "audio"))

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seedstore_service.errors import InvalidIdentifier
-from seedstore_service.model import Evidence, Rank, Risk, Seed, Verification, VerificationStatus
-from seedstore_service.ranking import (
+from agentsidecar.seedstore_service.errors import InvalidIdentifier
+from agentsidecar.seedstore_service.model import Evidence, Rank, Risk, Seed, Verification, VerificationStatus
+from agentsidecar.seedstore_service.ranking import (
     RankedCandidate,
     SearchQuery,
     SearchResult,

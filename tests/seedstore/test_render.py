@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from seedstore_service.broadening import Broadening, BroadeningAttempt, broaden, builtin_table
-from seedstore_service.model import (
+from agentsidecar.seedstore_service.broadening import Broadening, BroadeningAttempt, broaden, builtin_table
+from agentsidecar.seedstore_service.model import (
     Evidence,
     ListedSeed,
     Outcome,
@@ -16,8 +16,8 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.ranking import SearchQuery, SearchResult, search
-from seedstore_service.render import (
+from agentsidecar.seedstore_service.ranking import SearchQuery, SearchResult, search
+from agentsidecar.seedstore_service.render import (
     inspect_json,
     list_json,
     listed_seed,
@@ -28,7 +28,7 @@ from seedstore_service.render import (
     verify_json,
     written_json,
 )
-from seedstore_service.seedfile import seed_to_json
+from agentsidecar.seedstore_service.seedfile import seed_to_json
 
 STORE = "/home/u/.skillspec/capabilities"
 PROBLEM = Problem(path=f"{STORE}/voice/bad.yml", line=3, reason='unknown field "colour" at colour (line 3)')

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from seedstore_service.model import Evidence, Outcome, Seed, VerificationStatus
-from seedstore_service.runner import (
+from agentsidecar.seedstore_service.model import Evidence, Outcome, Seed, VerificationStatus
+from agentsidecar.seedstore_service.runner import (
     CheckFinished,
     CheckStarted,
     RunnerSettings,
@@ -25,7 +25,7 @@ from seedstore_service.runner import (
     check_seeds,
     run_command,
 )
-from seedstore_service.verification import Exited, SpawnFailed
+from agentsidecar.seedstore_service.verification import Exited, SpawnFailed
 from tests.procs import process_alive
 
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -412,7 +412,7 @@ HOSTILE_TO_REMOVAL = (
 REMOVE_AS_OWNER = """
 import asyncio, sys
 from pathlib import Path
-from seedstore_service.runner import RunnerSettings, run_command
+from agentsidecar.seedstore_service.runner import RunnerSettings, run_command
 result = asyncio.run(run_command(["sh", "-c", sys.argv[1]], RunnerSettings(path=sys.argv[2]), Path.cwd()))
 sys.stdout.write(result.output.decode())
 """

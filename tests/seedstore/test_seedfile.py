@@ -13,9 +13,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seedstore_service import seedfile
-from seedstore_service.errors import InvalidIdentifier, SeedMalformed
-from seedstore_service.model import (
+from agentsidecar.seedstore_service import seedfile
+from agentsidecar.seedstore_service.errors import InvalidIdentifier, SeedMalformed
+from agentsidecar.seedstore_service.model import (
     Evidence,
     Outcome,
     Promotion,
@@ -25,8 +25,8 @@ from seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from seedstore_service.patch import AddSpec, build_seed
-from seedstore_service.seedfile import (
+from agentsidecar.seedstore_service.patch import AddSpec, build_seed
+from agentsidecar.seedstore_service.seedfile import (
     canonical,
     dump_seed,
     parse_seed,

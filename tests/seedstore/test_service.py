@@ -11,12 +11,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 
-from clients.errors import SidecarError
-from clients.seedstore import SeedStoreClient
-from seedstore_service.seedfile import revision_of
-from seedstore_service.status import ERROR_DOMAIN
+from agentsidecar.clients.errors import SidecarError
+from agentsidecar.clients.seedstore import SeedStoreClient
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore_service.seedfile import revision_of
+from agentsidecar.seedstore_service.status import ERROR_DOMAIN
 from tests.procs import process_alive
 
 from .conftest import ServerThread

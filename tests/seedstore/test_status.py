@@ -9,23 +9,23 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from seedstore_service import errors
-from seedstore_service.operations import (
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
+from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service.operations import (
     ChangeFeed,
     SeedListing,
     SeedOperations,
     VerifyPlan,
     VerifyRequest,
 )
-from seedstore_service.servicer import SeedStoreServicer
-from seedstore_service.status import ERROR_DOMAIN, STATUS_TABLE, request_field, to_rich_error
-from seedstore_service.store import SeedStore
-from sidecar_runtime.richstatus import decode_error
-from sidecar_runtime.server import ServerOptions, start_server
+from agentsidecar.seedstore_service.servicer import SeedStoreServicer
+from agentsidecar.seedstore_service.status import ERROR_DOMAIN, STATUS_TABLE, request_field, to_rich_error
+from agentsidecar.seedstore_service.store import SeedStore
+from agentsidecar.sidecar_runtime.richstatus import decode_error
+from agentsidecar.sidecar_runtime.server import ServerOptions, start_server
 
 LOWER_CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
 

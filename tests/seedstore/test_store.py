@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from seedstore_service import errors, store
-from seedstore_service.model import Outcome, Problem, Seed, Verification, VerificationStatus
-from seedstore_service.patch import AddSpec, UpdatePatch, apply_patch, build_seed
-from seedstore_service.persisted import INDEX_DIR_NAME
-from seedstore_service.seedfile import dump_seed, parse_seed, revision_of
-from seedstore_service.store import SeedStore, StoredSeed, resolve_store_root
+from agentsidecar.seedstore_service import errors, store
+from agentsidecar.seedstore_service.model import Outcome, Problem, Seed, Verification, VerificationStatus
+from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch, apply_patch, build_seed
+from agentsidecar.seedstore_service.persisted import INDEX_DIR_NAME
+from agentsidecar.seedstore_service.seedfile import dump_seed, parse_seed, revision_of
+from agentsidecar.seedstore_service.store import SeedStore, StoredSeed, resolve_store_root
 
 FULL_SPEC = AddSpec(
     id="remote-voice-cli",

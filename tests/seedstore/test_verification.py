@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seedstore_service.model import Evidence, Outcome, Seed, Verification, VerificationStatus
-from seedstore_service.verification import (
+from agentsidecar.seedstore_service.model import Evidence, Outcome, Seed, Verification, VerificationStatus
+from agentsidecar.seedstore_service.verification import (
     EvidenceCommand,
     Exited,
     FileState,

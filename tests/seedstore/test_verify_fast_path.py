@@ -18,14 +18,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seedstore_service import errors
-from seedstore_service.index import SeedIndex
-from seedstore_service.model import Evidence, Seed, VerificationStatus
-from seedstore_service.operations import SeedOperations, SeedVerified, VerifyProgress, VerifyRequest
-from seedstore_service.runner import CheckFinished, CheckStarted
-from seedstore_service.seedfile import dump_seed, parse_seed, parse_seed_with_notes, revision_of
-from seedstore_service.store import SeedStore, read_seed_file
-from seedstore_service.verification import FileState, first_check, lookup_on_path, plan_checks
+from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service.index import SeedIndex
+from agentsidecar.seedstore_service.model import Evidence, Seed, VerificationStatus
+from agentsidecar.seedstore_service.operations import (
+    SeedOperations,
+    SeedVerified,
+    VerifyProgress,
+    VerifyRequest,
+)
+from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted
+from agentsidecar.seedstore_service.seedfile import dump_seed, parse_seed, parse_seed_with_notes, revision_of
+from agentsidecar.seedstore_service.store import SeedStore, read_seed_file
+from agentsidecar.seedstore_service.verification import FileState, first_check, lookup_on_path, plan_checks
 
 from .test_seedfile import seeds
 
@@ -83,7 +88,7 @@ def test_first_check_does_not_split_the_evidence_after_it(monkeypatch: pytest.Mo
     def no_split(*args: object, **kwargs: object) -> list[str]:
         raise AssertionError("shell-split an evidence command the first event does not name")
 
-    monkeypatch.setattr("seedstore_service.verification.shlex.split", no_split)
+    monkeypatch.setattr("agentsidecar.seedstore_service.verification.shlex.split", no_split)
     assert first_check(tool_seed("ruff", "ruff --version", "ruff help")).name == "path_lookup:true"
 
 
@@ -135,7 +140,7 @@ def test_a_file_still_holding_the_known_bytes_is_not_parsed_again(
     def no_parse(text: str, where: str) -> tuple[Seed, tuple[tuple[int, str], ...]]:
         raise AssertionError("parsed bytes that were already parsed")
 
-    monkeypatch.setattr("seedstore_service.seedfile.parse_seed_with_notes", no_parse)
+    monkeypatch.setattr("agentsidecar.seedstore_service.seedfile.parse_seed_with_notes", no_parse)
     again = read_seed_file(path, "dev", known)
     assert again.stored is known
     assert again.problem is None
@@ -169,7 +174,7 @@ def test_a_racy_file_reread_by_the_index_keeps_its_parse_until_its_bytes_change(
         parses.append(where)
         return real_parse(text, where)
 
-    monkeypatch.setattr("seedstore_service.seedfile.parse_seed_with_notes", counting_parse)
+    monkeypatch.setattr("agentsidecar.seedstore_service.seedfile.parse_seed_with_notes", counting_parse)
     # Written just now, so the index reads it again on every refresh (racy mtime).
     assert seed_index.refresh() == []
     assert parses == []

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
-
-from clients.seedstore import SeedStoreClient
 
 from .conftest import ServerThread
 

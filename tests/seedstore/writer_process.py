@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from seedstore_service.patch import UpdatePatch
-from seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.patch import UpdatePatch
+from agentsidecar.seedstore_service.store import SeedStore
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

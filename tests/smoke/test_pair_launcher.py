@@ -12,9 +12,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from agentsidecar.seedstore.v1 import seedstore_pb2, seedstore_pb2_grpc
-
 from tests.procs import stop_process
 
 PAIR = Path(sys.executable).parent / "agentsidecar-pair"
