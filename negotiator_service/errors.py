@@ -57,31 +57,15 @@ NegotiatorError                     abstract
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
 
 from agentsidecar.negotiator_service.model import Decision
+from agentsidecar.sidecar_runtime.errortree import TreeError
 
 
-class NegotiatorError(Exception):
-    """Base of every negotiator error. `reason` is the ErrorInfo reason.
-
-    The bases of the tree are abstract: only a concrete error says what went
-    wrong, so constructing a base raises TypeError. A class is concrete
-    unless it is declared with `abstract=True`.
-    """
+class NegotiatorError(TreeError, abstract=True):
+    """Base of every negotiator error (the rules of the tree: sidecar_runtime.errortree)."""
 
     reason = "NEGOTIATOR_ERROR"
-    abstract: ClassVar[bool] = True
-
-    def __init_subclass__(cls, *, abstract: bool = False, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.abstract = abstract
-
-    def __init__(self, message: str) -> None:
-        if type(self).abstract:
-            raise TypeError(f"{type(self).__name__} is abstract; raise one of its subclasses")
-        super().__init__(message)
-        self.message = message
 
 
 class CallerError(NegotiatorError, abstract=True):

@@ -22,7 +22,7 @@ whether it ran locally or through the service.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from agentsidecar.sidecar_runtime.errortree import TreeError
 
 # How much of a value from a request or a seed file an error quotes: enough to
 # recognise it, never a whole file (a symlinked `/etc/passwd`) or a whole request.
@@ -52,25 +52,10 @@ def _escaped(char: str) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
-class SeedStoreError(Exception):
-    """Base of every seedstore error. `reason` is the ErrorInfo reason.
-
-    A class is concrete unless declared with `abstract=True`; constructing an
-    abstract one raises TypeError, since only a concrete error says what went wrong.
-    """
+class SeedStoreError(TreeError, abstract=True):
+    """Base of every seedstore error (the rules of the tree: sidecar_runtime.errortree)."""
 
     reason = "SEEDSTORE_ERROR"
-    abstract: ClassVar[bool] = True
-
-    def __init_subclass__(cls, *, abstract: bool = False, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.abstract = abstract
-
-    def __init__(self, message: str) -> None:
-        if type(self).abstract:
-            raise TypeError(f"{type(self).__name__} is abstract; raise one of its subclasses")
-        super().__init__(message)
-        self.message = message
 
 
 class CallerError(SeedStoreError, abstract=True):
