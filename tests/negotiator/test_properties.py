@@ -375,7 +375,9 @@ def test_every_required_entry_appears_as_its_own_verdict(scenario: tuple[Declara
     registry = AdapterRegistry()
     registry.add(RegisteredAdapter(FakeAdapter(declaration), "config"))
     try:
-        decision = Broker(registry).negotiate(request)
+        # The scenarios' MCP servers are admitted, as in the calls below: this property is about verdicts.
+        policy = McpPolicy(caller_stdio_commands=frozenset({"run"}), caller_hosts=frozenset({"127.0.0.1"}))
+        decision = Broker(registry, mcp_policy=policy).negotiate(request)
     except errors.AdapterKindMismatch:
         assert not kind_fits(request, declaration)
         return

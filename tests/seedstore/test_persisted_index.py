@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentsidecar.seedstore_service import errors, persisted
@@ -229,7 +229,8 @@ def apply_edit(root: Path, edit: tuple[str, str, str, str]) -> None:
         os.utime(path, ns=(0, 0))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Each example writes a whole store and reads it back both ways.
+@settings(max_examples=40)
 @given(steps=st.lists(edits, min_size=1, max_size=4))
 def test_random_edits_never_make_the_index_answer_differently(
     steps: list[list[tuple[str, str, str, str]]],
