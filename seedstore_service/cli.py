@@ -40,6 +40,7 @@ the service paths print the same object. A usage error prints clap's text.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -48,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeAlias, cast
 
-from agentsidecar.seedstore_service import render
+from agentsidecar.seedstore_service import cli_output, render
 from agentsidecar.seedstore_service.cliparse import (
     BOOL_VALUES,
     Command,
@@ -823,6 +824,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = os.environ
     if args.subcommand == "serve":
         return _serve(args, env, stderr)
+    # One command, then the process exits: the cyclic collector would only scan the decoded
+    # index again and again as the command allocates (a `list` of a large store, mostly). Verify
+    # runs checks for longer, so it keeps collecting.
+    pause_collector = args.subcommand != "verify" and gc.isenabled()
+    if pause_collector:
+        gc.disable()
+    try:
+        return _command(args, env, stdout, stderr)
+    finally:
+        if pause_collector:
+            gc.enable()
+
+
+def _command(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO, stderr: TextIO) -> int:
     target = args.server or env.get(SERVER_ENV) or None
     if args.subcommand == "verify" and not args.ids and not args.all:
         return _usage_error("verify needs at least one ID, or --all with --domain", "verify")
@@ -882,7 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.subcommand == "verify" and args.progress == "json":
         print(cli_common.dumps_line({"result": output}), file=stdout)
     else:
-        print(cli_common.dumps(output, args.json_style), file=stdout)
+        print(cli_output.dumps(output, args.json_style), file=stdout)
     if args.subcommand == "verify" and args.strict:
         unverified = _unverified(output)
         if unverified:

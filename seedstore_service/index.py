@@ -27,6 +27,13 @@ goes to the linear reference implementation.
 Each indexed seed keeps a `ranking.PreparedSeed` (its canonical forms, computed
 when the file is read), so scoring a match costs set lookups, not canonicalisation.
 
+`start_from_persisted()` fills the index from the persisted index alone (no walk,
+no Seed built: each entry's stored keys feed the search structures, and a seed
+is decoded when an answer shows it, through a bounded cache). Until the next
+whole `refresh()` (the service runs it at once after READY) every entry an
+answer uses is first checked against its file's signature and read again if it
+changed; files added while the service was stopped appear with that refresh.
+
 `refresh_paths()` re-reads named files only: the service calls it for the file it
 has just written, so a write does not pay for a walk of the whole store. For
 writes, `candidate_paths()` names the files that can decide a lookup by id, and
@@ -38,12 +45,15 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import gc
 import os
 import threading
 import time
 from array import array
-from collections.abc import Collection, Iterator
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentsidecar.seedstore_service import persisted, ranking
 from agentsidecar.seedstore_service.model import Problem, Seed
@@ -65,6 +75,8 @@ from agentsidecar.seedstore_service.store import (
 _RACY_WINDOW_NS = 2_000_000_000
 _SEPARATOR = "\x00"  # never produced by canonical()
 _ALL_TEXTS = ""  # the haystack key of the all-texts haystack (bucket keys are bigrams)
+# How many seeds decoded from the persisted index are kept for answers that need them again.
+_DECODED_CACHE_SIZE = 4096
 
 ChangeKind = str  # "added" | "updated" | "removed" | "verified" | "malformed"
 
@@ -87,11 +99,44 @@ Signature = persisted.Signature  # size, mtime_ns, ctime_ns, inode, device
 class _Entry:
     signature: Signature | None
     domain_dir: str | None
-    parsed: ParsedFile
+    # What the file parsed to; None for an entry taken as is from the persisted index
+    # (`saved`), whose seed is decoded only when an answer needs it (`SeedIndex._parsed`).
+    read: ParsedFile | None
     # Read too soon after its last modification to trust the signature.
     racy: bool
     # When the read that gave `parsed` started (time.time_ns()).
     checked_ns: int = 0
+    saved: persisted.Entry | None = None
+
+    @property
+    def revision(self) -> str:
+        if self.read is not None:
+            return self.read.revision
+        assert self.saved is not None
+        return persisted.revision_of_entry(self.saved)
+
+    def problem(self, path: str) -> Problem | None:
+        if self.read is not None:
+            return self.read.problem
+        assert self.saved is not None
+        return persisted.problem_of_entry(path, self.saved)
+
+
+class _SeedKeys(NamedTuple):
+    """What the search structures hold of one seed file: its id, domains and canonical keys.
+
+    A named tuple: a start from the persisted index makes one per seed, and a tuple is the
+    cheapest immutable record to make.
+    """
+
+    seed_id: str
+    seed_domain: str
+    domain_dir: str | None
+    provides: Sequence[str]
+    texts: Sequence[str]
+    # Kept for a seed read from its file; built on use (and kept in a bounded cache) for an
+    # entry taken from the persisted index.
+    prepared: ranking.PreparedSeed | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +191,18 @@ class SeedIndex:
         self._entries: dict[str, _Entry] = {}
         self._walk_problems: tuple[Problem, ...] = ()
         # Search structures, maintained incrementally; keys are seed file paths.
-        self._seeds: dict[str, tuple[StoredSeed, str | None, ranking.PreparedSeed]] = {}
+        self._seeds: dict[str, _SeedKeys] = {}
         # Lookup by id: the files holding each id, and every file by its name's stem.
-        self._paths_by_id: dict[str, set[str]] = {}
-        self._paths_by_stem: dict[str, set[str]] = {}
+        # Postings (these two and the two below) hold one path as a str, more as a set (`_Holders`):
+        # most keys of a large store belong to one seed, and a set apiece would dominate its memory.
+        self._paths_by_id: dict[str, _Holders] = {}
+        self._paths_by_stem: dict[str, _Holders] = {}
         # Files that are a problem, or hold a seed declaring another domain than its directory.
         self._problem_paths: set[str] = set()
-        self._by_provides: dict[str, set[str]] = {}
-        self._by_text: dict[str, set[str]] = {}
-        self._texts_by_bigram: dict[str, set[str]] = {}
+        self._by_provides: dict[str, _Holders] = {}
+        self._by_text: dict[str, _Holders] = {}
+        # Built on first use (a start from the persisted index need not pay for it).
+        self._texts_by_bigram: dict[str, set[str]] | None = {}
         # Built on first use; dropped when the texts they hold change (keys: bigram or _ALL_TEXTS).
         self._haystacks: dict[str, _Haystack] = {}
         self._scope_cache: dict[str | None, LoadedScope] = {}
@@ -165,6 +213,16 @@ class SeedIndex:
         # One refresh at a time; searches wait only while a refresh applies its changes.
         self._refresh_lock = threading.Lock()
         self._state_lock = threading.RLock()
+        # False from a start from the persisted index (`start_from_persisted`) until a whole
+        # refresh has compared every file's signature; meanwhile each entry an answer uses is
+        # checked against its file first (`_ensure_current`), and `_checked` holds those found current.
+        self._swept = True
+        self._checked: set[str] = set()
+        # Decoded seeds and prepared keys of entries taken from the persisted index, most recent last.
+        self._decoded: OrderedDict[str, tuple[ParsedFile, ranking.PreparedSeed | None]] = OrderedDict()
+        # Changes found by `_ensure_current`, handed out by the next refresh; sections they left unsaved.
+        self._pending_events: list[ChangeEvent] = []
+        self._unsaved: set[str | None] = set()
 
     # -- refresh ---------------------------------------------------------
 
@@ -201,18 +259,27 @@ class SeedIndex:
                         fresh[ref.path] = entry
                         taken.add(ref.path)
                         continue
-                known = old.parsed.stored if old is not None else None
+                known = self._parsed(ref.path, old).stored if old is not None else None
                 fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns, known)
-            vanished = [
-                path
-                for path, entry in self._entries.items()
-                if path not in seen and (domain is None or entry.domain_dir == domain)
-            ]
             # The sections of the persisted index that no longer match memory.
             dirty = {entry.domain_dir for path, entry in fresh.items() if path not in taken}
-            dirty.update(self._entries[path].domain_dir for path in vanished)
             with self._state_lock:
+                # Under the state lock: an answer may have read a changed file meanwhile (`_ensure_current`).
+                vanished = [
+                    path
+                    for path, entry in self._entries.items()
+                    if path not in seen and (domain is None or entry.domain_dir == domain)
+                ]
+                dirty.update(self._entries[path].domain_dir for path in vanished)
                 events, changed = self._apply(fresh, vanished)
+                if self._pending_events:
+                    events = sorted([*self._pending_events, *events], key=lambda event: event.path)
+                    self._pending_events = []
+                dirty.update(self._unsaved)
+                self._unsaved = set()
+                if domain is None:
+                    self._swept = True
+                    self._checked = set()
                 walk_changed = domain is None and tuple(walk_problems) != self._walk_problems
                 if walk_changed:
                     self._walk_problems = tuple(walk_problems)
@@ -233,8 +300,12 @@ class SeedIndex:
                 if entry.signature is None or entry.domain_dir not in sections:
                     continue
                 name = persisted.name_in_section(str(self.store.root), path, entry.domain_dir)
+                if entry.saved is not None:
+                    sections[entry.domain_dir].append(persisted.resaved(entry.saved, name, path))
+                    continue
+                assert entry.read is not None
                 sections[entry.domain_dir].append(
-                    persisted.entry_from_parts(name, entry.signature, entry.checked_ns, entry.parsed)
+                    persisted.entry_from_parts(name, entry.signature, entry.checked_ns, entry.read)
                 )
         saved.write_sections(sections)
 
@@ -261,7 +332,9 @@ class SeedIndex:
                         vanished.append(path)
                     continue
                 old = self._entries.get(path)
-                earlier = known_by_path.get(path) or (old.parsed.stored if old is not None else None)
+                earlier = known_by_path.get(path) or (
+                    self._parsed(path, old).stored if old is not None else None
+                )
                 fresh[path] = _read_entry(path, domain_dir, started_ns, earlier)
             with self._state_lock:
                 events, changed = self._apply(fresh, vanished)
@@ -274,56 +347,58 @@ class SeedIndex:
         events: list[tuple[str, ChangeEvent]] = []
         changed = bool(vanished)
         for path in vanished:
-            gone = self._entries.pop(path)
+            removed = self._removed_event(path, self._entries[path])
+            del self._entries[path]
             self._unindex(path)
             self._forget_name(path)
-            events.append((path, self._removed_event(path, gone)))
+            events.append((path, removed))
         for path, entry in fresh.items():
             old = self._entries.get(path)
             self._entries[path] = entry
             if old is None:
-                self._paths_by_stem.setdefault(file_stem(path), set()).add(path)
+                _add_holder(self._paths_by_stem, file_stem(path), path)
             if (
                 old is not None
-                and old.parsed.revision == entry.parsed.revision
-                and old.parsed.problem == entry.parsed.problem
+                and old.revision == entry.revision
+                and old.problem(path) == entry.problem(path)
             ):
                 continue  # touched, or re-read because racy: same bytes, nothing to tell
             changed = True
+            events.extend((path, event) for event in self._change_events(path, old, entry))
             self._unindex(path)
-            stored = entry.parsed.stored
+            assert entry.read is not None  # entries from the persisted index come in through _load
+            parsed = entry.read
+            stored = parsed.stored
             if stored is not None:
                 self._index(path, stored, entry.domain_dir)
-            if entry.parsed.problem is not None or (
+            if parsed.problem is not None or (
                 stored is not None and (stored.seed.domain != entry.domain_dir or stored.notes)
             ):
                 self._problem_paths.add(path)
             else:
                 self._problem_paths.discard(path)
-            events.extend((path, event) for event in self._change_events(path, old, entry))
         events.sort(key=lambda item: item[0])
         return [event for _path, event in events], changed
 
-    @staticmethod
-    def _removed_event(path: str, old: _Entry) -> ChangeEvent:
-        if old.parsed.stored is not None:
-            seed = old.parsed.stored.seed
+    def _removed_event(self, path: str, old: _Entry) -> ChangeEvent:
+        stored = self._parsed(path, old).stored
+        if stored is not None:
+            seed = stored.seed
             return ChangeEvent("removed", path, seed.id, seed.domain, "", None, None)
         return ChangeEvent("removed", path, file_stem(path), old.domain_dir or "", "", None, None)
 
     def _change_events(self, path: str, old: _Entry | None, new: _Entry) -> list[ChangeEvent]:
-        stored = new.parsed.stored
+        assert new.read is not None
+        stored = new.read.stored
         if stored is None:
-            problem = new.parsed.problem
-            if old is not None and old.parsed.problem == problem:
+            problem = new.read.problem
+            if old is not None and old.problem(path) == problem:
                 return []
             domain = new.domain_dir or ""
-            return [
-                ChangeEvent("malformed", path, file_stem(path), domain, new.parsed.revision, None, problem)
-            ]
+            return [ChangeEvent("malformed", path, file_stem(path), domain, new.read.revision, None, problem)]
         seed = stored.seed
         added = ChangeEvent("added", path, seed.id, seed.domain, stored.revision, seed, None)
-        previous = old.parsed.stored if old is not None else None
+        previous = self._parsed(path, old).stored if old is not None else None
         if previous is None:
             return [added]
         if (previous.seed.id, previous.seed.domain) != (seed.id, seed.domain):
@@ -338,56 +413,226 @@ class SeedIndex:
 
     def _forget_name(self, path: str) -> None:
         self._problem_paths.discard(path)
-        stem = file_stem(path)
-        holders = self._paths_by_stem[stem]
-        holders.discard(path)
-        if not holders:
-            del self._paths_by_stem[stem]
+        _discard_holder(self._paths_by_stem, file_stem(path), path)
 
     def _index(self, path: str, stored: StoredSeed, domain_dir: str | None) -> None:
-        keys = ranking.prepare_seed(stored.seed, stored.path)
-        self._seeds[path] = (stored, domain_dir, keys)
-        self._paths_by_id.setdefault(stored.seed.id, set()).add(path)
+        prepared = ranking.prepare_seed(stored.seed, stored.path)
+        seed = stored.seed
+        keys = _SeedKeys(
+            seed.id, seed.domain, domain_dir, tuple(prepared.provides), tuple(prepared.texts), prepared
+        )
+        self._index_keys(path, keys)
+
+    def _index_keys(self, path: str, keys: _SeedKeys) -> None:
+        self._seeds[path] = keys
+        _add_holder(self._paths_by_id, keys.seed_id, path)
         for value in keys.provides:
-            self._by_provides.setdefault(value, set()).add(path)
+            _add_holder(self._by_provides, value, path)
+        buckets = self._texts_by_bigram
         for text in keys.texts:
-            holders = self._by_text.get(text)
-            if holders is None:
-                self._by_text[text] = {path}
+            if _add_holder(self._by_text, text, path):
                 self._haystacks.pop(_ALL_TEXTS, None)
-                for bigram in _bigrams(text):
-                    self._texts_by_bigram.setdefault(bigram, set()).add(text)
-                    self._haystacks.pop(bigram, None)
-            else:
-                holders.add(path)
+                if buckets is not None:
+                    for bigram in _bigrams(text):
+                        buckets.setdefault(bigram, set()).add(text)
+                        self._haystacks.pop(bigram, None)
 
     def _unindex(self, path: str) -> None:
-        record = self._seeds.pop(path, None)
-        if record is None:
+        self._decoded.pop(path, None)
+        keys = self._seeds.pop(path, None)
+        if keys is None:
             return
-        seed_id = record[0].seed.id
-        id_holders = self._paths_by_id[seed_id]
-        id_holders.discard(path)
-        if not id_holders:
-            del self._paths_by_id[seed_id]
-        keys = record[2]
+        _discard_holder(self._paths_by_id, keys.seed_id, path)
         for value in keys.provides:
-            holders = self._by_provides[value]
-            holders.discard(path)
-            if not holders:
-                del self._by_provides[value]
+            _discard_holder(self._by_provides, value, path)
         for text in keys.texts:
-            holders = self._by_text[text]
-            holders.discard(path)
-            if not holders:
-                del self._by_text[text]
+            if _discard_holder(self._by_text, text, path):
                 self._haystacks.pop(_ALL_TEXTS, None)
+                buckets = self._texts_by_bigram
+                if buckets is None:
+                    continue
                 for bigram in _bigrams(text):
-                    bucket = self._texts_by_bigram[bigram]
+                    bucket = buckets[bigram]
                     bucket.discard(text)
                     if not bucket:
-                        del self._texts_by_bigram[bigram]
+                        del buckets[bigram]
                     self._haystacks.pop(bigram, None)
+
+    # -- entries taken from the persisted index ---------------------------
+
+    def start_from_persisted(self) -> bool:
+        """Fill the index from the persisted index alone, without walking the store; False if it has none.
+
+        No Seed is built: the search structures come from each entry's stored keys,
+        and a seed is decoded when an answer needs it. Racy entries and problem files
+        are read now. Until the next whole `refresh()` (the sweep that compares every
+        file's signature and finds files added meanwhile) each entry an answer uses
+        is checked against its file first, so no answer comes from an entry whose
+        file has changed.
+        """
+        saved = self.store.persisted
+        if saved is None:
+            return False
+        # The load makes a few objects per seed and none cyclic: the cyclic collector, run again
+        # and again over a heap that keeps growing, would cost more than the load itself.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._start_from(saved)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _start_from(self, saved: persisted.PersistedIndex) -> bool:
+        with self._refresh_lock:
+            started = time.perf_counter()
+            sections = saved.read_all_sections()
+            if not sections:
+                return False
+            root = str(self.store.root)
+            suspect: list[str] = []
+            with self._state_lock:
+                if not self._entries:
+                    self._texts_by_bigram = None  # built by the first search that needs it
+                    self._haystacks.clear()
+                known = self._entries
+                load = self._load
+                for section, entries in sections.items():
+                    prefix = persisted.section_prefix(root, section)
+                    for name, stored_entry in entries.items():
+                        path = prefix + name
+                        if path not in known and load(path, name, section, stored_entry):
+                            suspect.append(path)
+                self._swept = False
+                self._checked = set()
+                self._scope_cache.clear()
+                self._problem_cache.clear()
+                self._ensure_current(suspect)
+            files = len(self._entries)
+            self.last_refresh = RefreshStats(
+                files, files - len(suspect), len(suspect), time.perf_counter() - started
+            )
+            return True
+
+    def _load(self, path: str, name: str, domain_dir: str | None, saved: persisted.Entry) -> bool:
+        """Index one persisted entry as is; True when it must be read before use (racy or a problem).
+
+        The entry's search keys move to the index (`_SeedKeys`); `_save` makes the entry whole again.
+        """
+        fields = persisted.take_fields(saved)
+        signature, checked_ns, racy, seed_id, seed_domain, provides, texts, noted = fields
+        self._entries[path] = _Entry(signature, domain_dir, None, racy, checked_ns, saved)
+        base = name.rpartition(os.sep)[2]
+        stem = base[:-4] if base.endswith(".yml") else base.removesuffix(".yaml")
+        by_stem = self._paths_by_stem
+        if by_stem.setdefault(stem, path) is not path:
+            _add_holder(by_stem, stem, path)
+        if seed_id is None:
+            self._problem_paths.add(path)
+            return True
+        self._seeds[path] = _SeedKeys(seed_id, seed_domain, domain_dir, provides, texts, None)
+        # `_index_keys` without the bigram buckets (built on first use) and with most keys new.
+        by_id = self._paths_by_id
+        if by_id.setdefault(seed_id, path) is not path:
+            _add_holder(by_id, seed_id, path)
+        by_provides = self._by_provides
+        for value in provides:
+            if by_provides.setdefault(value, path) is not path:
+                _add_holder(by_provides, value, path)
+        by_text = self._by_text
+        for text in texts:
+            if by_text.setdefault(text, path) is not path:
+                _add_holder(by_text, text, path)
+        if seed_domain != domain_dir or noted:
+            self._problem_paths.add(path)
+        return racy
+
+    def _ensure_current(self, paths: Iterable[str]) -> bool:
+        """Before the first sweep: read again each of `paths` whose file no longer has its entry's signature.
+
+        Returns whether any entry changed (the caller then looks again). The changes
+        are handed to watchers by the next refresh, which also saves them.
+        """
+        if self._swept:
+            return False
+        stale: list[str] = []
+        for path in paths:
+            if path in self._checked:
+                continue
+            entry = self._entries.get(path)
+            if entry is None or entry.saved is None:
+                continue
+            if entry.racy or _signature_of(path) != entry.signature:
+                stale.append(path)
+            else:
+                self._checked.add(path)
+        if not stale:
+            return False
+        started_ns = time.time_ns()
+        fresh: dict[str, _Entry] = {}
+        vanished: list[str] = []
+        for path in stale:
+            entry = self._entries[path]
+            if not os.path.lexists(path) or os.path.isdir(path):
+                vanished.append(path)
+                continue
+            fresh[path] = _read_entry(path, entry.domain_dir, started_ns, self._parsed(path, entry).stored)
+        self._unsaved.update(self._entries[path].domain_dir for path in stale)
+        events, changed = self._apply(fresh, vanished)
+        self._pending_events.extend(events)
+        self._checked.update(stale)
+        if changed:
+            self._scope_cache.clear()
+            self._problem_cache.clear()
+        return changed
+
+    def _parsed(self, path: str, entry: _Entry) -> ParsedFile:
+        """What the entry's file parsed to; decoded (and kept a while) for a persisted entry."""
+        if entry.read is not None:
+            return entry.read
+        with self._state_lock:  # the cache is shared by answers and the refresh
+            cached = self._decoded.get(path)
+            if cached is not None:
+                self._decoded.move_to_end(path)
+                return cached[0]
+            assert entry.saved is not None
+            parsed: ParsedFile = persisted.parsed_of_entry(path, entry.saved)
+            self._remember(path, parsed, None)
+            return parsed
+
+    def _remember(self, path: str, parsed: ParsedFile, prepared: ranking.PreparedSeed | None) -> None:
+        self._decoded[path] = (parsed, prepared)
+        self._decoded.move_to_end(path)
+        while len(self._decoded) > _DECODED_CACHE_SIZE:
+            self._decoded.popitem(last=False)
+
+    def _stored(self, path: str) -> StoredSeed:
+        stored = self._parsed(path, self._entries[path]).stored
+        assert stored is not None
+        return stored
+
+    def _prepared(self, path: str, keys: _SeedKeys) -> ranking.PreparedSeed:
+        if keys.prepared is not None:
+            return keys.prepared
+        cached = self._decoded.get(path)
+        if cached is not None and cached[1] is not None:
+            self._decoded.move_to_end(path)
+            return cached[1]
+        parsed = self._parsed(path, self._entries[path])
+        assert parsed.stored is not None
+        prepared = ranking.prepare_seed(parsed.stored.seed, path)
+        self._remember(path, parsed, prepared)
+        return prepared
+
+    def _bigram_buckets(self) -> dict[str, set[str]]:
+        buckets = self._texts_by_bigram
+        if buckets is None:
+            buckets = {}
+            for text in self._by_text:
+                for bigram in _bigrams(text):
+                    buckets.setdefault(bigram, set()).add(text)
+            self._texts_by_bigram = buckets
+        return buckets
 
     # -- reading ---------------------------------------------------------
 
@@ -414,11 +659,10 @@ class SeedIndex:
             cached = self._scope_cache.get(domain)
             if cached is not None:
                 return cached
-            seeds: list[StoredSeed] = []
-            for stored, domain_dir, _keys in self._seeds.values():
-                if domain is None or _in_domain(stored, domain_dir, domain):
-                    seeds.append(stored)
-            seeds.sort(key=lambda stored: stored.path)
+            paths = [path for path, keys in self._seeds.items() if domain is None or _in_domain(keys, domain)]
+            if self._ensure_current(paths):
+                return self.scope(domain)
+            seeds = [self._stored(path) for path in sorted(paths)]
             scope = LoadedScope(tuple(seeds), self._problems(domain))
             self._scope_cache[domain] = scope
             return scope
@@ -439,7 +683,7 @@ class SeedIndex:
         if domain is not None:
             validate_identifier(domain, "domain")
         with self._state_lock:
-            paths = self._paths_by_id.get(seed_id, set()) | self._paths_by_stem.get(seed_id, set())
+            paths = {*_holders(self._paths_by_id, seed_id), *_holders(self._paths_by_stem, seed_id)}
             return tuple(
                 sorted(path for path in paths if domain is None or self._entries[path].domain_dir == domain)
             )
@@ -448,7 +692,9 @@ class SeedIndex:
         """The part of `scope(domain)` made of the candidate files of `seed_id` (as of the last refresh)."""
         with self._state_lock:
             paths = self.candidate_paths(seed_id, domain)
-            return scope_from_files((self._entries[path].parsed for path in paths), domain)
+            if self._ensure_current(paths):
+                paths = self.candidate_paths(seed_id, domain)
+            return scope_from_files((self._parsed(path, self._entries[path]) for path in paths), domain)
 
     def _problems(self, domain: str | None) -> tuple[Problem, ...]:
         cached = self._problem_cache.get(domain)
@@ -468,7 +714,7 @@ class SeedIndex:
             entry = self._entries[path]
             if domain is not None and entry.domain_dir != domain:
                 continue
-            parsed = entry.parsed
+            parsed = self._parsed(path, entry)
             if parsed.problem is not None:
                 problems.append(parsed.problem)
             elif domain is not None and parsed.stored is not None and parsed.stored.seed.domain != domain:
@@ -491,41 +737,42 @@ class SeedIndex:
                 seeds = self.scope(query.domain).seeds
                 return ranking.search(((stored.seed, stored.path) for stored in seeds), query), problems
             matched = self._matching_paths(requested)
+            if self._ensure_current(matched):
+                matched = self._matching_paths(requested)
+                problems = self._problems(query.domain)
             candidates: list[ranking.RankedCandidate] = []
             # Path order, as the reference iterates: finish_search's sort is stable.
             for path in sorted(matched):
-                stored, domain_dir, prepared = self._seeds[path]
-                if query.domain is not None and not _in_domain(stored, domain_dir, query.domain):
+                keys = self._seeds[path]
+                if query.domain is not None and not _in_domain(keys, query.domain):
                     continue
-                candidate = ranking.score_prepared(prepared, requested, query)
+                candidate = ranking.score_prepared(self._prepared(path, keys), requested, query)
                 if candidate is not None:
                     candidates.append(candidate)
             return ranking.finish_search(candidates, query), problems
 
     def _matching_paths(self, requested: str) -> set[str]:
-        matched: set[str] = set(self._by_provides.get(requested, ()))
+        matched: set[str] = set(_holders(self._by_provides, requested))
         by_text = self._by_text
         # The requested term contains the text; "" is in every term. A non-empty canonical
         # text neither starts nor ends with "_", so no other slice can be one.
-        matched |= by_text.get("", set())
+        matched.update(_holders(by_text, ""))
         length = len(requested)
         for start in range(length):
             if requested[start] == "_":
                 continue
             for end in range(start + 1, length + 1):
                 if requested[end - 1] != "_":
-                    holders = by_text.get(requested[start:end])
-                    if holders:
-                        matched |= holders
+                    matched.update(_holders(by_text, requested[start:end]))
         # The text contains the requested term.
         for text in self._texts_containing(requested):
-            matched |= by_text[text]
+            matched.update(_holders(by_text, text))
         return matched
 
     def _texts_containing(self, requested: str) -> Iterator[str]:
         if len(requested) == 1:
             return self._haystack(_ALL_TEXTS, self._by_text.keys()).texts_containing(requested)
-        buckets = self._texts_by_bigram
+        buckets = self._bigram_buckets()
         rarest = min(_bigrams(requested), key=lambda bigram: len(buckets.get(bigram, ())))
         bucket = buckets.get(rarest)
         if not bucket:
@@ -539,9 +786,52 @@ class SeedIndex:
         return haystack
 
 
-def _in_domain(stored: StoredSeed, domain_dir: str | None, domain: str) -> bool:
+_Holders = str | set[str]
+
+
+def _add_holder(postings: dict[str, _Holders], key: str, path: str) -> bool:
+    """Add `path` to the holders of `key`; True when `key` had none."""
+    holders = postings.get(key)
+    if holders is None:
+        postings[key] = path
+        return True
+    if isinstance(holders, str):
+        if holders != path:
+            postings[key] = {holders, path}
+    else:
+        holders.add(path)
+    return False
+
+
+def _discard_holder(postings: dict[str, _Holders], key: str, path: str) -> bool:
+    """Take `path` from the holders of `key`; True when `key` has none left (and is gone)."""
+    holders = postings.get(key)
+    if holders is None:
+        return False
+    if isinstance(holders, str):
+        if holders != path:
+            return False
+        del postings[key]
+        return True
+    holders.discard(path)
+    if len(holders) == 1:
+        postings[key] = next(iter(holders))
+    elif not holders:
+        del postings[key]
+        return True
+    return False
+
+
+def _holders(postings: dict[str, _Holders], key: str) -> Collection[str]:
+    holders = postings.get(key)
+    if holders is None:
+        return ()
+    return (holders,) if isinstance(holders, str) else holders
+
+
+def _in_domain(keys: _SeedKeys, domain: str) -> bool:
     """Whether `load(domain)` would return the seed: stored under that domain and declaring it."""
-    return domain_dir == domain and stored.seed.domain == domain
+    return keys.domain_dir == domain and keys.seed_domain == domain
 
 
 def _read_entry(path: str, domain_dir: str | None, started_ns: int, known: StoredSeed | None) -> _Entry:

@@ -15,7 +15,9 @@ The files stay the source of truth; the index only saves parsing them again.
   inside one tick the same signature. New and removed files are found by the
   directory walk every load already does.
 * Integrity: a file is a header line (format, version, store root, section,
-  the body's length and CRC-32) and a JSON body. A truncated, foreign, corrupt
+  the body's length and CRC-32) and a body: one JSON line of the entries by
+  column, then each entry's seed JSON text on a line of its own (decoded only
+  for a seed an answer shows). A truncated, foreign, corrupt
   or other-version file is ignored, and the section rebuilt from the seed files.
 * Writing: a section is rewritten only when something in it changed, to a
   temporary name in the index directory then renamed over the old one (through
@@ -32,6 +34,7 @@ tests compare the two on random edit sequences.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import stat
@@ -40,6 +43,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, VerificationStatus
@@ -48,7 +52,7 @@ from agentsidecar.seedstore_service.seedtext import seed_from_json, seed_to_json
 
 INDEX_DIR_NAME = ".seedstore-index"
 FORMAT = "agentsidecar-seedstore-index"
-VERSION = 1
+VERSION = 2
 # A file modified this close to the read that made its entry is compared by content on every load.
 RACY_WINDOW_NS = 2_000_000_000
 _ROOT_SECTION = "root"
@@ -59,12 +63,17 @@ _MAX_INDEX_BYTES = 1 << 30
 
 # An entry, as stored (a JSON array; positions below):
 # [name, size, mtime_ns, ctime_ns, ino, dev, checked_ns, revision,
-#  seed id or null, declared domain, seed JSON text, notes [[line, reason], ...],
+#  seed id or null, declared domain, seed JSON text (ASCII bytes), notes [[line, reason], ...],
 #  problem [line, reason] or null, domain_line, the `list` row [kind, provides, status, risks] or null,
 #  the search keys [canonical provides, canonical texts] (ranking.match_keys) or null]
 _NAME, _SIZE, _MTIME, _CTIME, _INO, _DEV, _CHECKED, _REVISION = range(8)
 _ID, _DOMAIN, _SEED, _NOTES, _PROBLEM, _DOMAIN_LINE, _ROW, _KEYS = range(8, 16)
 _ENTRY_LENGTH = 16
+_STATUSES: Mapping[str, VerificationStatus] = MappingProxyType(
+    {status.value: status for status in VerificationStatus}
+)
+# The positions stored as JSON columns: all but the seed text, which has a line of its own.
+_COLUMN_POSITIONS = tuple(position for position in range(_ENTRY_LENGTH) if position != _SEED)
 
 Entry = list[Any]
 Signature = tuple[int, int, int, int, int]
@@ -141,7 +150,7 @@ class IndexedFile:
             kind=kind,
             path=self.path,
             provides=tuple(provides),
-            verification_status=VerificationStatus(status),
+            verification_status=_STATUSES[status],
             risks=tuple(risks),
             revision=entry[_REVISION],
         )
@@ -177,15 +186,9 @@ def parsed_from_entry(path: str, domain_dir: str | None, entry: Entry, signature
 
     Trusted: the file's current `signature` is the entry's, and the entry is not racy.
     """
-    from agentsidecar.seedstore_service.store import ParsedFile
-
     if not _signature_matches(entry, signature) or _racy(entry):
         return None
-    problem = entry[_PROBLEM]
-    if problem is not None:
-        return ParsedFile(path, None, Problem(path, problem[0], problem[1]), entry[_REVISION], False, None, 0)
-    stored = stored_from_entry(path, entry)
-    return ParsedFile(path, stored, None, entry[_REVISION], False, None, entry[_DOMAIN_LINE])
+    return parsed_of_entry(path, entry)
 
 
 def entry_from_parsed(name: str, parsed: Any, checked_ns: int) -> Entry:
@@ -202,7 +205,8 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
     if stored is not None:
         seed = stored.seed
         notes = [[problem.line, problem.reason] for problem in stored.notes]
-        seed_text = json.dumps(seed_to_json(seed), ensure_ascii=False, separators=(",", ":"))
+        # ASCII: a seed text is stored as one line of bytes, whatever characters the seed holds.
+        seed_text = json.dumps(seed_to_json(seed), separators=(",", ":")).encode("ascii")
         flags = (
             ("external_service", seed.risk.external_service),
             ("may_cost_money", seed.risk.may_cost_money),
@@ -231,13 +235,63 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
         parsed.revision,
         None,
         "",
-        "",
+        b"",
         [],
         [problem.line, problem.reason],
         0,
         None,
         None,
     ]
+
+
+def revision_of_entry(entry: Entry) -> str:
+    value: str = entry[_REVISION]
+    return value
+
+
+def problem_of_entry(path: str, entry: Entry) -> Problem | None:
+    problem = entry[_PROBLEM]
+    return None if problem is None else Problem(path, problem[0], problem[1])
+
+
+def parsed_of_entry(path: str, entry: Entry) -> Any:
+    """The `store.ParsedFile` an entry stands for (no stat result), without checking its signature."""
+    from agentsidecar.seedstore_service.store import ParsedFile
+
+    problem = entry[_PROBLEM]
+    if problem is not None:
+        return ParsedFile(path, None, Problem(path, problem[0], problem[1]), entry[_REVISION], False, None, 0)
+    stored = stored_from_entry(path, entry)
+    return ParsedFile(path, stored, None, entry[_REVISION], False, None, entry[_DOMAIN_LINE])
+
+
+def take_fields(entry: Entry) -> tuple[Signature, int, bool, str | None, str, list[str], list[str], bool]:
+    """(signature, checked_ns, racy, seed id or None for a problem, declared domain, canonical
+    provides, canonical texts, has notes) of a persisted entry, in one call.
+
+    The entry keeps only what its seed is decoded from: its name, `list` row and search
+    keys are dropped (`resaved` makes them again).
+    """
+    signature = (entry[_SIZE], entry[_MTIME], entry[_CTIME], entry[_INO], entry[_DEV])
+    checked: int = entry[_CHECKED]
+    racy = max(entry[_MTIME], entry[_CTIME]) + RACY_WINDOW_NS >= checked
+    entry[_NAME] = None
+    if entry[_PROBLEM] is not None:
+        return signature, checked, racy, None, "", [], [], False
+    provides, texts = entry[_KEYS]
+    entry[_KEYS] = entry[_ROW] = None
+    return signature, checked, racy, entry[_ID], entry[_DOMAIN], provides, texts, bool(entry[_NOTES])
+
+
+def resaved(entry: Entry, name: str, path: str) -> Entry:
+    """A whole entry named `name` again from what `take_fields` left (the seed is decoded for the rest)."""
+    signature = (entry[_SIZE], entry[_MTIME], entry[_CTIME], entry[_INO], entry[_DEV])
+    return entry_from_parts(name, signature, entry[_CHECKED], parsed_of_entry(path, entry))
+
+
+def section_prefix(root: str, domain_dir: str | None) -> str:
+    """What a walk's path of a section's file starts with; the entry's name follows."""
+    return _section_prefix(root, domain_dir)
 
 
 def stored_from_entry(path: str, entry: Entry) -> Any:
@@ -287,11 +341,47 @@ def _header(root: str, domain_dir: str | None, body: bytes) -> dict[str, Any]:
 
 
 def encode_section(root: str, domain_dir: str | None, entries: Iterable[Entry]) -> bytes:
-    body = json.dumps(list(entries), ensure_ascii=False, separators=(",", ":")).encode(
-        "utf-8", "surrogateescape"
-    )
+    """A section file: the header line, then the entries by column, then one seed JSON text a line.
+
+    By column: a reader decodes a few long lists instead of a list per entry, and
+    the seed texts (most of the bytes) are split off undecoded, so a reader parses
+    only the seeds it answers with (`stored_from_entry`).
+    """
+    rows = list(entries)
+    columns = [[entry[position] for entry in rows] for position in _COLUMN_POSITIONS]
+    seeds = b"\n".join(_seed_bytes(entry[_SEED]) for entry in rows)
+    head = json.dumps(columns, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+    body = head + b"\n" + seeds
     header = json.dumps(_header(root, domain_dir, body), ensure_ascii=False, separators=(",", ":"))
     return header.encode("utf-8", "surrogateescape") + b"\n" + body
+
+
+def _seed_bytes(text: str | bytes) -> bytes:
+    return text if isinstance(text, bytes) else text.encode("ascii")
+
+
+def _decode_json(data: bytes) -> Any:
+    """`json.loads`, with the cyclic collector paused: a section makes many lists, none cyclic."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(data)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def section_of_file(data: bytes) -> tuple[bool, str | None]:
+    """(whether the header names a section, which one): the section an index file says it holds."""
+    head, newline, _body = data.partition(b"\n")
+    try:
+        header = json.loads(head) if newline else None
+    except (ValueError, TypeError, RecursionError):
+        header = None
+    if not isinstance(header, dict) or "section" not in header:
+        return False, None
+    section = header["section"]
+    return isinstance(section, str | None), section if isinstance(section, str) else None
 
 
 def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, Entry] | None:
@@ -303,14 +393,24 @@ def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, 
         header = json.loads(head)
         if header != _header(root, domain_dir, body):
             return None
-        entries = json.loads(body)
+        columns_text, newline, seeds_text = body.partition(b"\n")
+        if not newline:
+            return None
+        columns = _decode_json(columns_text)
     except (ValueError, TypeError, RecursionError):
         return None
-    if not isinstance(entries, list):
+    if not isinstance(columns, list) or len(columns) != len(_COLUMN_POSITIONS):
         return None
+    count = len(columns[0]) if isinstance(columns[0], list) else -1
+    if any(not isinstance(column, list) or len(column) != count for column in columns):
+        return None
+    seeds = seeds_text.split(b"\n") if count else []
+    if len(seeds) != count:
+        return None
+    columns.insert(_SEED, seeds)
     result: dict[str, Entry] = {}
-    for entry in entries:
-        if not isinstance(entry, list) or len(entry) != _ENTRY_LENGTH or not isinstance(entry[_NAME], str):
+    for entry in map(list, zip(*columns, strict=True)):
+        if not isinstance(entry[_NAME], str):
             return None
         result[entry[_NAME]] = entry
     return result
@@ -327,20 +427,45 @@ class PersistedIndex:
 
     def read_section(self, domain_dir: str | None) -> dict[str, Entry]:
         """The entries of a section's index file; empty when it is missing or cannot be used."""
-        path = os.path.join(str(self._directory), section_file_name(domain_dir))
+        data = self._read_file(os.path.join(str(self._directory), section_file_name(domain_dir)))
+        if data is None:
+            return {}
+        return decode_section(data, self._root_text, domain_dir) or {}
+
+    def read_all_sections(self) -> dict[str | None, dict[str, Entry]]:
+        """Every usable section file of the index, by section; a file that is not one is left out."""
+        directory = str(self._directory)
+        try:
+            names = sorted(name for name in os.listdir(directory) if name.endswith(".json"))
+        except OSError:
+            return {}
+        sections: dict[str | None, dict[str, Entry]] = {}
+        for name in names:
+            data = self._read_file(os.path.join(directory, name))
+            if data is None:
+                continue
+            named, section = section_of_file(data)
+            if not named or section_file_name(section) != name or section in sections:
+                continue
+            entries = decode_section(data, self._root_text, section)
+            if entries is not None:
+                sections[section] = entries
+        return sections
+
+    @staticmethod
+    def _read_file(path: str) -> bytes | None:
         try:
             fd = os.open(path, _READ_FLAGS)
         except OSError:
-            return {}
+            return None
         try:
             with open(fd, "rb") as handle:
                 stat_result = os.fstat(handle.fileno())
                 if not stat.S_ISREG(stat_result.st_mode) or stat_result.st_size > _MAX_INDEX_BYTES:
-                    return {}
-                data = handle.read(_MAX_INDEX_BYTES + 1)
+                    return None
+                return handle.read(_MAX_INDEX_BYTES + 1)
         except OSError:
-            return {}
-        return decode_section(data, self._root_text, domain_dir) or {}
+            return None
 
     def write_sections(self, sections: Mapping[str | None, Iterable[Entry]], *, locked: bool = False) -> None:
         """Replace these sections' index files; skipped when another process holds the lock.
@@ -420,10 +545,19 @@ class PersistedIndex:
             entry = entries.get(name)
             fresh = entry
             try:
-                current = signature_of(os.stat(ref.path))
+                found = os.stat(ref.path)
             except OSError:
-                current = None
-            if entry is None or current is None or not _signature_matches(entry, current) or _racy(entry):
+                found = None
+            if (
+                entry is None
+                or found is None
+                or entry[_SIZE] != found.st_size
+                or entry[_MTIME] != found.st_mtime_ns
+                or entry[_CTIME] != found.st_ctime_ns
+                or entry[_INO] != found.st_ino
+                or entry[_DEV] != found.st_dev
+                or _racy(entry)
+            ):
                 checked_ns = time.time_ns()
                 known = None
                 if entry is not None and entry[_PROBLEM] is None:

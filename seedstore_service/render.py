@@ -9,6 +9,7 @@ appended so its readers keep working: `revision` (list rows, inspect), `problems
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from agentsidecar.seedstore_service.model import ListedSeed, Outcome, Problem, Seed, VerificationStatus
@@ -82,7 +83,7 @@ def list_json(
     seed_store: str, domain: str | None, entries: Iterable[ListedSeed], problems: Sequence[Problem]
 ) -> dict[str, Any]:
     """Rows sorted by domain, then id (then path, so two files holding one id keep a fixed order)."""
-    rows = sorted(entries, key=lambda entry: (entry.domain, entry.id, entry.path))
+    rows = sorted(entries, key=attrgetter("domain", "id", "path"))
     result = {
         "seed_store": seed_store,
         "domain": domain,
@@ -198,3 +199,6 @@ def remove_json(
 
 def scan_json(seed_store: str) -> dict[str, Any]:
     return {"seed_store": seed_store, "proposals": [], "message": SCAN_MESSAGE}
+
+
+# The keys of a `list` row, in the order `list_json` writes them.

@@ -7,6 +7,10 @@ stats every seed file, so for a large store the pause after one grows with
 what it cost: the background walk uses at most `MAX_REFRESH_CPU_SHARE` of a
 core (at 100,000 seeds a fixed 1 s interval kept half a core busy while
 nothing changed).
+
+With a persisted index the service starts from it alone (`SeedIndex.start_from_persisted`)
+and runs the first refresh, the sweep that compares every file's signature, right
+after READY; until it ends each entry an answer uses is checked against its file.
 """
 
 from __future__ import annotations
@@ -222,8 +226,14 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     operations = SeedOperations(
         store, index, equivalents=equivalents, on_changes=feed.publish, runner_path=settings.check_path
     )
-    await asyncio.to_thread(operations.refresh_index)
-    _log_refresh(index, "seed index built")
+    # With a persisted index the service answers before it has walked the store: entries are
+    # checked against their files as answers use them, and the first sweep starts at once.
+    from_persisted = await asyncio.to_thread(index.start_from_persisted)
+    if from_persisted:
+        _log_refresh(index, "seed index loaded from the persisted index (the sweep of the files follows)")
+    else:
+        await asyncio.to_thread(operations.refresh_index)
+        _log_refresh(index, "seed index built")
     options = replace(
         settings.server_options or ServerOptions(listen=()),
         listen=settings.listen,
@@ -243,7 +253,9 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     running = await start_server(
         register, (SERVICE_NAME,), options, read_methods=READ_METHODS, name="seedstore"
     )
-    refresher = asyncio.create_task(_refresh_forever(operations, settings.refresh_interval))
+    refresher = asyncio.create_task(
+        _refresh_forever(operations, settings.refresh_interval, first_pause=0.0 if from_persisted else None)
+    )
     # Every field of the runtime's RunningServer, whatever it grows, plus ours.
     inherited = {spec.name: getattr(running, spec.name) for spec in fields(RunningServer) if spec.init}
     return SeedStoreServer(**inherited, operations=operations, feed=feed, refresher=refresher)
@@ -270,12 +282,20 @@ def refresh_pause(
     return max(interval, walk_cpu_seconds * (1 / max_share - 1))
 
 
-async def _refresh_forever(operations: SeedOperations, interval: float) -> None:
-    pause = interval
+async def _refresh_forever(
+    operations: SeedOperations, interval: float, *, first_pause: float | None = None
+) -> None:
+    pause = interval if first_pause is None else first_pause
+    sweep = first_pause is not None
     while True:
         await asyncio.sleep(pause)
         try:
             walk_cpu_seconds = await asyncio.to_thread(_timed_refresh, operations)
+            if sweep:
+                sweep = False
+                index = getattr(operations, "index", None)
+                if index is not None:
+                    _log_refresh(index, "seed index swept (every file's signature compared)")
         except Exception:
             # A failed rescan (a vanished store, an I/O error) must not end
             # watching for good; the next tick tries again.

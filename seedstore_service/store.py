@@ -41,6 +41,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -242,26 +243,29 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
         except OSError as err:
             problems.append(Problem(directory, 0, f"failed to read {directory}: {os_error_text(err)}"))
             continue
+        prefix = join_path(directory, "")
         for entry in listing:
-            path = join_path(directory, entry.name)
+            name = entry.name
+            path = prefix + name
             try:
                 is_dir = entry.is_dir()  # follows symlinks
             except OSError:
                 is_dir = False
-            if is_dir:
-                try:
-                    entry_stat = entry.stat()
-                except OSError as err:
-                    problems.append(Problem(path, 0, f"failed to read {path}: {os_error_text(err)}"))
-                    continue
-                identity = (entry_stat.st_dev, entry_stat.st_ino)
-                if identity in chain:
-                    continue  # a symlink loop; SkillSpec would recurse forever
-                child_domain_dir = entry.name if domain_dir is None else domain_dir
-                pending.append((path, child_domain_dir, chain | {identity}))
-            elif is_seed_file_name(entry.name):
-                files.append(SeedFileRef(path, domain_dir))
-    files.sort(key=lambda ref: ref.path)
+            if not is_dir:
+                if name.endswith(SEED_SUFFIXES):
+                    files.append(SeedFileRef(path, domain_dir))
+                continue
+            try:
+                entry_stat = entry.stat()
+            except OSError as err:
+                problems.append(Problem(path, 0, f"failed to read {path}: {os_error_text(err)}"))
+                continue
+            identity = (entry_stat.st_dev, entry_stat.st_ino)
+            if identity in chain:
+                continue  # a symlink loop; SkillSpec would recurse forever
+            child_domain_dir = entry.name if domain_dir is None else domain_dir
+            pending.append((path, child_domain_dir, chain | {identity}))
+    files.sort(key=attrgetter("path"))
     problems.sort(key=lambda problem: problem.path)
     return files, problems
 

@@ -1,0 +1,76 @@
+"""The seedstore CLI's JSON text: `cli_common.dumps`, with a `list` result's rows written from one template.
+
+The CLI layer (it serialises for a terminal or a pipe); render.py builds the
+objects printed, this module only writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentsidecar.sidecar_runtime import cli_common
+
+__all__ = ["dumps"]
+
+_ROW_KEYS = ("id", "domain", "kind", "path", "provides", "verification_status", "risk", "revision")
+_ROW_STRINGS = ("id", "domain", "kind", "path", "verification_status", "revision")
+_SEEDS_LINE = '\n  "seeds": []'
+
+
+class _NotARow(Exception):
+    """A `seeds` element `_row_text` does not write (another shape): the whole output goes to `pretty`."""
+
+
+def dumps(output: dict[str, Any], style: str) -> str:
+    """`cli_common.dumps(output, style)`, byte for byte; a `list` result's rows written from a template.
+
+    The generic pretty printer walks each of the 10,000 rows of a large `list` key by key;
+    the rows all have one shape, so each is one f-string of escaped values.
+    """
+    seeds = output.get("seeds")
+    if style != "pretty" or type(seeds) is not list or not seeds:
+        return cli_common.dumps(output, style)
+    try:
+        rows = [_row_text(row) for row in seeds]
+    except _NotARow:
+        return cli_common.dumps(output, style)
+    # Every other part of the output by the generic printer; its `"seeds": []` line (a raw
+    # newline never occurs inside a JSON string, so the line is the key's) takes the rows.
+    rest = cli_common.pretty({**output, "seeds": []})
+    head, found, tail = rest.partition(_SEEDS_LINE)
+    if not found:
+        return cli_common.dumps(output, style)
+    return f'{head}\n  "seeds": [\n' + ",\n".join(rows) + f"\n  ]{tail}"
+
+
+def _row_text(row: Any) -> str:
+    from json.encoder import encode_basestring as encode  # the C escaper ensure_ascii=False uses
+
+    if type(row) is not dict or tuple(row) != _ROW_KEYS:
+        raise _NotARow
+    for key in _ROW_STRINGS:
+        if type(row[key]) is not str:
+            raise _NotARow
+    return (
+        "    {\n"
+        f'      "id": {encode(row["id"])},\n'
+        f'      "domain": {encode(row["domain"])},\n'
+        f'      "kind": {encode(row["kind"])},\n'
+        f'      "path": {encode(row["path"])},\n'
+        f'      "provides": {_strings_text(row["provides"], encode)},\n'
+        f'      "verification_status": {encode(row["verification_status"])},\n'
+        f'      "risk": {_strings_text(row["risk"], encode)},\n'
+        f'      "revision": {encode(row["revision"])}\n'
+        "    }"
+    )
+
+
+def _strings_text(values: Any, encode: Any) -> str:
+    if type(values) is not list:
+        raise _NotARow
+    if not values:
+        return "[]"
+    for value in values:
+        if type(value) is not str:
+            raise _NotARow
+    return "[\n" + ",\n".join("        " + encode(value) for value in values) + "\n      ]"

@@ -1,0 +1,124 @@
+"""The service starts from the persisted index without a Seed per file, and still answers as the files do."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+from agentsidecar.seedstore_service import persisted, seedtext
+from agentsidecar.seedstore_service.index import SeedIndex
+from agentsidecar.seedstore_service.operations import SeedOperations
+from agentsidecar.seedstore_service.ranking import SearchQuery
+from agentsidecar.seedstore_service.store import SeedStore
+from clients.seedstore import SeedStoreClient
+
+from .conftest import ServerThread
+from .test_persisted_index import DOMAINS, SEARCHES, seed_text
+
+
+def write_store(root: Path) -> None:
+    for domain in DOMAINS:
+        (root / domain).mkdir(parents=True, exist_ok=True)
+    (root / "voice" / "say.yml").write_text(seed_text("say", "voice"))
+    (root / "voice" / "piper.yml").write_text(seed_text("piper", "voice"))
+    (root / "audio" / "espeak.yml").write_text(seed_text("espeak", "audio"))
+    (root / "audio" / "x.yml").write_text(seed_text("x", "audio"))
+    (root / "audio" / "broken.yml").write_text("id: [unclosed\n")
+    time.sleep(persisted.RACY_WINDOW_NS / 1e9 + 0.1)  # past the racy window: entries are trusted
+    SeedStore(root).load(None)  # writes the persisted index
+
+
+def edit_keeping_size_and_mtime(path: Path, old: str, new: str) -> None:
+    before = os.stat(path)
+    path.write_text(path.read_text().replace(old, new))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def assert_answers_as_the_files(index: SeedIndex, root: Path) -> None:
+    reference = SeedStore(root, persisted_index=False)
+    for domain in [None, *DOMAINS]:
+        for capability in SEARCHES:
+            query = SearchQuery(capability, domain)
+            outcome = SeedOperations(reference).search(query)
+            assert index.search(query) == (outcome.result, outcome.problems), (capability, domain)
+        assert index.scope(domain) == reference.load(domain)
+    for seed_id in ["say", "espeak", "x", "broken"]:
+        assert index.lookup(seed_id, None) == _lookup_of(reference, seed_id)
+
+
+def _lookup_of(reference: SeedStore, seed_id: str) -> Any:
+    index = SeedIndex(reference)
+    index.refresh()
+    return index.lookup(seed_id, None)
+
+
+def test_the_index_starts_from_the_persisted_index_without_a_seed_and_checks_what_it_answers_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "capabilities"
+    write_store(root)
+    # While the service was stopped: a same-size edit with the mtime put back, and a removal.
+    edit_keeping_size_and_mtime(root / "voice" / "say.yml", "text_to_speech", "text_to_sound_")
+    (root / "audio" / "x.yml").unlink()
+
+    decoded: list[object] = []
+    real_seed_from_json = seedtext.seed_from_json
+
+    def counting(value: Any) -> Any:
+        decoded.append(value)
+        return real_seed_from_json(value)
+
+    monkeypatch.setattr(persisted, "seed_from_json", counting)
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    assert decoded == []  # no seed is built to start
+    assert index.last_refresh is not None
+    # The broken file is read again at the start (problems are in every answer); nothing else is.
+    assert (index.last_refresh.files, index.last_refresh.read) == (5, 1)
+
+    assert_answers_as_the_files(index, root)
+    assert len(decoded) < 20  # only the seeds the answers needed
+
+    # A file added while the service was stopped is found by the sweep, the first whole refresh.
+    (root / "audio" / "say.yaml").write_text(seed_text("say", "audio"))
+    events = index.refresh()
+    assert {(event.kind, Path(event.path).name) for event in events} >= {
+        ("added", "say.yaml"),
+        ("removed", "x.yml"),
+        ("updated", "say.yml"),
+    }
+    assert_answers_as_the_files(index, root)
+
+
+def test_a_store_without_a_persisted_index_is_not_started_from_it(tmp_path: Path) -> None:
+    root = tmp_path / "capabilities"
+    (root / "voice").mkdir(parents=True)
+    (root / "voice" / "say.yml").write_text(seed_text("say", "voice"))
+    assert not SeedIndex(SeedStore(root)).start_from_persisted()
+    assert not SeedIndex(SeedStore(root, persisted_index=False)).start_from_persisted()
+
+
+def test_the_service_started_from_the_persisted_index_answers_as_the_files(
+    home: Path, start_server: Callable[..., ServerThread]
+) -> None:
+    root = home / "capabilities"
+    write_store(root)
+    edit_keeping_size_and_mtime(root / "voice" / "say.yml", "text_to_speech", "text_to_sound_")
+    server = start_server(refresh_interval=60.0)
+    with SeedStoreClient(server.unix_target) as client:
+        found = client.search_seeds(pb.SearchSeedsRequest(capability="text_to_speech", local_only=True))
+        direct = {
+            candidate.id
+            for candidate in found.candidates
+            if "direct provides match" in " ".join(candidate.reasons)
+        }
+        assert direct == {"espeak", "piper", "x"}  # say no longer provides it (it matches by its alias)
+        found = client.search_seeds(pb.SearchSeedsRequest(capability="text_to_sound_", local_only=True))
+        assert [candidate.id for candidate in found.candidates] == ["say"]
+        assert [problem.path for problem in found.problems] == [str(root / "audio" / "broken.yml")]
