@@ -432,6 +432,7 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         rows += await schema_rows(settings, stub, echo_channel)
         rows += await _before_tree_rows(settings, stack, workdir, config, stub)
         rows += await _openai_rows(settings, stub, forwarder_stub, base_url)
+        rows += await _openai_before_rows(settings, stack, workdir, config, stub, forwarder_stub, base_url)
 
 
 def floor_server_argv(listen: str, forward: str | None = None) -> list[str]:
@@ -465,15 +466,8 @@ async def _openai_rows(
     the adapter add, not a different use of the library.
     """
     request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}
-    headers = {"Authorization": "Bearer bench-not-a-secret"}
-    url = httpx.URL(f"{base_url}/chat/completions")
     async with httpx.AsyncClient(follow_redirects=False, timeout=None) as client:
-
-        async def direct() -> object:
-            response = await client.post(url, json=body, headers=headers)
-            response.raise_for_status()
-            return response.content
+        direct = _direct_post(client, base_url)
 
         async def via_negotiator() -> object:
             return await stub.Invoke(request)
@@ -516,6 +510,113 @@ async def _openai_rows(
             f"{negotiator_overhead - floor_overhead:+.3f} ms",
         ),
     ]
+
+
+async def _openai_before_rows(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    workdir: Path,
+    config: Path,
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+    forwarder_stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+    base_url: str,
+) -> list[Row]:
+    """With BENCH_NEGOTIATOR_BEFORE: the openai path and its forwarder floor against that tree's, paired.
+
+    That tree's negotiator and its `floor_server.py --forward` post to the
+    same mock; each is paired with this tree's in alternated windows, and
+    that tree's own share (its openai overhead minus its forwarder's, each
+    against the direct POST) is measured beside them.
+    """
+    before_tree = os.environ.get(BEFORE_ENV)
+    if not before_tree:
+        return []
+    before = await start_server_process(
+        negotiator_argv(f"unix:{workdir / 'before-openai.sock'}", config),
+        log_path=workdir / "before-openai.log",
+        env=negotiator_env(before_tree),
+    )
+    stack.push_async_callback(before.stop)
+    before_floor_argv = floor_server_argv(
+        f"unix:{workdir / 'before-forwarder.sock'}", forward=f"{base_url}/chat/completions"
+    )
+    before_floor_argv[1] = str(Path(before_tree) / "bench" / "floor_server.py")
+    before_forwarder = await start_server_process(
+        before_floor_argv, log_path=workdir / "before-forwarder.log", env=negotiator_env(before_tree)
+    )
+    stack.push_async_callback(before_forwarder.stop)
+    channels = []
+    for target in (before.target, before_forwarder.target):
+        channel = await open_channel(target)
+        stack.push_async_callback(channel.close, None)
+        channels.append(negotiator_pb2_grpc.NegotiatorServiceStub(channel))
+    before_stub, before_forwarder_stub = channels
+    request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+
+    def invoking(target: negotiator_pb2_grpc.NegotiatorServiceAsyncStub) -> Callable[[], Awaitable[object]]:
+        async def call() -> object:
+            return await target.Invoke(request)
+
+        return call
+
+    rows = []
+    for name, now, then in (
+        (f"Invoke ({OPENAI})", stub, before_stub),
+        ("the bare forwarder (floor_server.py --forward)", forwarder_stub, before_forwarder_stub),
+    ):
+        await then.Invoke(request)
+        comparison = await compare(
+            window(invoking(then), settings), window(invoking(now), settings), rounds=settings.rounds
+        )
+        subject, baseline = comparison.subject.p50_ms, comparison.baseline.p50_ms
+        rows.append(
+            with_rounds(
+                info_row(
+                    f"this tree vs {BEFORE_ENV}: openai path, {name}, p50",
+                    f"{subject:.3f} ms",
+                    f"{baseline:.3f} ms",
+                    f"{subject - baseline:+.3f} ms",
+                ),
+                comparison,
+                "p50_ms",
+            )
+        )
+    async with httpx.AsyncClient(follow_redirects=False, timeout=None) as client:
+        direct = _direct_post(client, base_url)
+        await direct()
+        through = await compare(
+            window(direct, settings), window(invoking(before_stub), settings), rounds=settings.rounds
+        )
+        floor = await compare(
+            window(direct, settings),
+            window(invoking(before_forwarder_stub), settings),
+            rounds=settings.rounds,
+        )
+    negotiator_overhead = through.subject.p50_ms - through.baseline.p50_ms
+    floor_overhead = floor.subject.p50_ms - floor.baseline.p50_ms
+    rows.append(
+        info_row(
+            f"{BEFORE_ENV}: openai path, that tree's own share (its overhead minus its forwarder's)",
+            f"{negotiator_overhead:+.3f} ms",
+            f"{floor_overhead:+.3f} ms",
+            f"{negotiator_overhead - floor_overhead:+.3f} ms",
+        )
+    )
+    return rows
+
+
+def _direct_post(client: httpx.AsyncClient, base_url: str) -> Callable[[], Awaitable[object]]:
+    """The openai rows' baseline: the adapter's POST made straight from the bench with httpx."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}
+    headers = {"Authorization": "Bearer bench-not-a-secret"}
+    url = httpx.URL(f"{base_url}/chat/completions")
+
+    async def direct() -> object:
+        response = await client.post(url, json=body, headers=headers)
+        response.raise_for_status()
+        return response.content
+
+    return direct
 
 
 if __name__ == "__main__":

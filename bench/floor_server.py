@@ -11,11 +11,14 @@
   and out is all that is left;
 * with `--forward URL`, each call posts the prompt to that chat-completions
   URL with httpx, as the openai adapter does (one pooled AsyncClient, no
-  per-phase timeouts, the URL parsed once), and answers with the reply's
-  content: the least work any Python gRPC-to-HTTP forwarder does; its
-  `InvokeStream` posts with `stream: true` and writes an (empty) decision,
-  each SSE content delta as it arrives, then the final text: the least any
-  Python gRPC-to-SSE forwarder does.
+  per-phase timeouts, the URL parsed once, the request built with the
+  client's default headers and handed straight to the transport the client
+  picks for the URL, without the client's per-request layers), and answers
+  with the reply's content: the least work any Python gRPC-to-HTTP
+  forwarder does; its `InvokeStream` posts the same way with `stream: true`
+  (and `Accept-Encoding: identity`) and writes an (empty) decision, each SSE
+  content delta as it arrives, then the final text: the least any Python
+  gRPC-to-SSE forwarder does.
 
 Measured in the same run as the echo baseline and the negotiator, they split
 each gap to a goal into what grpc.aio, protobuf (and httpx) cost any Python
@@ -55,21 +58,46 @@ async def _answer_with_prompt(
     return negotiator_pb2.InvokeResponse(text=request.prompt)
 
 
+def _request_headers(client: httpx.AsyncClient, *, identity: bool = False) -> list[tuple[bytes, bytes]]:
+    """The client's default headers (`identity`: asking for no compression) and the bench's key."""
+    headers = [
+        (name, value)
+        for name, value in client.headers.raw
+        if not (identity and name.lower() == b"accept-encoding")
+    ]
+    if identity:
+        headers.append((b"Accept-Encoding", b"identity"))
+    return [*headers, (b"Authorization", b"Bearer floor")]
+
+
+async def _send(
+    client: httpx.AsyncClient, url: httpx.URL, body: object, headers: list[tuple[bytes, bytes]]
+) -> httpx.Response:
+    """POST `body` through the transport the client picks for `url`; the response, body unread."""
+    request = httpx.Request("POST", url, json=body, headers=headers)
+    response = await client._transport_for_url(url).handle_async_request(request)
+    response.request = request
+    return response
+
+
 def _forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> InvokeMethod:
+    headers = _request_headers(client)
+
     async def forward(
         request: negotiator_pb2.InvokeRequest, context: InvokeContext
     ) -> negotiator_pb2.InvokeResponse:
         body = {"model": model, "messages": [{"role": "user", "content": request.prompt}]}
-        response = await client.post(url, json=body, headers={"Authorization": "Bearer floor"})
+        response = await _send(client, url, body, headers)
+        content = await response.aread()
         response.raise_for_status()
-        return negotiator_pb2.InvokeResponse(
-            text=json.loads(response.content)["choices"][0]["message"]["content"]
-        )
+        return negotiator_pb2.InvokeResponse(text=json.loads(content)["choices"][0]["message"]["content"])
 
     return forward
 
 
 def _stream_forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> StreamMethod:
+    headers = _request_headers(client, identity=True)
+
     async def forward(request: negotiator_pb2.InvokeStreamRequest, context: StreamContext) -> None:
         await context.write(negotiator_pb2.InvokeStreamResponse(decision=negotiator_pb2.Decision()))
         body = {
@@ -79,9 +107,8 @@ def _stream_forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> 
             "stream_options": {"include_usage": True},
         }
         text = []
-        async with client.stream(
-            "POST", url, json=body, headers={"Authorization": "Bearer floor"}
-        ) as response:
+        response = await _send(client, url, body, headers)
+        try:
             response.raise_for_status()
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -91,6 +118,8 @@ def _stream_forwarder(client: httpx.AsyncClient, url: httpx.URL, model: str) -> 
                 if piece:
                     text.append(piece)
                     await context.write(negotiator_pb2.InvokeStreamResponse(delta=piece))
+        finally:
+            await response.aclose()
         final = negotiator_pb2.InvokeResponse(text="".join(text))
         await context.write(negotiator_pb2.InvokeStreamResponse(final=final))
 

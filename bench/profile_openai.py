@@ -14,15 +14,16 @@ does, then:
    bench's direct httpx POST (same body, same client settings), in
    interleaved rounds: p50 and CPU µs per call of each, so the difference is
    what the adapter does around the exchange;
-3. through the negotiator (`negotiator serve` with the bench config): per
-   round, the direct POST, Invoke to bench-openai and Invoke to bench-scripted
-   (an adapter that answers at once), each a closed loop of one caller. It
-   prints the bench's figure (openai Invoke p50 minus direct POST p50), how
-   much of it the scripted Invoke already takes (the gRPC round trip plus the
-   negotiator's generic path, paid by every adapter), the remainder (the
-   adapter, plus the exchange being made from inside the negotiator between
-   gRPC hops rather than from a client looping on it), and the CPU each
-   process spends per call;
+3. through the negotiator (`negotiator serve` with the bench config) and the
+   bare forwarder (`bench/floor_server.py --forward`): per round, the direct
+   POST, Invoke to bench-openai, Invoke through the forwarder and Invoke to
+   bench-scripted (an adapter that answers at once), each a closed loop of
+   one caller, with the CPU this process and the server spend per call. It
+   prints the negotiator's own share as bench_negotiator reports it (its
+   openai overhead over the direct POST minus the forwarder's), in p50 and in
+   CPU per call. With BENCH_NEGOTIATOR_BEFORE=<source tree> (see
+   bench/README.md), that tree's negotiator and forwarder are measured in the
+   same rounds and their share printed beside this tree's;
 4. with --cprofile, cProfile of the adapter's in-process loop (2): the
    functions with the most own time.
 
@@ -45,6 +46,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -59,15 +61,17 @@ from agentsidecar.negotiator_service.adapters.openai import (
 from agentsidecar.negotiator_service.model import AdapterCall, AdapterSpec, CallKind, CallOptions, JsonValue
 from bench.bench_negotiator import (
     API_KEY_ENV,
+    BEFORE_ENV,
     MODEL,
     OPENAI,
     PROMPT,
     bench_config,
+    floor_server_argv,
     negotiator_argv,
     negotiator_env,
     scripted_invoke_request,
 )
-from bench.harness import BENCH_DIR, measure, open_channel, start_server_process
+from bench.harness import BENCH_DIR, ServerProcess, measure, open_channel, start_server_process
 from bench.mock_chat_server import COMPLETION
 
 REPEATS = 7  # batches per piece; the fastest is the work itself
@@ -221,77 +225,94 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def through_negotiator(base_url: str, workdir: Path, rounds: int, seconds: float) -> None:
+async def through_negotiator(
+    base_url: str, workdir: Path, rounds: int, seconds: float, before_tree: str | None
+) -> None:
     config = workdir / "negotiator.yaml"
     config.write_text(bench_config(base_url))
-    negotiator = await start_server_process(
-        negotiator_argv(f"unix:{workdir / 'negotiator.sock'}", config),
-        log_path=workdir / "negotiator.log",
-        env=negotiator_env(),
-    )
-    try:
-        channel = await open_channel(negotiator.target)
-        try:
-            stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
-            openai_request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
-            scripted_request = scripted_invoke_request()
+    url = f"{base_url}/chat/completions"
+    trees: dict[str, str | None] = {"": None}
+    if before_tree is not None:
+        trees[" before"] = before_tree
+    async with contextlib.AsyncExitStack() as stack:
+        servers: dict[str, ServerProcess] = {}
+        for suffix, tree in trees.items():
+            servers[f"openai{suffix}"] = await start_server_process(
+                negotiator_argv(f"unix:{workdir / f'negotiator{suffix.strip()}.sock'}", config),
+                log_path=workdir / f"negotiator{suffix.strip()}.log",
+                env=negotiator_env(tree),
+            )
+            stack.push_async_callback(servers[f"openai{suffix}"].stop)
+            argv = floor_server_argv(f"unix:{workdir / f'forwarder{suffix.strip()}.sock'}", forward=url)
+            if tree is not None:
+                argv[1] = str(Path(tree) / "bench" / "floor_server.py")
+            servers[f"forwarder{suffix}"] = await start_server_process(
+                argv, log_path=workdir / f"forwarder{suffix.strip()}.log", env=negotiator_env(tree)
+            )
+            stack.push_async_callback(servers[f"forwarder{suffix}"].stop)
+        stubs = {}
+        for name, server in servers.items():
+            channel = await open_channel(server.target)
+            stack.push_async_callback(channel.close, None)
+            stubs[name] = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        openai_request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+        scripted_request = scripted_invoke_request()
 
-            async def via_openai() -> object:
-                return await stub.Invoke(openai_request)
+        def invoking(stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, request: Any) -> Call:
+            async def call() -> object:
+                return await stub.Invoke(request)
 
-            async def via_scripted() -> object:
-                return await stub.Invoke(scripted_request)
+            return call
 
-            async with direct_client() as client:
-                subjects: dict[str, Call] = {
-                    "direct": direct_post(client, base_url),
-                    "openai": via_openai,
-                    "scripted": via_scripted,
-                }
-                await negotiator_rounds(subjects, negotiator.pid, rounds, seconds)
-        finally:
-            await channel.close(None)
-    finally:
-        await negotiator.stop()
+        client = await stack.enter_async_context(direct_client())
+        subjects: dict[str, tuple[Call, int | None]] = {"direct": (direct_post(client, base_url), None)}
+        for name, server in servers.items():
+            subjects[name] = (invoking(stubs[name], openai_request), server.pid)
+        subjects["scripted"] = (invoking(stubs["openai"], scripted_request), servers["openai"].pid)
+        await negotiator_rounds(subjects, rounds, seconds)
 
 
-async def negotiator_rounds(subjects: Mapping[str, Call], pid: int, rounds: int, seconds: float) -> None:
-    print(f"\n3. through the negotiator ({rounds} interleaved rounds of {seconds:g} s; p50 ms):")
+async def negotiator_rounds(
+    subjects: Mapping[str, tuple[Call, int | None]], rounds: int, seconds: float
+) -> None:
     print(
-        "  round   direct   openai scripted |   figure  scripted remainder | CPU µs per call (both processes)"
+        f"\n3. through the negotiator and the bare forwarder (floor_server.py --forward), "
+        f"{rounds} interleaved rounds of {seconds:g} s:"
     )
     p50s: dict[str, list[float]] = {name: [] for name in subjects}
     cpus: dict[str, list[float]] = {name: [] for name in subjects}
+    print("  p50 ms per round:  " + " ".join(f"{name:>16}" for name in subjects))
     for index in range(rounds):
         order = list(subjects) if index % 2 == 0 else list(subjects)[::-1]
         for name in order:
-            call = subjects[name]
+            call, pid = subjects[name]
             await measure(call, concurrency=1, duration_s=min(seconds, 0.2), warmup_s=0)
-            own, theirs = time.process_time(), process_cpu_s(pid)
+            own, theirs = time.process_time(), (process_cpu_s(pid) if pid is not None else 0.0)
             stats = await measure(call, concurrency=1, duration_s=seconds, warmup_s=0)
-            cpu = (time.process_time() - own) + (process_cpu_s(pid) - theirs)
+            server_cpu = (process_cpu_s(pid) - theirs) if pid is not None else 0.0
             p50s[name].append(stats.p50_ms)
-            cpus[name].append(cpu / stats.count * 1e6)
-        print("  " + _negotiator_line(str(index), {n: v[-1] for n, v in p50s.items()}, cpus, index))
-    medians = {n: statistics.median(v) for n, v in p50s.items()}
-    print("  " + _negotiator_line("median", medians, cpus, None))
+            cpus[name].append(((time.process_time() - own) + server_cpu) / stats.count * 1e6)
+        print(f"  {index:>17}  " + " ".join(f"{p50s[name][-1]:16.3f}" for name in subjects))
+    p50 = {name: statistics.median(values) for name, values in p50s.items()}
+    cpu = {name: statistics.median(values) for name, values in cpus.items()}
+    print(f"  {'median':>17}  " + " ".join(f"{p50[name]:16.3f}" for name in subjects))
+    print("  CPU µs per call (this process + the server's), median:")
+    print("  " + "  ".join(f"{name} {cpu[name]:.0f}" for name in subjects))
+    for suffix in ("", " before"):
+        if f"openai{suffix}" not in subjects:
+            continue
+        figure = p50[f"openai{suffix}"] - p50["direct"]
+        floor = p50[f"forwarder{suffix}"] - p50["direct"]
+        cpu_share = cpu[f"openai{suffix}"] - cpu[f"forwarder{suffix}"]
+        label = "this tree" if not suffix else "before tree"
+        print(
+            f"  {label}: openai - direct {figure:+.3f} ms, forwarder - direct {floor:+.3f} ms, "
+            f"own share {figure - floor:+.3f} ms p50 / {cpu_share:+.0f} µs CPU; "
+            f"openai - scripted {p50[f'openai{suffix}'] - p50['scripted']:+.3f} ms"
+        )
     print(
-        "  figure = openai - direct (what bench_negotiator reports); remainder = figure - scripted\n"
-        "  (scripted: the whole gRPC round trip plus the negotiator's generic path, which every\n"
-        "  adapter pays; remainder: the adapter's work plus the exchange made from inside the\n"
-        "  negotiator between gRPC hops, slower than from a client looping on it)."
-    )
-
-
-def _negotiator_line(
-    label: str, p50: Mapping[str, float], cpus: Mapping[str, list[float]], index: int | None
-) -> str:
-    figure = p50["openai"] - p50["direct"]
-    cpu = {n: (v[index] if index is not None else statistics.median(v)) for n, v in cpus.items()}
-    return (
-        f"{label:>6} {p50['direct']:8.3f} {p50['openai']:8.3f} {p50['scripted']:8.3f} | "
-        f"{figure:+8.3f} {p50['scripted']:9.3f} {figure - p50['scripted']:+9.3f} | "
-        f"direct {cpu['direct']:5.0f}  openai {cpu['openai']:5.0f}  scripted {cpu['scripted']:5.0f}"
+        "  own share = (openai - direct) - (forwarder - direct), what bench_negotiator reports;\n"
+        "  scripted: the whole gRPC round trip plus the negotiator's generic path, which every adapter pays."
     )
 
 
@@ -327,7 +348,8 @@ async def main(args: argparse.Namespace) -> None:
             await pieces(base_url, args.calls)
             await in_process(base_url, args.rounds, args.seconds)
             if not args.skip_negotiator:
-                await through_negotiator(base_url, workdir, args.rounds, args.seconds)
+                before = os.environ.get(BEFORE_ENV) or None
+                await through_negotiator(base_url, workdir, args.rounds, args.seconds, before)
             if args.cprofile:
                 await profiled(base_url, min(args.calls, 3000), args.top)
 

@@ -75,7 +75,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncGenerator, Awaitable, Collection, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -586,14 +586,9 @@ class OpenAIAdapter:
         if self._closed:
             raise errors.AdapterUnavailable(shortname, "the adapter is closed")
         url = httpx.URL(f"{self._options.base_url}{request.path}")
-        message = self._client.build_request(
-            request.method,
-            url,
-            json=dict(request.body) if request.body is not None else None,
-            headers=self._headers(),
-        )
+        body = dict(request.body) if request.body is not None else None
         deadline = call_deadline(shortname, None, self._options.timeout_seconds)
-        status, _, content = await self._exchange(message, deadline)
+        status, _, content = await self._exchange(request.method, url, body, self._headers(), deadline)
         return status, content
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
@@ -698,18 +693,11 @@ class OpenAIAdapter:
     ) -> AsyncGenerator[str, None]:
         """One streamed completion: its content deltas, with the rest gathered into `assembly`."""
         shortname = self._declaration.shortname
-        if self._closed:
-            # Checked here, not left to the client: its transport's pool takes requests even closed.
-            raise errors.AdapterUnavailable(shortname, "the adapter is closed")
-        request = self._stream_request(body, headers)
         cap = self._options.max_response_bytes
+        url = self._endpoint
         try:
-            # Sent by the transport the client would pick for the URL (a proxy's when the environment
-            # names one): the client's own layers (auth, redirects, event hooks, cookie extraction,
-            # timing) do nothing for this request but cost more than the exchange's HTTP parsing.
-            transport = self._client._transport_for_url(self._endpoint)
-            response = await _until(transport.handle_async_request(request), when)
-            response.request = request
+            # Compression would hold deltas back until a compressed block fills: the stream asks for none.
+            response = await _until(self._send("POST", url, body, headers, identity=True), when)
             try:
                 content_type = response.headers.get("content-type", "")
                 if response.status_code != 200 or not content_type.startswith("text/event-stream"):
@@ -724,13 +712,7 @@ class OpenAIAdapter:
                     return
                 received = 0
                 # Identity was asked for, so the raw body is the events; a body encoded anyway is decoded.
-                encoding = response.headers.get("content-encoding", "identity").strip().lower()
-                stream = response.stream
-                chunks = (
-                    aiter(stream)
-                    if encoding in ("", "identity") and isinstance(stream, httpx.AsyncByteStream)
-                    else response.aiter_bytes()
-                )
+                chunks = _body_chunks(response)
                 events = SseReader()
                 done = False
                 while not done:
@@ -759,29 +741,9 @@ class OpenAIAdapter:
         except httpx.TimeoutException as exc:
             raise budget.expired(shortname) from exc
         except httpx.TransportError as exc:
-            raise errors.AdapterUnavailable(shortname, f"cannot reach {request.url}: {exc!r}") from exc
+            raise errors.AdapterUnavailable(shortname, f"cannot reach {url}: {exc!r}") from exc
         except httpx.HTTPError as exc:
-            raise errors.AdapterInternal(
-                shortname, f"HTTP exchange with {request.url} failed: {exc!r}"
-            ) from exc
-
-    def _stream_request(self, body: dict[str, JsonValue], headers: dict[str, str]) -> httpx.Request:
-        """The POST of a streamed completion: the client's default headers, the call's, identity encoding.
-
-        Compression would hold deltas back until a compressed block fills,
-        so the stream asks for none.
-        """
-        if self._client.cookies:
-            # A provider set cookies: the client's own merge sends them back, as on the unary path.
-            return self._client.build_request(
-                "POST", self._endpoint, json=body, headers={**headers, "Accept-Encoding": "identity"}
-            )
-        merged = [
-            (name, value) for name, value in self._client.headers.raw if name.lower() != b"accept-encoding"
-        ]
-        merged.append((b"Accept-Encoding", b"identity"))
-        merged.extend((name.encode("ascii"), value.encode("ascii")) for name, value in headers.items())
-        return httpx.Request("POST", self._endpoint, json=body, headers=merged)
+            raise errors.AdapterInternal(shortname, f"HTTP exchange with {url} failed: {exc!r}") from exc
 
     async def close(self) -> None:
         self._closed = True
@@ -927,17 +889,21 @@ class OpenAIAdapter:
     async def _post(
         self, body: dict[str, JsonValue], headers: dict[str, str], deadline: Deadline
     ) -> tuple[int, Mapping[str, str], bytes]:
-        request = self._client.build_request("POST", self._endpoint, json=body, headers=headers)
-        return await self._exchange(request, deadline)
+        return await self._exchange("POST", self._endpoint, body, headers, deadline)
 
     async def _exchange(
-        self, request: httpx.Request, deadline: Deadline
+        self,
+        method: str,
+        url: httpx.URL,
+        body: JsonValue,
+        headers: dict[str, str],
+        deadline: Deadline,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """Send `request` and read its body under the byte cap, within `deadline`; failures mapped."""
+        """Send one request and read its body under the byte cap, within `deadline`; failures mapped."""
         shortname = self._declaration.shortname
         try:
             async with asyncio.timeout(deadline.seconds):
-                response = await self._client.send(request, stream=True)
+                response = await self._send(method, url, body, headers)
                 try:
                     content = await self._read_capped(response)
                 finally:
@@ -945,12 +911,49 @@ class OpenAIAdapter:
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise deadline.expired(shortname) from exc
         except httpx.TransportError as exc:
-            raise errors.AdapterUnavailable(shortname, f"cannot reach {request.url}: {exc!r}") from exc
+            raise errors.AdapterUnavailable(shortname, f"cannot reach {url}: {exc!r}") from exc
         except httpx.HTTPError as exc:
-            raise errors.AdapterInternal(
-                shortname, f"HTTP exchange with {request.url} failed: {exc!r}"
-            ) from exc
+            raise errors.AdapterInternal(shortname, f"HTTP exchange with {url} failed: {exc!r}") from exc
         return response.status_code, response.headers, content
+
+    async def _send(
+        self,
+        method: str,
+        url: httpx.URL,
+        body: JsonValue,
+        headers: dict[str, str],
+        *,
+        identity: bool = False,
+    ) -> httpx.Response:
+        """Send one request (unary, streamed or probe) as the client would; the response, body unread.
+
+        The request carries the client's default headers with the call's
+        `headers` in place of any of the same name (`identity`: with
+        `Accept-Encoding: identity` too), as the client's own merge gives. It
+        goes to the transport the client picks for the URL (a proxy's when
+        the environment names one), without the client's per-request layers:
+        with no auth, no event hooks, no redirects followed and no cookie
+        held, they change nothing but cost more than the exchange's HTTP
+        parsing. Cookies a provider sets are kept, as the client keeps them;
+        once the client holds any, or the URL carries credentials, the
+        request goes through the client's own `send`, which merges them in.
+        """
+        if self._closed:
+            # Checked here, not left to the client: its transport's pool takes requests even closed.
+            raise errors.AdapterUnavailable(self._declaration.shortname, "the adapter is closed")
+        client = self._client
+        own = {**headers, "Accept-Encoding": "identity"} if identity else headers
+        if client.cookies or url.userinfo:
+            return await client.send(client.build_request(method, url, json=body, headers=own), stream=True)
+        replaced = {name.lower().encode("ascii") for name in own}
+        merged = [(name, value) for name, value in client.headers.raw if name.lower() not in replaced]
+        merged.extend((name.encode("ascii"), value.encode("ascii")) for name, value in own.items())
+        request = httpx.Request(method, url, json=body, headers=merged)
+        response = await client._transport_for_url(url).handle_async_request(request)
+        response.request = request
+        if "set-cookie" in response.headers:
+            client.cookies.extract_cookies(response)
+        return response
 
     async def _read_capped(self, response: httpx.Response) -> bytes:
         """The body, read chunk by chunk; past max_response_bytes, ADAPTER_REPLY_TOO_LARGE.
@@ -964,7 +967,7 @@ class OpenAIAdapter:
             raise self._too_large(f"declares a {declared}-byte body")
         chunks: list[bytes] = []
         received = 0
-        async for chunk in response.aiter_bytes():
+        async for chunk in _body_chunks(response):
             received += len(chunk)
             if received > cap:
                 raise self._too_large(f"sent more than {cap} bytes")
@@ -996,6 +999,15 @@ async def collect_stream(items: AsyncGenerator[StreamItem, None]) -> AdapterRepl
                     text=item.text, events=tuple(events), conversation_state=item.conversation_state
                 )
     raise AssertionError("OpenAIAdapter.stream ends with its reply")
+
+
+def _body_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body's bytes after content decoding: as received when it is not encoded, else decoded."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    stream = response.stream
+    if encoding in ("", "identity") and isinstance(stream, httpx.AsyncByteStream):
+        return aiter(stream)
+    return response.aiter_bytes()
 
 
 async def _until(awaitable: Awaitable[_T], when: float | None) -> _T:
