@@ -55,10 +55,10 @@ test-quick: venv
 	pytest -q -m "not slow" $(ARGS)
 
 bench: venv
-	python bench/run_all.py $(ARGS)
+	python -m bench.run_all $(ARGS)
 
 bench-quick: venv
-	python bench/run_all.py --quick $(ARGS)
+	python -m bench.run_all --quick $(ARGS)
 
 check:
 	bash scripts/test.sh $(ARGS)

@@ -1,6 +1,6 @@
 """What the runtime itself adds per call: the same trivial handler with and without start_server.
 
-    python bench/bench_runtime.py [--quick] [--rounds N] [--window SECONDS] [--before DIR]
+    python -m bench.bench_runtime [--quick] [--rounds N] [--window SECONDS] [--before DIR]
 
 Four servers, each a subprocess serving `/bench.Echo/Echo` (a protobuf
 InvokeRequest decoded and re-encoded, no other work) over a Unix socket:
@@ -23,7 +23,7 @@ alike; each figure is the median across rounds, and ratios are against
 `*-before`, so a change to the runtime is measured before and after in the
 same run.
 
-`python bench/bench_runtime.py serve --config NAME --listen ADDR` runs one of
+`python -m bench.bench_runtime serve --config NAME --listen ADDR` runs one of
 the servers (what the benchmark spawns).
 """
 
@@ -181,7 +181,7 @@ async def run(settings: Settings, before: Path | None = None) -> str:
         pids: dict[str, int] = {}
         for name, (config, env) in servers.items():
             server = await start_server_process(
-                [sys.executable, __file__, "serve", "--config", config, "--listen",
+                [sys.executable, "-m", "bench.bench_runtime", "serve", "--config", config, "--listen",
                  f"unix:{settings.workdir / name}.sock"],
                 log_path=settings.workdir / f"{name}.log",
                 env=env,

@@ -249,7 +249,7 @@ async def run(settings: Settings, rows: list[Row]) -> None:
 async def _cold_direct(url: httpx.URL) -> float:
     """The first direct SSE request of a fresh Python process, timed inside it."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--cold-direct", str(url), stdout=asyncio.subprocess.PIPE
+        sys.executable, "-m", "bench.bench_stream", "--cold-direct", str(url), stdout=asyncio.subprocess.PIPE
     )
     output, _ = await process.communicate()
     if process.returncode != 0:

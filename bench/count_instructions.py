@@ -1,6 +1,6 @@
 """Instructions per call in the server process, counted by valgrind: a figure the machine's noise cannot move.
 
-    python bench/count_instructions.py [--calls N]
+    python -m bench.count_instructions [--calls N]
 
 Wall-clock figures on this shared two-core machine drift by tens of percent
 from one minute to the next; an instruction count for the same binary,

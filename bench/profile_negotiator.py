@@ -1,6 +1,6 @@
 """Where a Negotiate / Invoke call spends its time inside the negotiator (a profiling aid, not a benchmark).
 
-    python bench/profile_negotiator.py [--calls N] [--cprofile] [--top K]
+    python -m bench.profile_negotiator [--calls N] [--cprofile] [--top K]
 
 Starts the negotiator in this process (`agentsidecar.negotiator_service.server.create_server`
 on a Unix socket, the bench config of bench_negotiator.py, decision lines to a
@@ -128,7 +128,15 @@ async def through_grpc(target: str, calls: int, top: int) -> None:
     async def load(count: int, method: str) -> float:
         started = time.perf_counter()
         process = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--client", target, "--calls", str(count), "--method", method
+            sys.executable,
+            "-m",
+            "bench.profile_negotiator",
+            "--client",
+            target,
+            "--calls",
+            str(count),
+            "--method",
+            method,
         )
         if await process.wait() != 0:
             raise RuntimeError(f"the {method} client failed")

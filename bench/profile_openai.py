@@ -1,6 +1,6 @@
 """Where the openai path's time goes (a profiling aid, not a benchmark).
 
-    python bench/profile_openai.py [--seconds S] [--rounds N] [--calls N] [--cprofile] [--top K]
+    python -m bench.profile_openai [--seconds S] [--rounds N] [--calls N] [--cprofile] [--top K]
                                    [--skip-negotiator]
 
 Starts `bench/mock_chat_server.py` in its own process, as bench_negotiator.py

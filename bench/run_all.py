@@ -1,7 +1,7 @@
 """Run every benchmark and write bench/results/latest.md.
 
-    python bench/run_all.py            # full run, under ~10 minutes
-    python bench/run_all.py --quick    # smoke run, about a minute, 100k seeds skipped
+    python -m bench.run_all            # full run, under ~10 minutes
+    python -m bench.run_all --quick    # smoke run, about a minute, 100k seeds skipped
 
 Performance goals are reported (met / NOT met), never enforced: the exit
 status is non-zero only when a benchmark could not run at all.
@@ -99,7 +99,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     names = args.only or list(BENCHMARKS)
-    command = " ".join(["python bench/run_all.py", *sys.argv[1:]])
+    command = " ".join(["python -m bench.run_all", *sys.argv[1:]])
     started = time.perf_counter()
     # Unix socket paths must stay short (sun_path), so work under the system temp dir.
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
