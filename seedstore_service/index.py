@@ -272,10 +272,14 @@ class SeedIndex:
             # The sections of the persisted index that no longer match memory.
             dirty = {entry.domain_dir for path, entry in fresh.items() if path not in taken}
             if domain is None:
-                for section, record in records.items():
-                    old_record = self._saved_directories.get(section)
-                    if old_record is None or old_record.signatures != record.signatures or not old_record.settled():
-                        dirty.add(section)
+                for listed_section, record in records.items():
+                    old_record = self._saved_directories.get(listed_section)
+                    if (
+                        old_record is None
+                        or old_record.signatures != record.signatures
+                        or not old_record.settled()
+                    ):
+                        dirty.add(listed_section)
             with self._state_lock:
                 # Under the state lock: an answer may have read a changed file meanwhile (`_ensure_current`).
                 vanished = [
@@ -531,7 +535,9 @@ class SeedIndex:
                         path = prefix + name
                         if path not in known and load(path, name, section, stored_entry):
                             suspect.append(path)
-                self._saved_directories = {section: record for section, (_entries, record) in sections.items()}
+                self._saved_directories = {
+                    section: record for section, (_entries, record) in sections.items()
+                }
                 self._swept = False
                 self._checked = set()
                 self._scope_cache.clear()
@@ -578,6 +584,7 @@ class SeedIndex:
         fresh: dict[str, _Entry] = {}
         vanished: list[str] = []
         for section in sorted(stale, key=lambda name: (name is not None, name or "")):
+            present: dict[str, str | None]
             if section is None:
                 present = {path: None for path in root_files}
             else:

@@ -116,7 +116,7 @@ class DirectoryRecord:
     domains: tuple[str, ...] = ()
 
     def settled(self) -> bool:
-        """Whether no directory changed within the racy window of the listing (so a same-tick change shows)."""
+        """Whether no directory changed within the racy window of the listing (a same-tick change shows)."""
         return bool(self.signatures) and all(
             max(signature[0], signature[1]) + RACY_WINDOW_NS < self.checked_ns
             for _name, signature in self.signatures
@@ -155,7 +155,9 @@ def directory_records(
         grouped.setdefault(domain_dir, []).append((name, directory_signature_of(stat_result)))
     domains = tuple(sorted(domain_dir for domain_dir in grouped if domain_dir is not None))
     return {
-        domain_dir: DirectoryRecord(checked_ns, tuple(sorted(signatures)), domains if domain_dir is None else ())
+        domain_dir: DirectoryRecord(
+            checked_ns, tuple(sorted(signatures)), domains if domain_dir is None else ()
+        )
         for domain_dir, signatures in grouped.items()
     }
 
@@ -433,7 +435,11 @@ def encode_section(
     seeds = b"\n".join(_seed_bytes(entry[_SEED]) for entry in rows)
     head = json.dumps(columns, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
     record = directories or DirectoryRecord()
-    listed = [record.checked_ns, [[name, *signature] for name, signature in record.signatures], record.domains]
+    listed = [
+        record.checked_ns,
+        [[name, *signature] for name, signature in record.signatures],
+        record.domains,
+    ]
     meta = json.dumps(listed, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
     body = meta + b"\n" + head + b"\n" + seeds
     header = json.dumps(_header(root, domain_dir, body), ensure_ascii=False, separators=(",", ":"))
@@ -616,7 +622,9 @@ class PersistedIndex:
                 self._write(sections, directories or {})
 
     def _write(
-        self, sections: Mapping[str | None, Iterable[Entry]], directories: Mapping[str | None, DirectoryRecord]
+        self,
+        sections: Mapping[str | None, Iterable[Entry]],
+        directories: Mapping[str | None, DirectoryRecord],
     ) -> None:
         from agentsidecar.seedstore_service.errors import OutsideStore
         from agentsidecar.seedstore_service.store import open_store_directory
