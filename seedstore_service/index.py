@@ -572,6 +572,10 @@ class SeedIndex:
         else:
             root_files, domains = [], list(root_record.domains)
         stale.update(domain_dir for domain_dir in domains if domain_dir not in records)
+        # The index's own directory changes with every save, so no record vouches for it; the
+        # walk treats it as any directory of the root, and listing it costs little.
+        if os.path.isdir(os.path.join(root, persisted.INDEX_DIR_NAME)):
+            stale.add(persisted.INDEX_DIR_NAME)
         if not stale:
             return 0
         started_ns = time.time_ns()
