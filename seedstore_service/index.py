@@ -32,7 +32,10 @@ no Seed built: each entry's stored keys feed the search structures, and a seed
 is decoded when an answer shows it, through a bounded cache). Until the next
 whole `refresh()` (the service runs it at once after READY) every entry an
 answer uses is first checked against its file's signature and read again if it
-changed; files added while the service was stopped appear with that refresh.
+changed. Files added or removed while the service was stopped are found before
+the start returns: every directory a section was listed from is stat'ed, and a
+section whose directories changed (or changed too close to that listing to
+tell, or that the index does not hold) is listed again (see persisted.py).
 
 `refresh_paths()` re-reads named files only: the service calls it for the file it
 has just written, so a write does not pay for a walk of the whole store. For
@@ -59,6 +62,7 @@ from agentsidecar.seedstore_service import persisted, ranking
 from agentsidecar.seedstore_service.model import Problem, Seed
 from agentsidecar.seedstore_service.seedtext import canonical, validate_identifier
 from agentsidecar.seedstore_service.store import (
+    SEED_SUFFIXES,
     LoadedScope,
     ParsedFile,
     SeedStore,
@@ -223,6 +227,8 @@ class SeedIndex:
         # Changes found by `_ensure_current`, handed out by the next refresh; sections they left unsaved.
         self._pending_events: list[ChangeEvent] = []
         self._unsaved: set[str | None] = set()
+        # The directory record each section of the persisted index holds (as read or last saved).
+        self._saved_directories: dict[str | None, persisted.DirectoryRecord] = {}
 
     # -- refresh ---------------------------------------------------------
 
@@ -235,7 +241,9 @@ class SeedIndex:
         with self._refresh_lock:
             started = time.perf_counter()
             started_ns = time.time_ns()
-            refs, walk_problems = walk_seed_files(self.store.root, domain)
+            listed: dict[str, tuple[str | None, os.stat_result]] = {}
+            refs, walk_problems = walk_seed_files(self.store.root, domain, listed)
+            records = persisted.directory_records(str(self.store.root), listed, started_ns)
             fresh: dict[str, _Entry] = {}
             seen: set[str] = set()
             saved = self.store.persisted
@@ -263,6 +271,15 @@ class SeedIndex:
                 fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns, known)
             # The sections of the persisted index that no longer match memory.
             dirty = {entry.domain_dir for path, entry in fresh.items() if path not in taken}
+            if domain is None:
+                for listed_section, record in records.items():
+                    old_record = self._saved_directories.get(listed_section)
+                    if (
+                        old_record is None
+                        or old_record.signatures != record.signatures
+                        or not old_record.settled()
+                    ):
+                        dirty.add(listed_section)
             with self._state_lock:
                 # Under the state lock: an answer may have read a changed file meanwhile (`_ensure_current`).
                 vanished = [
@@ -288,12 +305,20 @@ class SeedIndex:
                     self._problem_cache.clear()
             read = len(fresh) - len(taken)
             if saved is not None and domain is None and dirty:
-                self._save(saved, dirty)
+                self._save(saved, dirty, records)
             self.last_refresh = RefreshStats(len(refs), len(taken), read, time.perf_counter() - started)
             return events
 
-    def _save(self, saved: persisted.PersistedIndex, dirty: Collection[str | None]) -> None:
-        """Write these sections of the persisted index from memory (best effort, see persisted.py)."""
+    def _save(
+        self,
+        saved: persisted.PersistedIndex,
+        dirty: Collection[str | None],
+        records: dict[str | None, persisted.DirectoryRecord],
+    ) -> None:
+        """Write these sections of the persisted index from memory (best effort, see persisted.py).
+
+        `records`: the directories as the walk this memory reflects listed them.
+        """
         with self._state_lock:
             sections: dict[str | None, list[persisted.Entry]] = {section: [] for section in dirty}
             for path, entry in self._entries.items():
@@ -307,7 +332,9 @@ class SeedIndex:
                 sections[entry.domain_dir].append(
                     persisted.entry_from_parts(name, entry.signature, entry.checked_ns, entry.read)
                 )
-        saved.write_sections(sections)
+        directories = {section: records.get(section, persisted.DirectoryRecord()) for section in sections}
+        saved.write_sections(sections, directories=directories)
+        self._saved_directories.update(directories)
 
     def refresh_paths(self, paths: Collection[str], known: Collection[StoredSeed] = ()) -> list[ChangeEvent]:
         """Bring only these files up to date (each read again, or dropped when gone); return what changed.
@@ -381,6 +408,11 @@ class SeedIndex:
         return [event for _path, event in events], changed
 
     def _removed_event(self, path: str, old: _Entry) -> ChangeEvent:
+        if old.read is None and old.saved is not None:
+            identity = persisted.seed_identity_of_entry(old.saved)
+            if identity is not None:
+                return ChangeEvent("removed", path, identity[0], identity[1], "", None, None)
+            return ChangeEvent("removed", path, file_stem(path), old.domain_dir or "", "", None, None)
         stored = self._parsed(path, old).stored
         if stored is not None:
             seed = stored.seed
@@ -497,22 +529,84 @@ class SeedIndex:
                     self._haystacks.clear()
                 known = self._entries
                 load = self._load
-                for section, entries in sections.items():
+                for section, (entries, _record) in sections.items():
                     prefix = persisted.section_prefix(root, section)
                     for name, stored_entry in entries.items():
                         path = prefix + name
                         if path not in known and load(path, name, section, stored_entry):
                             suspect.append(path)
+                self._saved_directories = {
+                    section: record for section, (_entries, record) in sections.items()
+                }
                 self._swept = False
                 self._checked = set()
                 self._scope_cache.clear()
                 self._problem_cache.clear()
+                listed_again = self._list_changed_sections(
+                    {section: record for section, (_entries, record) in sections.items()}
+                )
                 self._ensure_current(suspect)
             files = len(self._entries)
-            self.last_refresh = RefreshStats(
-                files, files - len(suspect), len(suspect), time.perf_counter() - started
-            )
+            read = len(suspect) + listed_again
+            self.last_refresh = RefreshStats(files, files - read, read, time.perf_counter() - started)
             return True
+
+    def _list_changed_sections(self, records: dict[str | None, persisted.DirectoryRecord]) -> int:
+        """List again each section whose directories are not as its record says, and each domain
+        directory the index does not hold; read the files they name that the index lacks and drop
+        those it holds that are gone. Returns how many files were read.
+
+        Creating, removing or renaming an entry changes its directory's mtime and ctime, so the
+        sections left alone name every file there is.
+        """
+        root = str(self.store.root)
+        stale: set[str | None] = {
+            section
+            for section, record in records.items()
+            if not record.current(persisted.section_directory(root, section))
+        }
+        root_record = records.get(None)
+        if root_record is None or None in stale:
+            root_files, domains = _list_root(self.store.root)
+            stale.add(None)
+        else:
+            root_files, domains = [], list(root_record.domains)
+        stale.update(domain_dir for domain_dir in domains if domain_dir not in records)
+        # The index's own directory changes with every save, so no record vouches for it; the
+        # walk treats it as any directory of the root, and listing it costs little.
+        if os.path.isdir(os.path.join(root, persisted.INDEX_DIR_NAME)):
+            stale.add(persisted.INDEX_DIR_NAME)
+        if not stale:
+            return 0
+        started_ns = time.time_ns()
+        # Only a section the persisted index held has entries to drop.
+        held: dict[str | None, list[str]] = {section: [] for section in stale}
+        if any(section in records for section in stale):
+            for path, entry in self._entries.items():
+                if entry.domain_dir in held:
+                    held[entry.domain_dir].append(path)
+        fresh: dict[str, _Entry] = {}
+        vanished: list[str] = []
+        for section in sorted(stale, key=lambda name: (name is not None, name or "")):
+            present: dict[str, str | None]
+            if section is None:
+                present = {path: None for path in root_files}
+            else:
+                refs, _problems = walk_seed_files(self.store.root, section)
+                present = {ref.path: ref.domain_dir for ref in refs}
+            vanished.extend(path for path in held[section] if path not in present)
+            for path, domain_dir in present.items():
+                if path not in self._entries:
+                    fresh[path] = _read_entry(path, domain_dir, started_ns, None)
+        self._unsaved.update(stale)
+        for section in stale:
+            self._saved_directories.pop(section, None)
+        events, changed = self._apply(fresh, vanished)
+        self._pending_events.extend(events)
+        if changed:
+            self._scope_cache.clear()
+            self._problem_cache.clear()
+        return len(fresh)
 
     def _load(self, path: str, name: str, domain_dir: str | None, saved: persisted.Entry) -> bool:
         """Index one persisted entry as is; True when it must be read before use (racy or a problem).
@@ -860,6 +954,35 @@ def _entry_from_persisted(
     if parsed is None:
         return None
     return _Entry(signature, domain_dir, parsed, False, persisted.checked_ns_of(saved))
+
+
+def _list_root(root: os.PathLike[str] | str) -> tuple[list[str], list[str]]:
+    """The seed files lying in the store root and its domain directories, by the walk's rules
+    (`store.walk_seed_files`: symlinks followed, a directory that is the root itself skipped)."""
+    root_text = str(root)
+    prefix = persisted.section_prefix(root_text, None)
+    files: list[str] = []
+    domains: list[str] = []
+    try:
+        root_stat = os.stat(root_text)
+        with os.scandir(root_text) as listing:
+            found = sorted(listing, key=lambda entry: entry.name)
+    except OSError:
+        return files, domains
+    for entry in found:
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            if entry.name.endswith(SEED_SUFFIXES):
+                files.append(prefix + entry.name)
+            continue
+        with contextlib.suppress(OSError):
+            entry_stat = entry.stat()
+            if (entry_stat.st_dev, entry_stat.st_ino) != (root_stat.st_dev, root_stat.st_ino):
+                domains.append(entry.name)
+    return files, domains
 
 
 def _signature_of(path: str) -> Signature | None:

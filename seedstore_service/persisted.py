@@ -14,6 +14,14 @@ The files stay the source of truth; the index only saves parsing them again.
   (by revision, a hash): coarse file-system clocks could give a same-size edit
   inside one tick the same signature. New and removed files are found by the
   directory walk every load already does.
+* Directories: each section also records the signature (mtime_ns, ctime_ns,
+  inode, device) of every directory its files were listed from, taken before
+  the listing, and the root section that of the store root and the domain
+  directories it held (`DirectoryRecord`). Creating, removing or renaming an
+  entry changes its directory's mtime and ctime, so a start that finds every
+  recorded directory unchanged, and none changed within `RACY_WINDOW_NS` of the
+  listing, knows the section names every file there is; any other section is
+  listed again before it is used.
 * Integrity: a file is a header line (format, version, store root, section,
   the body's length and CRC-32) and a body: one JSON line of the entries by
   column, then each entry's seed JSON text on a line of its own (decoded only
@@ -52,7 +60,7 @@ from agentsidecar.seedstore_service.seedtext import seed_from_json, seed_to_json
 
 INDEX_DIR_NAME = ".seedstore-index"
 FORMAT = "agentsidecar-seedstore-index"
-VERSION = 2
+VERSION = 3
 # A file modified this close to the read that made its entry is compared by content on every load.
 RACY_WINDOW_NS = 2_000_000_000
 _ROOT_SECTION = "root"
@@ -77,6 +85,7 @@ _COLUMN_POSITIONS = tuple(position for position in range(_ENTRY_LENGTH) if posit
 
 Entry = list[Any]
 Signature = tuple[int, int, int, int, int]
+DirectorySignature = tuple[int, int, int, int]  # mtime_ns, ctime_ns, inode, device
 
 
 def signature_of(stat_result: os.stat_result) -> Signature:
@@ -87,6 +96,70 @@ def signature_of(stat_result: os.stat_result) -> Signature:
         stat_result.st_ino,
         stat_result.st_dev,
     )
+
+
+def directory_signature_of(stat_result: os.stat_result) -> DirectorySignature:
+    return (stat_result.st_mtime_ns, stat_result.st_ctime_ns, stat_result.st_ino, stat_result.st_dev)
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryRecord:
+    """The directories a section's files were listed from, as they were just before the listing.
+
+    `signatures`: (the directory relative to the section's own, "" for itself;
+    its signature). `domains`: for the root section, the domain directories the
+    root held. `checked_ns`: when the listing began. An empty record vouches for nothing.
+    """
+
+    checked_ns: int = 0
+    signatures: tuple[tuple[str, DirectorySignature], ...] = ()
+    domains: tuple[str, ...] = ()
+
+    def settled(self) -> bool:
+        """Whether no directory changed within the racy window of the listing (a same-tick change shows)."""
+        return bool(self.signatures) and all(
+            max(signature[0], signature[1]) + RACY_WINDOW_NS < self.checked_ns
+            for _name, signature in self.signatures
+        )
+
+    def current(self, base: str) -> bool:
+        """Whether every directory under `base` (the section's directory) is as recorded, and settled."""
+        if not self.settled():
+            return False
+        for name, signature in self.signatures:
+            try:
+                found = os.stat(os.path.join(base, name) if name else base)
+            except OSError:
+                return False
+            if directory_signature_of(found) != signature:
+                return False
+        return True
+
+
+def section_directory(root: str, domain_dir: str | None) -> str:
+    """The directory of a section, spelled as the walk spells it."""
+    return root if domain_dir is None else os.path.join(root, domain_dir)
+
+
+def directory_records(
+    root: str, listed: Mapping[str, tuple[str | None, os.stat_result]], checked_ns: int
+) -> dict[str | None, DirectoryRecord]:
+    """Each section's record from what a walk listed (`store.walk_seed_files`'s `directories`)."""
+    grouped: dict[str | None, list[tuple[str, DirectorySignature]]] = {}
+    for path, (domain_dir, stat_result) in listed.items():
+        if domain_dir == INDEX_DIR_NAME:
+            # Every save changes it: a start lists it again (it is no section the root record names).
+            continue
+        base = section_directory(root, domain_dir)
+        name = "" if path == base else os.path.relpath(path, base)
+        grouped.setdefault(domain_dir, []).append((name, directory_signature_of(stat_result)))
+    domains = tuple(sorted(domain_dir for domain_dir in grouped if domain_dir is not None))
+    return {
+        domain_dir: DirectoryRecord(
+            checked_ns, tuple(sorted(signatures)), domains if domain_dir is None else ()
+        )
+        for domain_dir, signatures in grouped.items()
+    }
 
 
 def section_file_name(domain_dir: str | None) -> str:
@@ -249,6 +322,13 @@ def revision_of_entry(entry: Entry) -> str:
     return value
 
 
+def seed_identity_of_entry(entry: Entry) -> tuple[str, str] | None:
+    """(id, declared domain) of a seed entry, None for a problem; no seed is decoded."""
+    if entry[_PROBLEM] is not None:
+        return None
+    return entry[_ID], entry[_DOMAIN]
+
+
 def problem_of_entry(path: str, entry: Entry) -> Problem | None:
     problem = entry[_PROBLEM]
     return None if problem is None else Problem(path, problem[0], problem[1])
@@ -340,8 +420,11 @@ def _header(root: str, domain_dir: str | None, body: bytes) -> dict[str, Any]:
     }
 
 
-def encode_section(root: str, domain_dir: str | None, entries: Iterable[Entry]) -> bytes:
-    """A section file: the header line, then the entries by column, then one seed JSON text a line.
+def encode_section(
+    root: str, domain_dir: str | None, entries: Iterable[Entry], directories: DirectoryRecord | None = None
+) -> bytes:
+    """A section file: the header line, the directory record, the entries by column, then one seed
+    JSON text a line.
 
     By column: a reader decodes a few long lists instead of a list per entry, and
     the seed texts (most of the bytes) are split off undecoded, so a reader parses
@@ -351,7 +434,14 @@ def encode_section(root: str, domain_dir: str | None, entries: Iterable[Entry]) 
     columns = [[entry[position] for entry in rows] for position in _COLUMN_POSITIONS]
     seeds = b"\n".join(_seed_bytes(entry[_SEED]) for entry in rows)
     head = json.dumps(columns, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
-    body = head + b"\n" + seeds
+    record = directories or DirectoryRecord()
+    listed = [
+        record.checked_ns,
+        [[name, *signature] for name, signature in record.signatures],
+        record.domains,
+    ]
+    meta = json.dumps(listed, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+    body = meta + b"\n" + head + b"\n" + seeds
     header = json.dumps(_header(root, domain_dir, body), ensure_ascii=False, separators=(",", ":"))
     return header.encode("utf-8", "surrogateescape") + b"\n" + body
 
@@ -386,6 +476,36 @@ def section_of_file(data: bytes) -> tuple[bool, str | None]:
 
 def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, Entry] | None:
     """The entries of an index file by name, or None when it is not a whole index of this section."""
+    decoded = decode_section_and_record(data, root, domain_dir)
+    return None if decoded is None else decoded[0]
+
+
+def _record_of(meta: Any) -> DirectoryRecord | None:
+    if not isinstance(meta, list) or len(meta) != 3:
+        return None
+    checked_ns, listed, domains = meta
+    if not isinstance(checked_ns, int) or not isinstance(listed, list) or not isinstance(domains, list):
+        return None
+    signatures: list[tuple[str, DirectorySignature]] = []
+    for item in listed:
+        if not (
+            isinstance(item, list)
+            and len(item) == 5
+            and isinstance(item[0], str)
+            and all(isinstance(number, int) for number in item[1:])
+        ):
+            return None
+        signatures.append((item[0], (item[1], item[2], item[3], item[4])))
+    if not all(isinstance(name, str) for name in domains):
+        return None
+    return DirectoryRecord(checked_ns, tuple(signatures), tuple(domains))
+
+
+def decode_section_and_record(
+    data: bytes, root: str, domain_dir: str | None
+) -> tuple[dict[str, Entry], DirectoryRecord] | None:
+    """The entries of an index file by name and its directory record, or None when it is not a
+    whole index of this section."""
     head, newline, body = data.partition(b"\n")
     if not newline:
         return None
@@ -393,7 +513,13 @@ def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, 
         header = json.loads(head)
         if header != _header(root, domain_dir, body):
             return None
-        columns_text, newline, seeds_text = body.partition(b"\n")
+        meta_text, newline, rest = body.partition(b"\n")
+        if not newline:
+            return None
+        record = _record_of(json.loads(meta_text))
+        if record is None:
+            return None
+        columns_text, newline, seeds_text = rest.partition(b"\n")
         if not newline:
             return None
         columns = _decode_json(columns_text)
@@ -413,7 +539,7 @@ def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, 
         if not isinstance(entry[_NAME], str):
             return None
         result[entry[_NAME]] = entry
-    return result
+    return result, record
 
 
 class PersistedIndex:
@@ -427,19 +553,23 @@ class PersistedIndex:
 
     def read_section(self, domain_dir: str | None) -> dict[str, Entry]:
         """The entries of a section's index file; empty when it is missing or cannot be used."""
-        data = self._read_file(os.path.join(str(self._directory), section_file_name(domain_dir)))
-        if data is None:
-            return {}
-        return decode_section(data, self._root_text, domain_dir) or {}
+        return self.load_section(domain_dir)[0]
 
-    def read_all_sections(self) -> dict[str | None, dict[str, Entry]]:
-        """Every usable section file of the index, by section; a file that is not one is left out."""
+    def load_section(self, domain_dir: str | None) -> tuple[dict[str, Entry], DirectoryRecord]:
+        """The entries and directory record of a section's index file; empty when it cannot be used."""
+        data = self._read_file(os.path.join(str(self._directory), section_file_name(domain_dir)))
+        decoded = None if data is None else decode_section_and_record(data, self._root_text, domain_dir)
+        return decoded if decoded is not None else ({}, DirectoryRecord())
+
+    def read_all_sections(self) -> dict[str | None, tuple[dict[str, Entry], DirectoryRecord]]:
+        """Every usable section file of the index (entries, directory record) by section; a file
+        that is not one is left out."""
         directory = str(self._directory)
         try:
             names = sorted(name for name in os.listdir(directory) if name.endswith(".json"))
         except OSError:
             return {}
-        sections: dict[str | None, dict[str, Entry]] = {}
+        sections: dict[str | None, tuple[dict[str, Entry], DirectoryRecord]] = {}
         for name in names:
             data = self._read_file(os.path.join(directory, name))
             if data is None:
@@ -447,9 +577,9 @@ class PersistedIndex:
             named, section = section_of_file(data)
             if not named or section_file_name(section) != name or section in sections:
                 continue
-            entries = decode_section(data, self._root_text, section)
-            if entries is not None:
-                sections[section] = entries
+            decoded = decode_section_and_record(data, self._root_text, section)
+            if decoded is not None:
+                sections[section] = decoded
         return sections
 
     @staticmethod
@@ -467,10 +597,18 @@ class PersistedIndex:
         except OSError:
             return None
 
-    def write_sections(self, sections: Mapping[str | None, Iterable[Entry]], *, locked: bool = False) -> None:
+    def write_sections(
+        self,
+        sections: Mapping[str | None, Iterable[Entry]],
+        *,
+        locked: bool = False,
+        directories: Mapping[str | None, DirectoryRecord] | None = None,
+    ) -> None:
         """Replace these sections' index files; skipped when another process holds the lock.
 
-        `locked`: the caller holds the store's lock already.
+        `locked`: the caller holds the store's lock already. `directories`: each
+        section's record, taken before the listing its entries reflect (a section
+        without one is listed again on the next start).
         """
         if not sections or not self.root.is_dir():
             return  # a read never creates the store
@@ -481,9 +619,13 @@ class PersistedIndex:
             if not held:
                 return
             with contextlib.suppress(OSError, ValueError):
-                self._write(sections)
+                self._write(sections, directories or {})
 
-    def _write(self, sections: Mapping[str | None, Iterable[Entry]]) -> None:
+    def _write(
+        self,
+        sections: Mapping[str | None, Iterable[Entry]],
+        directories: Mapping[str | None, DirectoryRecord],
+    ) -> None:
         from agentsidecar.seedstore_service.errors import OutsideStore
         from agentsidecar.seedstore_service.store import open_store_directory
 
@@ -496,7 +638,7 @@ class PersistedIndex:
                 kept = sorted(
                     (entry for entry in entries if _persistable(entry)), key=lambda entry: entry[_NAME]
                 )
-                data = encode_section(self._root_text, domain_dir, kept)
+                data = encode_section(self._root_text, domain_dir, kept, directories.get(domain_dir))
                 name = section_file_name(domain_dir)
                 temp_name = f".{name}.tmp-{os.urandom(6).hex()}"
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -526,7 +668,10 @@ class PersistedIndex:
         """
         from agentsidecar.seedstore_service.store import read_seed_file, walk_seed_files
 
-        refs, walk_problems = walk_seed_files(self.root, domain)
+        listed: dict[str, tuple[str | None, os.stat_result]] = {}
+        listed_ns = time.time_ns()
+        refs, walk_problems = walk_seed_files(self.root, domain, listed)
+        records = directory_records(self._root_text, listed, listed_ns)
         sections: dict[str | None, dict[str, Entry]] = {}
         seen: dict[str | None, set[str]] = {}
         changed: set[str | None] = set()
@@ -582,7 +727,12 @@ class PersistedIndex:
                 del entries[name]
                 changed.add(section)
         if changed:
-            self.write_sections({section: sections[section].values() for section in changed})
+            # A load saves the directory records only along with entries it changed: it walks
+            # every time and needs none; the service's sweep saves the rest.
+            self.write_sections(
+                {section: sections[section].values() for section in changed},
+                directories={section: records.get(section, DirectoryRecord()) for section in changed},
+            )
         return files, walk_problems
 
     def record(self, path: str, parsed: Any, checked_ns: int, *, locked: bool) -> None:
@@ -594,12 +744,14 @@ class PersistedIndex:
         except ValueError:
             return
         name = name_in_section(self._root_text, path, section)
-        entries = self.read_section(section)
+        entries, record = self.load_section(section)
         if parsed is None:
             entries.pop(name, None)
         else:
             entries[name] = entry_from_parsed(name, parsed, checked_ns)
-        self.write_sections({section: entries.values()}, locked=locked)
+        # The record still vouches for nothing newer than its listing: this write changed the
+        # directory, so the next start lists the section again rather than trust it.
+        self.write_sections({section: entries.values()}, locked=locked, directories={section: record})
 
 
 def assemble_problems(

@@ -206,8 +206,15 @@ def _identity(stat_result: os.stat_result) -> tuple[int, int]:
     return (stat_result.st_dev, stat_result.st_ino)
 
 
-def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], list[Problem]]:
+def walk_seed_files(
+    root: Path,
+    domain: str | None,
+    directories: dict[str, tuple[str | None, os.stat_result]] | None = None,
+) -> tuple[list[SeedFileRef], list[Problem]]:
     """Seed files of the whole store, or of `<root>/<domain>` only, sorted by path.
+
+    `directories`, when given, receives each directory listed: its path, the
+    domain directory of the files in it, and its stat taken before it was listed.
 
     Recursive, following symlinks like SkillSpec, but with a loop guard: a
     directory that is its own ancestor is skipped. The guard starts from the
@@ -235,6 +242,8 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
             ancestors |= {(root_stat.st_dev, root_stat.st_ino)}
     # (directory, the domain directory of the files in it, identities of it and its ancestors)
     pending: list[tuple[str, str | None, frozenset[tuple[int, int]]]] = [(start_path, domain, ancestors)]
+    if directories is not None:
+        directories[start_path] = (domain, start_stat)
     while pending:
         directory, domain_dir, chain = pending.pop()
         try:
@@ -265,6 +274,8 @@ def walk_seed_files(root: Path, domain: str | None) -> tuple[list[SeedFileRef], 
                 continue  # a symlink loop; SkillSpec would recurse forever
             child_domain_dir = entry.name if domain_dir is None else domain_dir
             pending.append((path, child_domain_dir, chain | {identity}))
+            if directories is not None:
+                directories[path] = (child_domain_dir, entry_stat)
     files.sort(key=attrgetter("path"))
     problems.sort(key=lambda problem: problem.path)
     return files, problems

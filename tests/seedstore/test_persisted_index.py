@@ -155,7 +155,7 @@ def test_a_damaged_index_file_is_ignored_and_rebuilt(
         path.write_bytes(damage(path.read_bytes()))
     assert indexed(root) == expected
     for path in index_files(root):
-        domain_dir = "voice" if path.name == persisted.section_file_name("voice") else "audio"
+        domain_dir = persisted.section_of_file(path.read_bytes())[1]
         assert persisted.decode_section(path.read_bytes(), str(root), domain_dir) is not None, path
 
 

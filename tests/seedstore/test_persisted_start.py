@@ -40,15 +40,17 @@ def edit_keeping_size_and_mtime(path: Path, old: str, new: str) -> None:
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-def assert_answers_as_the_files(index: SeedIndex, root: Path) -> None:
+def assert_answers_as_the_files(
+    index: SeedIndex, root: Path, domains: list[str] = DOMAINS, ids: tuple[str, ...] = ()
+) -> None:
     reference = SeedStore(root, persisted_index=False)
-    for domain in [None, *DOMAINS]:
+    for domain in [None, *domains]:
         for capability in SEARCHES:
             query = SearchQuery(capability, domain)
             outcome = SeedOperations(reference).search(query)
             assert index.search(query) == (outcome.result, outcome.problems), (capability, domain)
         assert index.scope(domain) == reference.load(domain)
-    for seed_id in ["say", "espeak", "x", "broken"]:
+    for seed_id in ["say", "espeak", "x", "broken", *ids]:
         assert index.lookup(seed_id, None) == _lookup_of(reference, seed_id)
 
 
@@ -80,7 +82,7 @@ def test_the_index_starts_from_the_persisted_index_without_a_seed_and_checks_wha
     assert decoded == []  # no seed is built to start
     assert index.last_refresh is not None
     # The broken file is read again at the start (problems are in every answer); nothing else is.
-    assert (index.last_refresh.files, index.last_refresh.read) == (5, 1)
+    assert (index.last_refresh.files, index.last_refresh.read) == (4, 1)
 
     assert_answers_as_the_files(index, root)
     assert len(decoded) < 20  # only the seeds the answers needed
@@ -122,3 +124,41 @@ def test_the_service_started_from_the_persisted_index_answers_as_the_files(
         found = client.search_seeds(pb.SearchSeedsRequest(capability="text_to_sound_", local_only=True))
         assert [candidate.id for candidate in found.candidates] == ["say"]
         assert [problem.path for problem in found.problems] == [str(root / "audio" / "broken.yml")]
+
+
+@pytest.mark.parametrize("saved_by", ["a load", "the service's sweep"])
+def test_files_added_and_removed_while_stopped_are_seen_at_the_start_before_any_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, saved_by: str
+) -> None:
+    # A shorter racy window keeps the test fast; the rule is the same.
+    monkeypatch.setattr(persisted, "RACY_WINDOW_NS", 300_000_000)
+    root = tmp_path / "capabilities"
+    write_store(root)
+    if saved_by == "the service's sweep":
+        # The load above made the index directory: wait until the root is past its racy window.
+        time.sleep(persisted.RACY_WINDOW_NS / 1e9 + 0.1)
+        SeedIndex(SeedStore(root)).refresh()
+    # While the service was stopped: a seed added to a domain, one in a new domain, one removed.
+    (root / "audio" / "festival.yml").write_text(seed_text("festival", "audio"))
+    (root / "video").mkdir()
+    (root / "video" / "clip.yml").write_text(seed_text("clip", "video", "speech_to_video"))
+    (root / "voice" / "piper.yml").unlink()
+
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    # No refresh: every answer comes from the start alone.
+    assert_answers_as_the_files(index, root, [*DOMAINS, "video"], ("festival", "clip", "piper"))
+    reference = SeedStore(root, persisted_index=False)
+    assert index.scope(None) == reference.load(None)
+    found = index.search(SearchQuery("text_to_speech", None))[0]
+    assert {candidate.id for candidate in found.candidates} >= {"festival"}
+    assert "piper" not in {candidate.id for candidate in found.candidates}
+    assert [stored.seed.id for stored in index.scope("video").seeds] == ["clip"]
+    # The changes found at the start reach watchers with the next refresh.
+    events = index.refresh()
+    assert {(event.kind, event.id) for event in events} >= {
+        ("added", "festival"),
+        ("added", "clip"),
+        ("removed", "piper"),
+    }
+    assert_answers_as_the_files(index, root, [*DOMAINS, "video"], ("festival", "clip", "piper"))
