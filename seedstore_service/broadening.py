@@ -89,7 +89,7 @@ class Broadening:
 
 
 _BUILTIN_GROUPS = (
-    # Seed 001's own list, verbatim.
+    # The voice/audio terms SkillSpec's documentation tells an agent to try after an empty search.
     EquivalenceGroup(
         name="voice",
         capabilities=(

@@ -1,4 +1,4 @@
-"""Seed mutations: `add` builds a whole seed, `update` patches one in a fixed order, `prefer` (SkillSpec §2).
+"""Seed mutations: `add` builds a whole seed, `update` patches one in a fixed order, `prefer`.
 
 Pure: values in, a new Seed out; `now_unix` comes from the shell. The flow the
 shell follows is SkillSpec's: validate, load, patch, write; any error aborts first.
@@ -118,7 +118,7 @@ def _validate_priority(priority: int | None) -> None:
 
 
 def _validate_aliases(aliases: Iterable[str]) -> None:
-    # Our fix: SkillSpec stores such an alias, and it then matches every search.
+    # Refused here although SkillSpec stores it: an alias with no letters or digits would match every search.
     for alias in aliases:
         if not canonical(alias):
             raise InvalidArgument(empty_alias_message(alias), "alias")

@@ -194,7 +194,7 @@ def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
 def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -> RankedCandidate | None:
     """Score a prepared seed, given `requested = canonical(query.capability)`.
 
-    The one implementation of §4's arithmetic: `score_seed` prepares and calls
+    The one implementation of the scoring arithmetic: `score_seed` prepares and calls
     it, the index calls it with forms prepared once per file. An alias or
     evidence text matches by substring containment either way, so short texts
     match widely (SkillSpec's quirk); empty ones were left out by `prepare_seed`.

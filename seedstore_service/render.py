@@ -1,4 +1,6 @@
-"""The JSON objects the CLI prints, key for key in SkillSpec's order (§3).
+"""The JSON objects the CLI prints, key for key in SkillSpec's order.
+
+The shapes: docs/skillspec-compatibility.md, "CLI output shapes".
 
 Pure: core values in, plain dicts out (the CLI prints them with
 `json.dumps(indent=2, ensure_ascii=False)`). Additions to SkillSpec's shapes are

@@ -406,9 +406,9 @@ def untyped_loader(base: type[yaml.SafeLoader] | type[yaml.CSafeLoader]) -> type
 
     The seed parser reads each scalar's text and style, never the tag that
     PyYAML's implicit resolvers guess (`5` an int, `yes` a bool: YAML 1.1
-    rules, which SkillSpec's YAML 1.2 reader does not share anyway). The
-    resolvers ran Python code for every node, a third of composing a seed
-    file; here every node gets the plain tag of its kind.
+    rules, which SkillSpec's YAML 1.2 reader does not share anyway), so
+    running them would be work whose result is thrown away: here every node
+    gets the plain tag of its kind.
     """
 
     class UntypedLoader(base):  # type: ignore[valid-type,misc]
@@ -803,8 +803,8 @@ class _SerdeDumper(yaml.SafeDumper):
 
 
 # The direct writer. Seeds have one fixed block shape, so when every string fits
-# on one line the text can be written without PyYAML's emitter, which spends ~30 µs
-# on each scalar (4-6 ms for a seed with 200 provides). The rules below are
+# on one line the text can be written without PyYAML's emitter, whose per-scalar
+# analysis dominates writing a large seed. The rules below are
 # PyYAML's `analyze_scalar` / `choose_scalar_style` restricted to one-line values;
 # anything else (line breaks, tabs, control characters, a key too long to be a
 # simple key) goes to `dump_seed_via_emitter`. A property test holds the two

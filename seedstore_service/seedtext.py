@@ -31,7 +31,7 @@ MAX_PRIORITY = 100
 MAX_SEED_FILE_BYTES = 1024 * 1024
 
 # ---------------------------------------------------------------------------
-# Identifiers and canonical text (SkillSpec §4, §6)
+# Identifiers and canonical text (docs/skillspec-compatibility.md)
 # ---------------------------------------------------------------------------
 
 _IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")

@@ -1,7 +1,7 @@
 """The disk shell: the only module that reads and writes seed files.
 
-Layout and loading follow SkillSpec (`skillspec-behaviour.md` §1, §4 step 2, §6),
-with the durability SkillSpec lacks (§7):
+Layout and loading follow SkillSpec (docs/skillspec-compatibility.md, "Store layout",
+"Loading a scope"), with the durability SkillSpec lacks ("What this project adds or changes"):
 
 * Every write goes to a temporary file in the target directory, is fsynced and
   renamed over the target, and the directory is fsynced. A reader (ours or the
