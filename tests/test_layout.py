@@ -166,3 +166,17 @@ def test_pure_core_modules_import_nothing_impure() -> None:
 def test_pure_core_modules_hold_no_module_level_mutable_state() -> None:
     core = pure_core_modules()
     assert {module: state_problems(module) for module in sorted(core)} == {m: [] for m in sorted(core)}
+
+
+def test_nothing_imports_a_folder_by_its_bare_name() -> None:
+    """`clients` and `agentsidecar.clients` would be two copies of every module (and of every class)."""
+    bare = {*PACKAGES, "agentsidecar_pair"}
+    found = []
+    for directory in (*PACKAGES, "tests", "bench", "examples"):
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            if "node_modules" in path.parts:
+                continue
+            for imported in imported_modules(path, ""):
+                if imported.split(".")[0] in bare:
+                    found.append(f"{path.relative_to(ROOT)} imports {imported}")
+    assert found == []

@@ -33,6 +33,8 @@ from agentsidecar.negotiator_service.model import (
     ToolOutcome,
 )
 
+pytestmark = pytest.mark.slow
+
 KEY_ENV = "NEGOTIATOR_TEST_OPENAI_UNARY_HTTP_KEY"
 KEY = "sk-test-unary-http"
 

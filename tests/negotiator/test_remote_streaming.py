@@ -34,6 +34,8 @@ from agentsidecar.negotiator_service.model import (
 )
 from agentsidecar.negotiator_service.server import RunningNegotiator
 
+pytestmark = pytest.mark.slow
+
 Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
 CALLS = ("RPC Invoke", "RPC Produce", "RPC CallWithTools")
 INTERNAL = grpc.StatusCode.INTERNAL

@@ -230,6 +230,7 @@ def apply_edit(root: Path, edit: tuple[str, str, str, str]) -> None:
 
 
 # Each example writes a whole store and reads it back both ways.
+@pytest.mark.slow
 @settings(max_examples=40)
 @given(steps=st.lists(edits, min_size=1, max_size=4))
 def test_random_edits_never_make_the_index_answer_differently(
@@ -311,6 +312,7 @@ def test_cli_output_is_the_same_with_the_index_and_after_an_edit_by_another_prog
     assert candidate["reasons"][0] == "alias or evidence text match"  # no longer provides it
 
 
+@pytest.mark.slow
 def test_local_read_commands_import_no_grpc_asyncio_yaml_or_server(tmp_path: Path) -> None:
     home = tmp_path / "home"
     root = home / "capabilities"
@@ -366,6 +368,7 @@ def test_a_stale_index_after_many_edits_costs_no_wrong_answer_in_the_same_second
 # -- the service's in-memory index ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_service_index_starts_from_the_persisted_index_and_still_sees_edits(root: Path) -> None:
     from agentsidecar.seedstore_service.index import SeedIndex
 

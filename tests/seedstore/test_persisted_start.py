@@ -10,16 +10,18 @@ from typing import Any
 
 import pytest
 
+from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore_service import persisted, seedtext
 from agentsidecar.seedstore_service.index import SeedIndex
 from agentsidecar.seedstore_service.operations import SeedOperations
 from agentsidecar.seedstore_service.ranking import SearchQuery
 from agentsidecar.seedstore_service.store import SeedStore
-from clients.seedstore import SeedStoreClient
 
 from .conftest import ServerThread
 from .test_persisted_index import DOMAINS, SEARCHES, seed_text
+
+pytestmark = pytest.mark.slow
 
 
 def write_store(root: Path) -> None:
