@@ -17,7 +17,6 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from agentsidecar.negotiator_service.adapters.acp import AcpAdapter
 from agentsidecar.negotiator_service.adapters.command import CommandAdapter
 from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
 from agentsidecar.negotiator_service.adapters.remote import RemoteAdapter, connect_from_spec, connect_remote
@@ -70,6 +69,10 @@ async def build_adapter_async(spec: AdapterSpec) -> Adapter:
     if spec.implementation == "remote":
         return await connect_from_spec(spec)
     if spec.implementation == "acp":
+        # Imported only when a config has an acp adapter: the ACP SDK's schema models are most of
+        # the negotiator's start-up otherwise.
+        from agentsidecar.negotiator_service.adapters.acp import AcpAdapter
+
         return await AcpAdapter.start(spec)
     return build_adapter(spec)
 
@@ -98,7 +101,6 @@ async def build_adapters(specs: Sequence[AdapterSpec]) -> list[Adapter]:
 
 __all__ = [
     "IMPLEMENTATIONS",
-    "AcpAdapter",
     "CommandAdapter",
     "OpenAIAdapter",
     "RemoteAdapter",
