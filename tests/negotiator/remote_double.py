@@ -44,7 +44,7 @@ the unary one would, as two deltas (the text's halves) and the final, unless
 its prompt is one of these:
 "chunks:<n>:<seconds>" sends n deltas "part<i> " that far apart, each
 followed (with stream_events) by an event {"progress", i}, printing
-"DELTA <i> <time.monotonic()>" after each is written, then the final;
+"DELTA <i> <time.monotonic() as it was handed to gRPC>" after each, then the final;
 "nofinal:" sends a delta and ends; "twofinals:" sends its final twice;
 "deltaafterfinal:" sends a delta after its final; "flood:<n>" sends n
 deltas of 1 MiB; "deltathenfail:<CODE>" sends a delta, then fails with that
@@ -304,8 +304,9 @@ class EchoAdapter(adapter_pb2_grpc.AdapterServiceServicer):
             for index, chunk in enumerate(_chunks(prompt), 1):
                 if index > 1:
                     await asyncio.sleep(interval)
+                handed_over = time.monotonic()
                 yield {"delta": chunk}
-                print(f"DELTA {index} {time.monotonic()}", flush=True)
+                print(f"DELTA {index} {handed_over}", flush=True)
                 if options.stream_events:
                     yield {"event": adapter_pb2.AdapterEvent(type="progress", text=str(index))}
 
