@@ -58,9 +58,10 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from agentsidecar.seedstore_service import persisted, ranking
+from agentsidecar.seedstore_service import indexfile, persisted, ranking
 from agentsidecar.seedstore_service.model import Problem, Seed
-from agentsidecar.seedstore_service.seedtext import canonical, validate_identifier
+from agentsidecar.seedstore_service.names import canonical
+from agentsidecar.seedstore_service.seedtext import validate_identifier
 from agentsidecar.seedstore_service.store import (
     SEED_SUFFIXES,
     LoadedScope,
@@ -530,7 +531,7 @@ class SeedIndex:
                 known = self._entries
                 load = self._load
                 for section, (entries, _record) in sections.items():
-                    prefix = persisted.section_prefix(root, section)
+                    prefix = indexfile.section_prefix(root, section)
                     for name, stored_entry in entries.items():
                         path = prefix + name
                         if path not in known and load(path, name, section, stored_entry):
@@ -563,7 +564,7 @@ class SeedIndex:
         stale: set[str | None] = {
             section
             for section, record in records.items()
-            if not record.current(persisted.section_directory(root, section))
+            if not record.current(indexfile.section_directory(root, section))
         }
         root_record = records.get(None)
         if root_record is None or None in stale:
@@ -960,7 +961,7 @@ def _list_root(root: os.PathLike[str] | str) -> tuple[list[str], list[str]]:
     """The seed files lying in the store root and its domain directories, by the walk's rules
     (`store.walk_seed_files`: symlinks followed, a directory that is the root itself skipped)."""
     root_text = str(root)
-    prefix = persisted.section_prefix(root_text, None)
+    prefix = indexfile.section_prefix(root_text, None)
     files: list[str] = []
     domains: list[str] = []
     try:

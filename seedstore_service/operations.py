@@ -34,9 +34,10 @@ from agentsidecar.seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
+from agentsidecar.seedstore_service.names import canonical
 from agentsidecar.seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
 from agentsidecar.seedstore_service.render import listed_seed
-from agentsidecar.seedstore_service.seedtext import canonical, validate_identifier
+from agentsidecar.seedstore_service.seedtext import validate_identifier
 from agentsidecar.seedstore_service.store import (
     LoadedScope,
     Locator,

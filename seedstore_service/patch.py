@@ -20,9 +20,9 @@ from agentsidecar.seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
+from agentsidecar.seedstore_service.names import canonical
 from agentsidecar.seedstore_service.seedtext import (
     MAX_PRIORITY,
-    canonical,
     empty_alias_message,
     validate_identifier,
 )

@@ -42,64 +42,58 @@ tests compare the two on random edit sequences.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
-import stat
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from agentsidecar.seedstore_service import indexfile
+from agentsidecar.seedstore_service.indexfile import (
+    CHECKED,
+    CTIME,
+    DEV,
+    DOMAIN,
+    DOMAIN_LINE,
+    ID,
+    INO,
+    KEYS,
+    MTIME,
+    NAME,
+    NOTES,
+    PROBLEM,
+    RANK,
+    REVISION,
+    ROW,
+    SEED,
+    SIZE,
+    directory_signature_of,
+    racy,
+    record_current,
+    record_settled,
+    section_directory,
+    section_prefix,
+)
+from agentsidecar.seedstore_service.indexfile import INDEX_DIR_NAME as INDEX_DIR_NAME
+from agentsidecar.seedstore_service.indexfile import RACY_WINDOW_NS as RACY_WINDOW_NS
+from agentsidecar.seedstore_service.indexfile import name_in_section as name_in_section
+from agentsidecar.seedstore_service.indexfile import section_file_name as section_file_name
+from agentsidecar.seedstore_service.indexfile import section_of_file as section_of_file
+from agentsidecar.seedstore_service.indexfile import signature_of as signature_of
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, VerificationStatus
-from agentsidecar.seedstore_service.ranking import could_match, match_keys
+from agentsidecar.seedstore_service.ranking import could_match, match_keys, rank_keys, seed_gates
 from agentsidecar.seedstore_service.seedtext import seed_from_json, seed_to_json
 
-INDEX_DIR_NAME = ".seedstore-index"
-FORMAT = "agentsidecar-seedstore-index"
-VERSION = 3
-# A file modified this close to the read that made its entry is compared by content on every load.
-RACY_WINDOW_NS = 2_000_000_000
-_ROOT_SECTION = "root"
-_IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
-# The most an index file may hold: a million seeds' entries, far beyond any store.
-_MAX_INDEX_BYTES = 1 << 30
-
-# An entry, as stored (a JSON array; positions below):
-# [name, size, mtime_ns, ctime_ns, ino, dev, checked_ns, revision,
-#  seed id or null, declared domain, seed JSON text (ASCII bytes), notes [[line, reason], ...],
-#  problem [line, reason] or null, domain_line, the `list` row [kind, provides, status, risks] or null,
-#  the search keys [canonical provides, canonical texts] (ranking.match_keys) or null]
-_NAME, _SIZE, _MTIME, _CTIME, _INO, _DEV, _CHECKED, _REVISION = range(8)
-_ID, _DOMAIN, _SEED, _NOTES, _PROBLEM, _DOMAIN_LINE, _ROW, _KEYS = range(8, 16)
-_ENTRY_LENGTH = 16
 _STATUSES: Mapping[str, VerificationStatus] = MappingProxyType(
     {status.value: status for status in VerificationStatus}
 )
-# The positions stored as JSON columns: all but the seed text, which has a line of its own.
-_COLUMN_POSITIONS = tuple(position for position in range(_ENTRY_LENGTH) if position != _SEED)
 
 Entry = list[Any]
 Signature = tuple[int, int, int, int, int]
 DirectorySignature = tuple[int, int, int, int]  # mtime_ns, ctime_ns, inode, device
-
-
-def signature_of(stat_result: os.stat_result) -> Signature:
-    return (
-        stat_result.st_size,
-        stat_result.st_mtime_ns,
-        stat_result.st_ctime_ns,
-        stat_result.st_ino,
-        stat_result.st_dev,
-    )
-
-
-def directory_signature_of(stat_result: os.stat_result) -> DirectorySignature:
-    return (stat_result.st_mtime_ns, stat_result.st_ctime_ns, stat_result.st_ino, stat_result.st_dev)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,30 +109,16 @@ class DirectoryRecord:
     signatures: tuple[tuple[str, DirectorySignature], ...] = ()
     domains: tuple[str, ...] = ()
 
+    def raw(self) -> indexfile.RawRecord:
+        return (self.checked_ns, self.signatures, self.domains)
+
     def settled(self) -> bool:
         """Whether no directory changed within the racy window of the listing (a same-tick change shows)."""
-        return bool(self.signatures) and all(
-            max(signature[0], signature[1]) + RACY_WINDOW_NS < self.checked_ns
-            for _name, signature in self.signatures
-        )
+        return record_settled(self.raw())
 
     def current(self, base: str) -> bool:
         """Whether every directory under `base` (the section's directory) is as recorded, and settled."""
-        if not self.settled():
-            return False
-        for name, signature in self.signatures:
-            try:
-                found = os.stat(os.path.join(base, name) if name else base)
-            except OSError:
-                return False
-            if directory_signature_of(found) != signature:
-                return False
-        return True
-
-
-def section_directory(root: str, domain_dir: str | None) -> str:
-    """The directory of a section, spelled as the walk spells it."""
-    return root if domain_dir is None else os.path.join(root, domain_dir)
+        return record_current(self.raw(), base)
 
 
 def directory_records(
@@ -162,18 +142,6 @@ def directory_records(
     }
 
 
-def section_file_name(domain_dir: str | None) -> str:
-    """The index file of a section: `d-<name>.json` for an identifier, else a hash of the name."""
-    if domain_dir is None:
-        return f"{_ROOT_SECTION}.json"
-    if _IDENTIFIER_CHARS.issuperset(domain_dir) and not domain_dir.startswith(".") and len(domain_dir) <= 200:
-        return f"d-{domain_dir}.json"
-    import hashlib
-
-    digest = hashlib.sha256(domain_dir.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return f"h-{digest}.json"
-
-
 @dataclass(frozen=True, slots=True)
 class IndexedFile:
     """One seed file of a load, with the entry that describes it now."""
@@ -184,48 +152,48 @@ class IndexedFile:
 
     @property
     def seed_id(self) -> str | None:
-        value: str | None = self.entry[_ID]
+        value: str | None = self.entry[ID]
         return value
 
     def problems(self, domain: str | None) -> Iterator[Problem]:
         """What this file adds to the scope's problems (the rules of `store.scope_from_files`)."""
         entry = self.entry
-        problem = entry[_PROBLEM]
+        problem = entry[PROBLEM]
         if problem is not None:
             yield Problem(self.path, problem[0], problem[1])
-        elif domain is not None and entry[_DOMAIN] != domain:
-            yield mismatch_problem(self.path, domain, entry[_DOMAIN], entry[_DOMAIN_LINE])
+        elif domain is not None and entry[DOMAIN] != domain:
+            yield mismatch_problem(self.path, domain, entry[DOMAIN], entry[DOMAIN_LINE])
         else:
-            for line, reason in entry[_NOTES]:
+            for line, reason in entry[NOTES]:
                 yield Problem(self.path, line, reason)
 
     def in_scope(self, domain: str | None) -> bool:
         """Whether the file holds a seed the scope loads."""
         entry = self.entry
-        return entry[_PROBLEM] is None and (domain is None or entry[_DOMAIN] == domain)
+        return entry[PROBLEM] is None and (domain is None or entry[DOMAIN] == domain)
 
     def could_match(self, requested: str) -> bool:
         """`ranking.could_match` on the seed's keys: False only when a search of `requested` excludes it."""
-        provides, texts = self.entry[_KEYS]
+        provides, texts = self.entry[KEYS]
         return could_match(provides, texts, requested)
 
     def seed_json(self) -> dict[str, Any]:
-        value: dict[str, Any] = json.loads(self.entry[_SEED])
+        value: dict[str, Any] = json.loads(self.entry[SEED])
         return value
 
     def listed(self) -> ListedSeed:
         """The `list` row of the seed, from the entry (no Seed is built)."""
         entry = self.entry
-        kind, provides, status, risks = entry[_ROW]
+        kind, provides, status, risks = entry[ROW]
         return ListedSeed(
-            id=entry[_ID],
-            domain=entry[_DOMAIN],
+            id=entry[ID],
+            domain=entry[DOMAIN],
             kind=kind,
             path=self.path,
             provides=tuple(provides),
             verification_status=_STATUSES[status],
             risks=tuple(risks),
-            revision=entry[_REVISION],
+            revision=entry[REVISION],
         )
 
 
@@ -238,19 +206,8 @@ def mismatch_problem(path: str, domain: str, declared: str, line: int) -> Proble
 # --- entries ---------------------------------------------------------------------
 
 
-def _section_prefix(root: str, domain_dir: str | None) -> str:
-    base = root if domain_dir is None else os.path.join(root, domain_dir)
-    return base.rstrip(os.sep) + os.sep if base != "." else ""
-
-
-def name_in_section(root: str, path: str, domain_dir: str | None) -> str:
-    """`path` (as the walk spells it) relative to its section's directory: the key of its entry."""
-    prefix = _section_prefix(root, domain_dir)
-    return path[len(prefix) :] if path.startswith(prefix) else path
-
-
 def checked_ns_of(entry: Entry) -> int:
-    value: int = entry[_CHECKED]
+    value: int = entry[CHECKED]
     return value
 
 
@@ -259,7 +216,7 @@ def parsed_from_entry(path: str, domain_dir: str | None, entry: Entry, signature
 
     Trusted: the file's current `signature` is the entry's, and the entry is not racy.
     """
-    if not _signature_matches(entry, signature) or _racy(entry):
+    if not _signature_matches(entry, signature) or racy(entry):
         return None
     return parsed_of_entry(path, entry)
 
@@ -286,6 +243,8 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
         )
         row = [seed.kind, list(seed.provides), seed.verification_status.value, [n for n, on in flags if on]]
         provides, texts = match_keys(seed)
+        preferred_for, avoid_for = rank_keys(seed)
+        rank = [sorted(preferred_for), sorted(avoid_for), seed.rank.default_priority, list(seed_gates(seed))]
         return [
             name,
             *sig,
@@ -299,6 +258,7 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
             parsed.domain_line,
             row,
             [sorted(provides), sorted(texts)],
+            rank,
         ]
     problem = parsed.problem
     return [
@@ -314,23 +274,24 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
         0,
         None,
         None,
+        None,
     ]
 
 
 def revision_of_entry(entry: Entry) -> str:
-    value: str = entry[_REVISION]
+    value: str = entry[REVISION]
     return value
 
 
 def seed_identity_of_entry(entry: Entry) -> tuple[str, str] | None:
     """(id, declared domain) of a seed entry, None for a problem; no seed is decoded."""
-    if entry[_PROBLEM] is not None:
+    if entry[PROBLEM] is not None:
         return None
-    return entry[_ID], entry[_DOMAIN]
+    return entry[ID], entry[DOMAIN]
 
 
 def problem_of_entry(path: str, entry: Entry) -> Problem | None:
-    problem = entry[_PROBLEM]
+    problem = entry[PROBLEM]
     return None if problem is None else Problem(path, problem[0], problem[1])
 
 
@@ -338,11 +299,11 @@ def parsed_of_entry(path: str, entry: Entry) -> Any:
     """The `store.ParsedFile` an entry stands for (no stat result), without checking its signature."""
     from agentsidecar.seedstore_service.store import ParsedFile
 
-    problem = entry[_PROBLEM]
+    problem = entry[PROBLEM]
     if problem is not None:
-        return ParsedFile(path, None, Problem(path, problem[0], problem[1]), entry[_REVISION], False, None, 0)
+        return ParsedFile(path, None, Problem(path, problem[0], problem[1]), entry[REVISION], False, None, 0)
     stored = stored_from_entry(path, entry)
-    return ParsedFile(path, stored, None, entry[_REVISION], False, None, entry[_DOMAIN_LINE])
+    return ParsedFile(path, stored, None, entry[REVISION], False, None, entry[DOMAIN_LINE])
 
 
 def take_fields(entry: Entry) -> tuple[Signature, int, bool, str | None, str, list[str], list[str], bool]:
@@ -352,194 +313,70 @@ def take_fields(entry: Entry) -> tuple[Signature, int, bool, str | None, str, li
     The entry keeps only what its seed is decoded from: its name, `list` row and search
     keys are dropped (`resaved` makes them again).
     """
-    signature = (entry[_SIZE], entry[_MTIME], entry[_CTIME], entry[_INO], entry[_DEV])
-    checked: int = entry[_CHECKED]
-    racy = max(entry[_MTIME], entry[_CTIME]) + RACY_WINDOW_NS >= checked
-    entry[_NAME] = None
-    if entry[_PROBLEM] is not None:
+    signature = (entry[SIZE], entry[MTIME], entry[CTIME], entry[INO], entry[DEV])
+    checked: int = entry[CHECKED]
+    racy = max(entry[MTIME], entry[CTIME]) + RACY_WINDOW_NS >= checked
+    entry[NAME] = None
+    if entry[PROBLEM] is not None:
         return signature, checked, racy, None, "", [], [], False
-    provides, texts = entry[_KEYS]
-    entry[_KEYS] = entry[_ROW] = None
-    return signature, checked, racy, entry[_ID], entry[_DOMAIN], provides, texts, bool(entry[_NOTES])
+    provides, texts = entry[KEYS]
+    entry[KEYS] = entry[ROW] = entry[RANK] = None
+    return signature, checked, racy, entry[ID], entry[DOMAIN], provides, texts, bool(entry[NOTES])
 
 
 def resaved(entry: Entry, name: str, path: str) -> Entry:
     """A whole entry named `name` again from what `take_fields` left (the seed is decoded for the rest)."""
-    signature = (entry[_SIZE], entry[_MTIME], entry[_CTIME], entry[_INO], entry[_DEV])
-    return entry_from_parts(name, signature, entry[_CHECKED], parsed_of_entry(path, entry))
-
-
-def section_prefix(root: str, domain_dir: str | None) -> str:
-    """What a walk's path of a section's file starts with; the entry's name follows."""
-    return _section_prefix(root, domain_dir)
+    signature = (entry[SIZE], entry[MTIME], entry[CTIME], entry[INO], entry[DEV])
+    return entry_from_parts(name, signature, entry[CHECKED], parsed_of_entry(path, entry))
 
 
 def stored_from_entry(path: str, entry: Entry) -> Any:
     """The `store.StoredSeed` of a seed entry."""
     from agentsidecar.seedstore_service.store import StoredSeed
 
-    notes = tuple(Problem(path, line, reason) for line, reason in entry[_NOTES])
-    return StoredSeed(seed_from_json(json.loads(entry[_SEED])), path, entry[_REVISION], notes)
+    notes = tuple(Problem(path, line, reason) for line, reason in entry[NOTES])
+    return StoredSeed(seed_from_json(json.loads(entry[SEED])), path, entry[REVISION], notes)
 
 
 def _persistable(entry: Entry) -> bool:
-    return entry[_SIZE] is not None
-
-
-def _racy(entry: Entry) -> bool:
-    changed_ns: int = max(entry[_MTIME], entry[_CTIME])
-    checked_ns: int = entry[_CHECKED]
-    return changed_ns + RACY_WINDOW_NS >= checked_ns
+    return entry[SIZE] is not None
 
 
 def _same_but_checked(old: Entry, new: Entry) -> bool:
-    return old[:_CHECKED] == new[:_CHECKED] and old[_CHECKED + 1 :] == new[_CHECKED + 1 :]
+    return old[:CHECKED] == new[:CHECKED] and old[CHECKED + 1 :] == new[CHECKED + 1 :]
 
 
 def _signature_matches(entry: Entry, signature: Signature) -> bool:
     return bool(
-        entry[_SIZE] == signature[0]
-        and entry[_MTIME] == signature[1]
-        and entry[_CTIME] == signature[2]
-        and entry[_INO] == signature[3]
-        and entry[_DEV] == signature[4]
+        entry[SIZE] == signature[0]
+        and entry[MTIME] == signature[1]
+        and entry[CTIME] == signature[2]
+        and entry[INO] == signature[3]
+        and entry[DEV] == signature[4]
     )
-
-
-# --- index files ---------------------------------------------------------------
-
-
-def _header(root: str, domain_dir: str | None, body: bytes) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "root": root,
-        "section": domain_dir,
-        "length": len(body),
-        "crc32": zlib.crc32(body),
-    }
 
 
 def encode_section(
     root: str, domain_dir: str | None, entries: Iterable[Entry], directories: DirectoryRecord | None = None
 ) -> bytes:
-    """A section file: the header line, the directory record, the entries by column, then one seed
-    JSON text a line.
-
-    By column: a reader decodes a few long lists instead of a list per entry, and
-    the seed texts (most of the bytes) are split off undecoded, so a reader parses
-    only the seeds it answers with (`stored_from_entry`).
-    """
-    rows = list(entries)
-    columns = [[entry[position] for entry in rows] for position in _COLUMN_POSITIONS]
-    seeds = b"\n".join(_seed_bytes(entry[_SEED]) for entry in rows)
-    head = json.dumps(columns, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
-    record = directories or DirectoryRecord()
-    listed = [
-        record.checked_ns,
-        [[name, *signature] for name, signature in record.signatures],
-        record.domains,
-    ]
-    meta = json.dumps(listed, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
-    body = meta + b"\n" + head + b"\n" + seeds
-    header = json.dumps(_header(root, domain_dir, body), ensure_ascii=False, separators=(",", ":"))
-    return header.encode("utf-8", "surrogateescape") + b"\n" + body
-
-
-def _seed_bytes(text: str | bytes) -> bytes:
-    return text if isinstance(text, bytes) else text.encode("ascii")
-
-
-def _decode_json(data: bytes) -> Any:
-    """`json.loads`, with the cyclic collector paused: a section makes many lists, none cyclic."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return json.loads(data)
-    finally:
-        if collecting:
-            gc.enable()
-
-
-def section_of_file(data: bytes) -> tuple[bool, str | None]:
-    """(whether the header names a section, which one): the section an index file says it holds."""
-    head, newline, _body = data.partition(b"\n")
-    try:
-        header = json.loads(head) if newline else None
-    except (ValueError, TypeError, RecursionError):
-        header = None
-    if not isinstance(header, dict) or "section" not in header:
-        return False, None
-    section = header["section"]
-    return isinstance(section, str | None), section if isinstance(section, str) else None
+    """`indexfile.encode_section` with the directory record (an empty one vouches for nothing)."""
+    return indexfile.encode_section(root, domain_dir, entries, (directories or DirectoryRecord()).raw())
 
 
 def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, Entry] | None:
     """The entries of an index file by name, or None when it is not a whole index of this section."""
-    decoded = decode_section_and_record(data, root, domain_dir)
+    decoded = indexfile.decode_section(data, root, domain_dir)
     return None if decoded is None else decoded[0]
-
-
-def _record_of(meta: Any) -> DirectoryRecord | None:
-    if not isinstance(meta, list) or len(meta) != 3:
-        return None
-    checked_ns, listed, domains = meta
-    if not isinstance(checked_ns, int) or not isinstance(listed, list) or not isinstance(domains, list):
-        return None
-    signatures: list[tuple[str, DirectorySignature]] = []
-    for item in listed:
-        if not (
-            isinstance(item, list)
-            and len(item) == 5
-            and isinstance(item[0], str)
-            and all(isinstance(number, int) for number in item[1:])
-        ):
-            return None
-        signatures.append((item[0], (item[1], item[2], item[3], item[4])))
-    if not all(isinstance(name, str) for name in domains):
-        return None
-    return DirectoryRecord(checked_ns, tuple(signatures), tuple(domains))
 
 
 def decode_section_and_record(
     data: bytes, root: str, domain_dir: str | None
 ) -> tuple[dict[str, Entry], DirectoryRecord] | None:
-    """The entries of an index file by name and its directory record, or None when it is not a
-    whole index of this section."""
-    head, newline, body = data.partition(b"\n")
-    if not newline:
+    decoded = indexfile.decode_section(data, root, domain_dir)
+    if decoded is None:
         return None
-    try:
-        header = json.loads(head)
-        if header != _header(root, domain_dir, body):
-            return None
-        meta_text, newline, rest = body.partition(b"\n")
-        if not newline:
-            return None
-        record = _record_of(json.loads(meta_text))
-        if record is None:
-            return None
-        columns_text, newline, seeds_text = rest.partition(b"\n")
-        if not newline:
-            return None
-        columns = _decode_json(columns_text)
-    except (ValueError, TypeError, RecursionError):
-        return None
-    if not isinstance(columns, list) or len(columns) != len(_COLUMN_POSITIONS):
-        return None
-    count = len(columns[0]) if isinstance(columns[0], list) else -1
-    if any(not isinstance(column, list) or len(column) != count for column in columns):
-        return None
-    seeds = seeds_text.split(b"\n") if count else []
-    if len(seeds) != count:
-        return None
-    columns.insert(_SEED, seeds)
-    result: dict[str, Entry] = {}
-    for entry in map(list, zip(*columns, strict=True)):
-        if not isinstance(entry[_NAME], str):
-            return None
-        result[entry[_NAME]] = entry
-    return result, record
+    entries, (checked_ns, signatures, domains) = decoded
+    return entries, DirectoryRecord(checked_ns, signatures, domains)
 
 
 class PersistedIndex:
@@ -557,7 +394,7 @@ class PersistedIndex:
 
     def load_section(self, domain_dir: str | None) -> tuple[dict[str, Entry], DirectoryRecord]:
         """The entries and directory record of a section's index file; empty when it cannot be used."""
-        data = self._read_file(os.path.join(str(self._directory), section_file_name(domain_dir)))
+        data = indexfile.read_index_file(os.path.join(str(self._directory), section_file_name(domain_dir)))
         decoded = None if data is None else decode_section_and_record(data, self._root_text, domain_dir)
         return decoded if decoded is not None else ({}, DirectoryRecord())
 
@@ -571,7 +408,7 @@ class PersistedIndex:
             return {}
         sections: dict[str | None, tuple[dict[str, Entry], DirectoryRecord]] = {}
         for name in names:
-            data = self._read_file(os.path.join(directory, name))
+            data = indexfile.read_index_file(os.path.join(directory, name))
             if data is None:
                 continue
             named, section = section_of_file(data)
@@ -581,21 +418,6 @@ class PersistedIndex:
             if decoded is not None:
                 sections[section] = decoded
         return sections
-
-    @staticmethod
-    def _read_file(path: str) -> bytes | None:
-        try:
-            fd = os.open(path, _READ_FLAGS)
-        except OSError:
-            return None
-        try:
-            with open(fd, "rb") as handle:
-                stat_result = os.fstat(handle.fileno())
-                if not stat.S_ISREG(stat_result.st_mode) or stat_result.st_size > _MAX_INDEX_BYTES:
-                    return None
-                return handle.read(_MAX_INDEX_BYTES + 1)
-        except OSError:
-            return None
 
     def write_sections(
         self,
@@ -636,7 +458,7 @@ class PersistedIndex:
         try:
             for domain_dir, entries in sections.items():
                 kept = sorted(
-                    (entry for entry in entries if _persistable(entry)), key=lambda entry: entry[_NAME]
+                    (entry for entry in entries if _persistable(entry)), key=lambda entry: entry[NAME]
                 )
                 data = encode_section(self._root_text, domain_dir, kept, directories.get(domain_dir))
                 name = section_file_name(domain_dir)
@@ -683,7 +505,7 @@ class PersistedIndex:
             if entries is None:
                 entries = sections[section] = self.read_section(section)
                 seen[section] = set()
-                prefixes[section] = _section_prefix(self._root_text, section)
+                prefixes[section] = section_prefix(self._root_text, section)
             prefix = prefixes[section]
             name = ref.path[len(prefix) :] if ref.path.startswith(prefix) else ref.path
             seen[section].add(name)
@@ -696,16 +518,16 @@ class PersistedIndex:
             if (
                 entry is None
                 or found is None
-                or entry[_SIZE] != found.st_size
-                or entry[_MTIME] != found.st_mtime_ns
-                or entry[_CTIME] != found.st_ctime_ns
-                or entry[_INO] != found.st_ino
-                or entry[_DEV] != found.st_dev
-                or _racy(entry)
+                or entry[SIZE] != found.st_size
+                or entry[MTIME] != found.st_mtime_ns
+                or entry[CTIME] != found.st_ctime_ns
+                or entry[INO] != found.st_ino
+                or entry[DEV] != found.st_dev
+                or racy(entry)
             ):
                 checked_ns = time.time_ns()
                 known = None
-                if entry is not None and entry[_PROBLEM] is None:
+                if entry is not None and entry[PROBLEM] is None:
                     with contextlib.suppress(Exception):
                         known = stored_from_entry(ref.path, entry)
                 parsed = read_seed_file(ref.path, ref.domain_dir, known)
@@ -714,7 +536,7 @@ class PersistedIndex:
                     if fresh != entry:
                         entries[name] = fresh
                         # A racy entry read again to the same result: saving it would change nothing.
-                        if entry is None or not _racy(fresh) or not _same_but_checked(entry, fresh):
+                        if entry is None or not racy(fresh) or not _same_but_checked(entry, fresh):
                             changed.add(section)
                 elif entry is not None:
                     del entries[name]
@@ -760,7 +582,7 @@ def assemble_problems(
     problems = list(walk_problems)
     for indexed in files:
         entry = indexed.entry
-        if entry[_PROBLEM] is None and not entry[_NOTES] and (domain is None or entry[_DOMAIN] == domain):
+        if entry[PROBLEM] is None and not entry[NOTES] and (domain is None or entry[DOMAIN] == domain):
             continue  # a seed in scope with nothing to report: most files
         problems.extend(indexed.problems(domain))
     problems.sort(key=lambda problem: problem.path)

@@ -8,11 +8,19 @@ seeds its lookups narrowed down, so its results must equal `search`'s.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agentsidecar.seedstore_service.model import Seed, VerificationStatus
-from agentsidecar.seedstore_service.seedtext import canonical, validate_identifier
+from agentsidecar.seedstore_service import scoring
+from agentsidecar.seedstore_service.model import Seed
+from agentsidecar.seedstore_service.names import canonical
+from agentsidecar.seedstore_service.scoring import (
+    ASK_REASON,
+    ASK_WITHIN_POINTS,
+    SELECTION_POLICY,
+    could_match,
+)
+from agentsidecar.seedstore_service.seedtext import validate_identifier
 from agentsidecar.sidecar_runtime.wire_names import Gate, Risk
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "finish_search",
     "match_keys",
     "prepare_seed",
+    "rank_keys",
     "score_prepared",
     "score_seed",
     "search",
@@ -34,23 +43,6 @@ __all__ = [
     "seed_risks",
     "validate_query",
 ]
-
-SELECTION_POLICY = "highest_score_after_constraints"
-# The ask policy: when the top two candidates score within ASK_WITHIN_POINTS of each
-# other nothing is selected and the caller chooses. Searches send the window
-# (`ask_window_points`) so that no caller keeps a copy of it.
-ASK_WITHIN_POINTS = 10
-ASK_REASON = f"top_candidates_within_{ASK_WITHIN_POINTS}_points"
-
-DIRECT_MATCH_POINTS = 40
-TEXT_MATCH_POINTS = 15
-VERIFIED_POINTS = 25
-UNVERIFIED_POINTS = -20
-PREFERRED_FOR_POINTS = 10
-AVOID_FOR_POINTS = -30
-PREFERRED_SEED_POINTS = 100
-LOCAL_ONLY_POINTS = 20
-RISK_POINTS = -10
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,20 +164,21 @@ def match_keys(seed: Seed) -> tuple[frozenset[str], frozenset[str]]:
     return _canonical_set(seed.provides), frozenset(texts) or _NOTHING
 
 
-def could_match(provides: Collection[str], texts: Iterable[str], requested: str) -> bool:
-    """Whether `score_prepared` can score a seed with these keys (status and risk aside)."""
-    return requested in provides or any(requested in text or text in requested for text in texts)
+def rank_keys(seed: Seed) -> tuple[frozenset[str], frozenset[str]]:
+    """The canonical `rank.preferred_for` and `rank.avoid_for` entries a search compares."""
+    return _canonical_set(seed.rank.preferred_for), _canonical_set(seed.rank.avoid_for)
 
 
 def prepare_seed(seed: Seed, path: str) -> PreparedSeed:
     provides, texts = match_keys(seed)
+    preferred_for, avoid_for = rank_keys(seed)
     return PreparedSeed(
         seed=seed,
         path=path,
         provides=provides,
         texts=texts,
-        preferred_for=_canonical_set(seed.rank.preferred_for),
-        avoid_for=_canonical_set(seed.rank.avoid_for),
+        preferred_for=preferred_for,
+        avoid_for=avoid_for,
         risks=seed_risks(seed),
         required_gates=seed_gates(seed),
     )
@@ -200,59 +193,29 @@ def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -
     match widely (SkillSpec's quirk); empty ones were left out by `prepare_seed`.
     """
     seed = prepared.seed
-    status = seed.verification_status
-    if status is VerificationStatus.FAILED:
+    scored = scoring.score(
+        requested,
+        query.capability,
+        seed_id=seed.id,
+        status=seed.verification_status.value,
+        provides=prepared.provides,
+        texts=prepared.texts,
+        preferred_for=prepared.preferred_for,
+        avoid_for=prepared.avoid_for,
+        priority=seed.rank.default_priority,
+        external_service=seed.risk.external_service,
+        may_cost_money=seed.risk.may_cost_money,
+        preferred_seed=query.preferred_seed,
+        local_only=query.local_only,
+    )
+    if scored is None:
         return None
-    score = 0
-    reasons: list[str] = []
-
-    if requested in prepared.provides:
-        score += DIRECT_MATCH_POINTS
-        reasons.append(f"direct provides match: {query.capability}")
-    elif any(requested in text or text in requested for text in prepared.texts):
-        score += TEXT_MATCH_POINTS
-        reasons.append("alias or evidence text match")
-    else:
-        return None
-
-    if status is VerificationStatus.VERIFIED:
-        score += VERIFIED_POINTS
-        reasons.append("verified evidence")
-    else:
-        score += UNVERIFIED_POINTS
-        reasons.append("missing verification")
-
-    if requested in prepared.preferred_for:
-        score += PREFERRED_FOR_POINTS
-        reasons.append(f"preferred_for {query.capability}")
-    if requested in prepared.avoid_for:
-        score += AVOID_FOR_POINTS
-        reasons.append(f"avoid_for {query.capability}")
-
-    priority = seed.rank.default_priority
-    if priority is not None:
-        bonus = priority // 10
-        score += bonus
-        reasons.append(f"rank.default_priority {priority} -> +{bonus}")
-
-    if query.preferred_seed is not None and query.preferred_seed == seed.id:
-        score += PREFERRED_SEED_POINTS
-        reasons.append("explicit preferred seed")
-
-    if query.local_only:
-        if seed.risk.external_service:
-            return None
-        score += LOCAL_ONLY_POINTS
-        reasons.append("local-only constraint satisfied")
-    elif seed.risk.external_service or seed.risk.may_cost_money:
-        score += RISK_POINTS
-        reasons.append("external or paid risk requires gate")
-
+    points, reasons = scored
     return RankedCandidate(
         id=seed.id,
         domain=seed.domain,
         path=prepared.path,
-        score=score,
+        score=points,
         reasons=tuple(reasons),
         risks=prepared.risks,
         required_gates=prepared.required_gates,
@@ -260,21 +223,13 @@ def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -
 
 
 def _rank_key(candidate: RankedCandidate) -> tuple[int, str, str, str]:
-    # Code-point order of str equals the byte order of its UTF-8, which is what SkillSpec sorts by.
-    # The path is our addition: `x.yml` and `x.yaml` in one domain would otherwise keep the order
-    # in which the files happened to be read.
-    return (-candidate.score, candidate.id, candidate.domain, candidate.path)
+    return scoring.rank_key(candidate.score, candidate.id, candidate.domain, candidate.path)
 
 
 def finish_search(candidates: Iterable[RankedCandidate], query: SearchQuery) -> SearchResult:
     """Order candidates (score desc, id, domain, then path) and apply the selection and ask policy."""
     ordered = tuple(sorted(candidates, key=_rank_key))
-    ask_policy: str | None = None
-    selected: str | None = None
-    if len(ordered) >= 2 and ordered[0].score - ordered[1].score <= ASK_WITHIN_POINTS:
-        ask_policy = ASK_REASON
-    elif ordered:
-        selected = ordered[0].id
+    selected, ask_policy = scoring.select([(candidate.id, candidate.score) for candidate in ordered])
     return SearchResult(
         capability=query.capability,
         domain=query.domain,

@@ -37,10 +37,10 @@ from agentsidecar.seedstore_service.model import (
 )
 
 # Re-exported: the pure text rules live in seedtext, which imports no YAML.
-from agentsidecar.seedstore_service.seedtext import MAX_IDENTIFIER_LENGTH as MAX_IDENTIFIER_LENGTH
+from agentsidecar.seedstore_service.names import MAX_IDENTIFIER_LENGTH as MAX_IDENTIFIER_LENGTH
+from agentsidecar.seedstore_service.names import canonical as canonical
 from agentsidecar.seedstore_service.seedtext import MAX_PRIORITY as MAX_PRIORITY
 from agentsidecar.seedstore_service.seedtext import MAX_SEED_FILE_BYTES as MAX_SEED_FILE_BYTES
-from agentsidecar.seedstore_service.seedtext import canonical as canonical
 from agentsidecar.seedstore_service.seedtext import empty_alias_message as empty_alias_message
 from agentsidecar.seedstore_service.seedtext import inert_alias_message as inert_alias_message
 from agentsidecar.seedstore_service.seedtext import revision_of as revision_of

@@ -7,7 +7,6 @@ and writer.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -23,6 +22,7 @@ from agentsidecar.seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
+from agentsidecar.seedstore_service.names import MAX_IDENTIFIER_LENGTH, canonical, identifier_chars_ok
 
 MAX_PRIORITY = 100
 # The largest seed file read, and the most a file's YAML may expand to once
@@ -33,13 +33,7 @@ MAX_SEED_FILE_BYTES = 1024 * 1024
 # ---------------------------------------------------------------------------
 # Identifiers and canonical text (docs/skillspec-compatibility.md)
 # ---------------------------------------------------------------------------
-
-_IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
-# Ids and domains become file and directory names, and the store writes a seed
-# through `.<id>.yaml.tmp-<12 hex digits>` (23 characters around the id): 200
-# keeps that name under NAME_MAX (255 bytes; identifier characters are one byte
-# each). SkillSpec has no limit; the same one applies to every identifier.
-MAX_IDENTIFIER_LENGTH = 200
+# The rules themselves are names.py's (`canonical` is re-exported from here).
 
 
 def validate_identifier(value: str, field: str) -> str:
@@ -49,26 +43,11 @@ def validate_identifier(value: str, field: str) -> str:
         InvalidIdentifier: empty, starts with `.`, holds `/` or `\\`, uses a char outside `[a-z0-9_.-]`,
             or is longer than MAX_IDENTIFIER_LENGTH.
     """
-    if not value or value.startswith(".") or not _IDENTIFIER_CHARS.issuperset(value):
+    if not identifier_chars_ok(value):
         raise InvalidIdentifier(value, field)
     if len(value) > MAX_IDENTIFIER_LENGTH:
         raise InvalidIdentifier(value, field, f"longer than {MAX_IDENTIFIER_LENGTH} characters")
     return value
-
-
-_NOT_ASCII_ALNUM = re.compile(r"[^A-Za-z0-9]+")
-
-
-def canonical(text: str) -> str:
-    """SkillSpec's canonical form: `"Voice  Message!"` → `voice_message`, `"--"` → `""`.
-
-    ASCII-lowercase; every char that is not ASCII alphanumeric becomes `_`; empty parts are dropped.
-    One regular expression does it (a run of other chars is one separator), then `lower()`, which
-    can only meet ASCII by then: lowering first would turn some non-ASCII letters into ASCII
-    ones (the Kelvin sign into `k`). Every index build and every search canonicalises; a
-    char-by-char loop made this a fifth of building the index.
-    """
-    return _NOT_ASCII_ALNUM.sub("_", text).strip("_").lower()
 
 
 def text_matches(text: str, capability: str) -> bool:

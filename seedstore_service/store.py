@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from agentsidecar.seedstore_service import errors
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed, Verification
+from agentsidecar.seedstore_service.names import MAX_IDENTIFIER_LENGTH, canonical
 from agentsidecar.seedstore_service.persisted import (
     PersistedIndex,
     assemble_problems,
@@ -54,9 +55,7 @@ from agentsidecar.seedstore_service.persisted import (
     stored_from_entry,
 )
 from agentsidecar.seedstore_service.seedtext import (
-    MAX_IDENTIFIER_LENGTH,
     MAX_SEED_FILE_BYTES,
-    canonical,
     revision_of,
     validate_identifier,
 )

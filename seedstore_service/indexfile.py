@@ -1,0 +1,280 @@
+"""The persisted index's files: where they lie, what a section file holds, and when an entry is trusted.
+
+The format and the trust rules are persisted.py's docstring's; this module holds
+them on plain values (lists, tuples, ints), imports only what the interpreter
+has at start-up plus `json` and `zlib`, and does no I/O but reading an index
+file: persisted.py writes and refreshes the files through it, and the read
+commands that answer from them (quickread.py) read them through it too.
+
+A section file is a header line (format, version, store root, section, the
+body's length and CRC-32), then the body: the directory record line
+`[checked_ns, [[name, mtime_ns, ctime_ns, inode, device], ...], [domain, ...]]`,
+one JSON line of the entries by column (every position but the seed text), and
+each entry's seed JSON text on a line of its own.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import stat
+import zlib
+
+from agentsidecar.seedstore_service.names import is_identifier
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    Entry = list[Any]
+    Signature = tuple[int, int, int, int, int]
+    DirectorySignature = tuple[int, int, int, int]  # mtime_ns, ctime_ns, inode, device
+    RawRecord = tuple[int, tuple[tuple[str, DirectorySignature], ...], tuple[str, ...]]
+
+INDEX_DIR_NAME = ".seedstore-index"
+FORMAT = "agentsidecar-seedstore-index"
+VERSION = 4
+# A file modified this close to the read that made its entry is compared by content on every load.
+RACY_WINDOW_NS = 2_000_000_000
+ROOT_SECTION_FILE = "root.json"
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+# The most an index file may hold: a million seeds' entries, far beyond any store.
+MAX_INDEX_BYTES = 1 << 30
+
+# An entry, as stored (a JSON array; positions below):
+# [name, size, mtime_ns, ctime_ns, ino, dev, checked_ns, revision,
+#  seed id or null, declared domain, seed JSON text (ASCII bytes), notes [[line, reason], ...],
+#  problem [line, reason] or null, domain_line, the `list` row [kind, provides, status, risks] or null,
+#  the search keys [canonical provides, canonical texts] (ranking.match_keys) or null,
+#  the rank inputs [canonical preferred_for, canonical avoid_for, default priority or null,
+#  required gates] or null]
+NAME, SIZE, MTIME, CTIME, INO, DEV, CHECKED, REVISION = range(8)
+ID, DOMAIN, SEED, NOTES, PROBLEM, DOMAIN_LINE, ROW, KEYS, RANK = range(8, 17)
+ENTRY_LENGTH = 17
+# The positions stored as JSON columns: all but the seed text, which has a line of its own.
+COLUMN_POSITIONS = tuple(position for position in range(ENTRY_LENGTH) if position != SEED)
+EMPTY_RECORD: RawRecord = (0, (), ())
+
+
+def signature_of(stat_result: os.stat_result) -> Signature:
+    return (
+        stat_result.st_size,
+        stat_result.st_mtime_ns,
+        stat_result.st_ctime_ns,
+        stat_result.st_ino,
+        stat_result.st_dev,
+    )
+
+
+def directory_signature_of(stat_result: os.stat_result) -> DirectorySignature:
+    return (stat_result.st_mtime_ns, stat_result.st_ctime_ns, stat_result.st_ino, stat_result.st_dev)
+
+
+def signature_matches(entry: Entry, found: os.stat_result) -> bool:
+    """Whether the file is as it was when its entry was made (size, mtime, ctime, inode, device)."""
+    return bool(
+        entry[SIZE] == found.st_size
+        and entry[MTIME] == found.st_mtime_ns
+        and entry[CTIME] == found.st_ctime_ns
+        and entry[INO] == found.st_ino
+        and entry[DEV] == found.st_dev
+    )
+
+
+def racy(entry: Entry) -> bool:
+    """Whether the file changed within RACY_WINDOW_NS of the read that made the entry."""
+    changed_ns: int = max(entry[MTIME], entry[CTIME])
+    checked_ns: int = entry[CHECKED]
+    return changed_ns + RACY_WINDOW_NS >= checked_ns
+
+
+def record_settled(record: RawRecord) -> bool:
+    """Whether no directory of the record changed within the racy window of its listing."""
+    checked_ns, signatures, _domains = record
+    return bool(signatures) and all(
+        max(signature[0], signature[1]) + RACY_WINDOW_NS < checked_ns for _name, signature in signatures
+    )
+
+
+def record_current(record: RawRecord, base: str) -> bool:
+    """Whether every directory under `base` (the section's directory) is as recorded, and settled."""
+    if not record_settled(record):
+        return False
+    for name, signature in record[1]:
+        try:
+            found = os.stat(os.path.join(base, name) if name else base)
+        except OSError:
+            return False
+        if directory_signature_of(found) != signature:
+            return False
+    return True
+
+
+def section_directory(root: str, domain_dir: str | None) -> str:
+    """The directory of a section, spelled as the walk spells it."""
+    return root if domain_dir is None else os.path.join(root, domain_dir)
+
+
+def section_prefix(root: str, domain_dir: str | None) -> str:
+    """What a walk's path of a section's file starts with; the entry's name follows."""
+    base = section_directory(root, domain_dir)
+    return base.rstrip(os.sep) + os.sep if base != "." else ""
+
+
+def name_in_section(root: str, path: str, domain_dir: str | None) -> str:
+    """`path` (as the walk spells it) relative to its section's directory: the key of its entry."""
+    prefix = section_prefix(root, domain_dir)
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def section_file_name(domain_dir: str | None) -> str:
+    """The index file of a section: `d-<name>.json` for an identifier, else a hash of the name."""
+    if domain_dir is None:
+        return ROOT_SECTION_FILE
+    if is_identifier(domain_dir):
+        return f"d-{domain_dir}.json"
+    import hashlib
+
+    digest = hashlib.sha256(domain_dir.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return f"h-{digest}.json"
+
+
+def read_index_file(path: str) -> bytes | None:
+    """An index file's bytes; None when it is missing, not a regular file, a link, or too large."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb") as handle:
+            stat_result = os.fstat(handle.fileno())
+            if not stat.S_ISREG(stat_result.st_mode) or stat_result.st_size > MAX_INDEX_BYTES:
+                return None
+            return handle.read(MAX_INDEX_BYTES + 1)
+    except OSError:
+        return None
+
+
+def _header(root: str, domain_dir: str | None, body: bytes) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "root": root,
+        "section": domain_dir,
+        "length": len(body),
+        "crc32": zlib.crc32(body),
+    }
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+def encode_section(
+    root: str, domain_dir: str | None, entries: Iterable[Entry], record: RawRecord = EMPTY_RECORD
+) -> bytes:
+    """A section file (see the module docstring); an empty record vouches for nothing.
+
+    By column: a reader decodes a few long lists instead of a list per entry, and
+    the seed texts (most of the bytes) are split off undecoded, so a reader parses
+    only the seeds it answers with.
+    """
+    rows = list(entries)
+    columns = [[entry[position] for entry in rows] for position in COLUMN_POSITIONS]
+    seeds = b"\n".join(_seed_bytes(entry[SEED]) for entry in rows)
+    checked_ns, signatures, domains = record
+    meta = _compact([checked_ns, [[name, *signature] for name, signature in signatures], list(domains)])
+    body = meta + b"\n" + _compact(columns) + b"\n" + seeds
+    return _compact(_header(root, domain_dir, body)) + b"\n" + body
+
+
+def _seed_bytes(text: str | bytes) -> bytes:
+    return text if isinstance(text, bytes) else text.encode("ascii")
+
+
+def _decode_json(data: bytes) -> Any:
+    """`json.loads`, with the cyclic collector paused: a section makes many lists, none cyclic."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(data)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def section_of_file(data: bytes) -> tuple[bool, str | None]:
+    """(whether the header names a section, which one): the section an index file says it holds."""
+    head, newline, _body = data.partition(b"\n")
+    try:
+        header = json.loads(head) if newline else None
+    except (ValueError, TypeError, RecursionError):
+        header = None
+    if not isinstance(header, dict) or "section" not in header:
+        return False, None
+    section = header["section"]
+    return isinstance(section, str | None), section if isinstance(section, str) else None
+
+
+def _record_of(meta: Any) -> RawRecord | None:
+    if not isinstance(meta, list) or len(meta) != 3:
+        return None
+    checked_ns, listed, domains = meta
+    if not isinstance(checked_ns, int) or not isinstance(listed, list) or not isinstance(domains, list):
+        return None
+    signatures: list[tuple[str, DirectorySignature]] = []
+    for item in listed:
+        if not (
+            isinstance(item, list)
+            and len(item) == 5
+            and isinstance(item[0], str)
+            and all(isinstance(number, int) for number in item[1:])
+        ):
+            return None
+        signatures.append((item[0], (item[1], item[2], item[3], item[4])))
+    if not all(isinstance(name, str) for name in domains):
+        return None
+    return checked_ns, tuple(signatures), tuple(domains)
+
+
+def decode_section(
+    data: bytes, root: str, domain_dir: str | None
+) -> tuple[dict[str, Entry], RawRecord] | None:
+    """The entries of an index file by name and its directory record, or None when it is not a
+    whole index of this section (truncated, foreign, corrupt, another version or another store's)."""
+    head, newline, body = data.partition(b"\n")
+    if not newline:
+        return None
+    try:
+        header = json.loads(head)
+        if header != _header(root, domain_dir, body):
+            return None
+        meta_text, newline, rest = body.partition(b"\n")
+        if not newline:
+            return None
+        record = _record_of(json.loads(meta_text))
+        if record is None:
+            return None
+        columns_text, newline, seeds_text = rest.partition(b"\n")
+        if not newline:
+            return None
+        columns = _decode_json(columns_text)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if not isinstance(columns, list) or len(columns) != len(COLUMN_POSITIONS):
+        return None
+    count = len(columns[0]) if isinstance(columns[0], list) else -1
+    if any(not isinstance(column, list) or len(column) != count for column in columns):
+        return None
+    seeds = seeds_text.split(b"\n") if count else []
+    if len(seeds) != count:
+        return None
+    columns.insert(SEED, seeds)
+    result: dict[str, Entry] = {}
+    for entry in map(list, zip(*columns, strict=True)):
+        if not isinstance(entry[NAME], str):
+            return None
+        result[entry[NAME]] = entry
+    return result, record
