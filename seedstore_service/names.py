@@ -7,6 +7,8 @@ anything else is imported. seedtext.py builds its validation and re-exports on t
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 # Ids and domains become file and directory names, and the store writes a seed
 # through `.<id>.yaml.tmp-<12 hex digits>` (23 characters around the id): 200
@@ -15,7 +17,9 @@ IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 MAX_IDENTIFIER_LENGTH = 200
 
 # Every ASCII character that is not a letter or a digit becomes `_`; `canonical` then drops empty parts.
-_ASCII_SEPARATORS = {code: "_" for code in range(128) if not (chr(code).isascii() and chr(code).isalnum())}
+_ASCII_SEPARATORS = MappingProxyType(
+    {code: "_" for code in range(128) if not (chr(code).isascii() and chr(code).isalnum())}
+)
 
 
 def identifier_chars_ok(value: str) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agentsidecar.seedstore_service import scoring
 from agentsidecar.seedstore_service.model import Seed
 from agentsidecar.seedstore_service.names import canonical
 from agentsidecar.seedstore_service.scoring import (
@@ -19,6 +18,9 @@ from agentsidecar.seedstore_service.scoring import (
     ASK_WITHIN_POINTS,
     SELECTION_POLICY,
     could_match,
+    rank_key,
+    score,
+    select,
 )
 from agentsidecar.seedstore_service.seedtext import validate_identifier
 from agentsidecar.sidecar_runtime.wire_names import Gate, Risk
@@ -193,7 +195,7 @@ def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -
     match widely (SkillSpec's quirk); empty ones were left out by `prepare_seed`.
     """
     seed = prepared.seed
-    scored = scoring.score(
+    scored = score(
         requested,
         query.capability,
         seed_id=seed.id,
@@ -223,13 +225,13 @@ def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -
 
 
 def _rank_key(candidate: RankedCandidate) -> tuple[int, str, str, str]:
-    return scoring.rank_key(candidate.score, candidate.id, candidate.domain, candidate.path)
+    return rank_key(candidate.score, candidate.id, candidate.domain, candidate.path)
 
 
 def finish_search(candidates: Iterable[RankedCandidate], query: SearchQuery) -> SearchResult:
     """Order candidates (score desc, id, domain, then path) and apply the selection and ask policy."""
     ordered = tuple(sorted(candidates, key=_rank_key))
-    selected, ask_policy = scoring.select([(candidate.id, candidate.score) for candidate in ordered])
+    selected, ask_policy = select([(candidate.id, candidate.score) for candidate in ordered])
     return SearchResult(
         capability=query.capability,
         domain=query.domain,
