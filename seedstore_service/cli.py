@@ -78,6 +78,7 @@ from agentsidecar.seedstore_service.operations import (
     load_equivalents,
 )
 from agentsidecar.seedstore_service.ranking import SearchQuery
+from agentsidecar.seedstore_service.seedtext import seed_to_json
 from agentsidecar.seedstore_service.store import SeedStore, resolve_store_root, spelled_store_root
 from agentsidecar.sidecar_runtime import cli_common
 
@@ -706,7 +707,11 @@ def run_command(
     if name == "inspect":
         view = frontend.inspect(args.id, args.domain)
         output = render.inspect_json(
-            view.seed_store, view.stored.path, view.stored.revision, view.stored.seed, view.problems
+            view.seed_store,
+            view.stored.path,
+            view.stored.revision,
+            seed_to_json(view.stored.seed),
+            view.problems,
         )
         return output, view.problems
     if name == "verify":

@@ -6,9 +6,11 @@ objects printed, this module only writes them.
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentsidecar.sidecar_runtime import cli_common
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["dumps"]
 
@@ -44,8 +46,7 @@ def dumps(output: dict[str, Any], style: str) -> str:
 
 
 def _row_text(row: Any) -> str:
-    from json.encoder import encode_basestring as encode  # the C escaper ensure_ascii=False uses
-
+    encode = cli_common.encode_string
     if type(row) is not dict or tuple(row) != _ROW_KEYS:
         raise _NotARow
     for key in _ROW_STRINGS:

@@ -36,13 +36,13 @@ from agentsidecar.seedstore_service.model import (
 )
 from agentsidecar.seedstore_service.names import canonical
 from agentsidecar.seedstore_service.ranking import SearchQuery, SearchResult, search, validate_query
-from agentsidecar.seedstore_service.render import listed_seed
 from agentsidecar.seedstore_service.seedtext import validate_identifier
 from agentsidecar.seedstore_service.store import (
     LoadedScope,
     Locator,
     SeedStore,
     StoredSeed,
+    listed_seed,
     locate_in_scope,
     os_error_text,
 )

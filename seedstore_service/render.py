@@ -10,25 +10,32 @@ appended so its readers keep working: `revision` (list rows, inspect), `problems
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
 
-from agentsidecar.seedstore_service.model import ListedSeed, Outcome, Problem, Seed, VerificationStatus
-from agentsidecar.seedstore_service.ranking import SELECTION_POLICY, RankedCandidate, SearchResult, seed_risks
-from agentsidecar.seedstore_service.seedtext import seed_to_json
+from agentsidecar.seedstore_service.scoring import SELECTION_POLICY
 
+# Nothing else at run time: the read commands answer from the persisted index one process per
+# call (quickread.py) and build their objects here, so this module imports no model class.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
+
     from agentsidecar.seedstore_service.broadening import Broadening
+    from agentsidecar.seedstore_service.model import ListedSeed, Outcome, Problem, Seed, VerificationStatus
+    from agentsidecar.seedstore_service.ranking import RankedCandidate, SearchResult
 
 __all__ = [
     "SCAN_MESSAGE",
+    "candidate_json",
     "inspect_json",
     "list_json",
-    "listed_seed",
+    "list_row_json",
+    "listing_json",
     "remove_json",
     "scan_json",
     "search_json",
+    "search_result_json",
     "store_json",
     "verify_json",
     "written_json",
@@ -57,6 +64,8 @@ def written_json(
     seed_store: str, seed: Seed, path: str, status: str, *, problems: Sequence[Problem] = ()
 ) -> dict[str, Any]:
     """add (`status="written"`), update and prefer (`"updated"`)."""
+    from agentsidecar.seedstore_service.seedtext import seed_to_json
+
     result = {
         "seed_store": seed_store,
         "id": seed.id,
@@ -68,62 +77,96 @@ def written_json(
     return _with_problems(result, problems)
 
 
-def listed_seed(seed: Seed, path: str, revision: str) -> ListedSeed:
-    return ListedSeed(
-        id=seed.id,
-        domain=seed.domain,
-        kind=seed.kind,
-        path=path,
-        provides=seed.provides,
-        verification_status=seed.verification_status,
-        risks=seed_risks(seed),
-        revision=revision,
-    )
+def list_row_json(
+    seed_id: str,
+    domain: str,
+    kind: str,
+    path: str,
+    provides: Iterable[str],
+    status: str,
+    risks: Iterable[str],
+    revision: str,
+) -> dict[str, Any]:
+    """One row of `list`; `status` is the `VerificationStatus` value."""
+    return {
+        "id": seed_id,
+        "domain": domain,
+        "kind": kind,
+        "path": path,
+        "provides": list(provides),
+        "verification_status": status,
+        "risk": list(risks),
+        "revision": revision,
+    }
+
+
+def listing_json(
+    seed_store: str, domain: str | None, rows: list[dict[str, Any]], problems: Sequence[Problem]
+) -> dict[str, Any]:
+    """The `list` object of rows already in its order (domain, then id, then path)."""
+    return _with_problems({"seed_store": seed_store, "domain": domain, "seeds": rows}, problems)
 
 
 def list_json(
     seed_store: str, domain: str | None, entries: Iterable[ListedSeed], problems: Sequence[Problem]
 ) -> dict[str, Any]:
     """Rows sorted by domain, then id (then path, so two files holding one id keep a fixed order)."""
-    rows = sorted(entries, key=attrgetter("domain", "id", "path"))
-    result = {
-        "seed_store": seed_store,
-        "domain": domain,
-        "seeds": [
-            {
-                "id": entry.id,
-                "domain": entry.domain,
-                "kind": entry.kind,
-                "path": entry.path,
-                "provides": list(entry.provides),
-                "verification_status": entry.verification_status.value,
-                "risk": list(entry.risks),
-                "revision": entry.revision,
-            }
-            for entry in rows
-        ],
-    }
-    return _with_problems(result, problems)
+    rows = [
+        list_row_json(
+            entry.id,
+            entry.domain,
+            entry.kind,
+            entry.path,
+            entry.provides,
+            entry.verification_status.value,
+            entry.risks,
+            entry.revision,
+        )
+        for entry in sorted(entries, key=attrgetter("domain", "id", "path"))
+    ]
+    return listing_json(seed_store, domain, rows, problems)
 
 
 def inspect_json(
-    seed_store: str, path: str, revision: str, seed: Seed, problems: Sequence[Problem]
+    seed_store: str, path: str, revision: str, seed: dict[str, Any], problems: Sequence[Problem]
 ) -> dict[str, Any]:
-    result = {"seed_store": seed_store, "path": path, "revision": revision, "seed": seed_to_json(seed)}
+    """`seed`: the seed's JSON object (`seedtext.seed_to_json`)."""
+    result = {"seed_store": seed_store, "path": path, "revision": revision, "seed": seed}
     return _with_problems(result, problems)
 
 
-def _candidate_json(candidate: RankedCandidate, with_provenance: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "id": candidate.id,
-        "domain": candidate.domain,
-        "path": candidate.path,
-        "score": candidate.score,
+def candidate_json(
+    seed_id: str,
+    domain: str,
+    path: str,
+    points: int,
+    reasons: Iterable[str],
+    risks: Iterable[str],
+    required_gates: Iterable[str],
+) -> dict[str, Any]:
+    """One search candidate, without broadening's provenance keys."""
+    return {
+        "id": seed_id,
+        "domain": domain,
+        "path": path,
+        "score": points,
         "status": "candidate",
-        "reasons": list(candidate.reasons),
-        "risk": list(candidate.risks),
-        "required_gates": list(candidate.required_gates),
+        "reasons": list(reasons),
+        "risk": list(risks),
+        "required_gates": list(required_gates),
     }
+
+
+def _candidate_json(candidate: RankedCandidate, with_provenance: bool) -> dict[str, Any]:
+    result = candidate_json(
+        candidate.id,
+        candidate.domain,
+        candidate.path,
+        candidate.score,
+        candidate.reasons,
+        candidate.risks,
+        candidate.required_gates,
+    )
     if with_provenance:
         if candidate.matched_capability:
             result["matched_capability"] = candidate.matched_capability
@@ -144,22 +187,39 @@ def _broadening_json(broadening: Broadening) -> dict[str, Any]:
     }
 
 
+def search_result_json(
+    seed_store: str,
+    capability: str,
+    domain: str | None,
+    selected: str | None,
+    ask_policy: str | None,
+    candidates: list[dict[str, Any]],
+    problems: Sequence[Problem],
+) -> dict[str, Any]:
+    """SkillSpec's search object of candidates already in rank order; `ask_policy` only when it applies."""
+    output: dict[str, Any] = {
+        "domain": domain,
+        "capability": capability,
+        "seed_store": seed_store,
+        "selected": selected,
+        "selection_policy": SELECTION_POLICY,
+    }
+    if ask_policy is not None:
+        output["ask_policy"] = {"reason": ask_policy}
+    output["candidates"] = candidates
+    return _with_problems(output, problems)
+
+
 def search_json(
     seed_store: str, result: SearchResult, broadening: Broadening | None, problems: Sequence[Problem]
 ) -> dict[str, Any]:
-    """SkillSpec's search object; `ask_policy` only when it applies."""
-    output: dict[str, Any] = {
-        "domain": result.domain,
-        "capability": result.capability,
-        "seed_store": seed_store,
-        "selected": result.selected,
-        "selection_policy": SELECTION_POLICY,
-    }
-    if result.ask_policy is not None:
-        output["ask_policy"] = {"reason": result.ask_policy}
-    output["candidates"] = [
+    """SkillSpec's search object; `broadening` (when asked for) before `problems`."""
+    candidates = [
         _candidate_json(candidate, with_provenance=broadening is not None) for candidate in result.candidates
     ]
+    output = search_result_json(
+        seed_store, result.capability, result.domain, result.selected, result.ask_policy, candidates, ()
+    )
     if broadening is not None:
         output["broadening"] = _broadening_json(broadening)
     return _with_problems(output, problems)

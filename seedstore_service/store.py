@@ -54,6 +54,7 @@ from agentsidecar.seedstore_service.persisted import (
     mismatch_problem,
     stored_from_entry,
 )
+from agentsidecar.seedstore_service.ranking import seed_risks
 from agentsidecar.seedstore_service.seedtext import (
     MAX_SEED_FILE_BYTES,
     revision_of,
@@ -552,6 +553,20 @@ def _seed_bytes(seed: Seed) -> bytes:
 # ---------------------------------------------------------------------------
 
 
+def listed_seed(seed: Seed, path: str, revision: str) -> ListedSeed:
+    """The `list` row of a seed read from `path`."""
+    return ListedSeed(
+        id=seed.id,
+        domain=seed.domain,
+        kind=seed.kind,
+        path=path,
+        provides=seed.provides,
+        verification_status=seed.verification_status,
+        risks=seed_risks(seed),
+        revision=revision,
+    )
+
+
 class SeedStore:
     """A SkillSpec capability seed store rooted at `root` (`.../capabilities`)."""
 
@@ -617,8 +632,6 @@ class SeedStore:
         if domain is not None:
             validate_identifier(domain, "domain")
         if self.persisted is None:
-            from agentsidecar.seedstore_service.render import listed_seed
-
             scope = self.load(domain)
             rows = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
             return rows, scope.problems

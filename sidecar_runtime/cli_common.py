@@ -21,14 +21,54 @@ Nothing here imports grpc or argparse at module level: `--help`, `--version` and
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Mapping, Sequence
-from json.encoder import encode_basestring as _ENCODE_STRING  # the C escaper ensure_ascii=False uses
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+try:
+    # The C escaper json.dumps(ensure_ascii=False) uses, without importing the json package (and
+    # the regular expressions its decoder compiles): the seedstore's read commands print JSON from
+    # a process that decodes none (quickread.py).
+    from _json import encode_basestring as _escape
+except ImportError:  # an interpreter without the C accelerator: json's own fallback
+    from json.encoder import py_encode_basestring as _escape
+
+encode_string = _escape
+"""A str as a JSON string literal, non-ASCII kept as is."""
+
+# typing is imported only by the type checker, for the same reason.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse  # imported by the functions that build parsers: local commands need none
+    from collections.abc import Mapping, Sequence
+    from typing import Any, Protocol, TextIO
+
+    class _Violation(Protocol):
+        @property
+        def type(self) -> str: ...
+        @property
+        def subject(self) -> str: ...
+        @property
+        def description(self) -> str: ...
+
+    class _Code(Protocol):
+        @property
+        def name(self) -> str: ...
+
+    class StatusLike(Protocol):
+        """A status's parts: `richstatus.RichError` (sent) and `DecodedError` / `SidecarError` (received)."""
+
+        @property
+        def code(self) -> _Code: ...
+        @property
+        def message(self) -> str: ...
+        @property
+        def reason(self) -> str: ...
+        @property
+        def metadata(self) -> Mapping[str, str]: ...
+        @property
+        def field_violations(self) -> Sequence[tuple[str, str]]: ...
+        @property
+        def precondition_violations(self) -> Sequence[_Violation]: ...
+
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -100,7 +140,7 @@ def exit_codes_help(*, refused: bool, success_note: str = "", failed_note: str =
 def dumps(value: Any, style: str = DEFAULT_JSON_STYLE) -> str:
     """One JSON document in `style` (see the module docstring), non-ASCII kept as is."""
     if style == "compact":
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return dumps_line(value)
     return pretty(value)
 
 
@@ -119,13 +159,15 @@ def pretty(value: Any) -> str:
     try:
         return _pretty(value, "")
     except _NotPlain:
+        import json
+
         return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 def _scalar(value: Any) -> str:
     kind = type(value)
     if kind is str:
-        return _ENCODE_STRING(value)
+        return encode_string(value)
     if value is None:
         return "null"
     if value is True:
@@ -149,18 +191,18 @@ def _pretty(value: Any, indent: str) -> str:
                 raise _NotPlain
             item_kind = type(item)
             if item_kind is str:
-                parts.append(f"{inner}{_ENCODE_STRING(key)}: {_ENCODE_STRING(item)}")
+                parts.append(f"{inner}{encode_string(key)}: {encode_string(item)}")
             elif item_kind is dict or item_kind is list:
-                parts.append(f"{inner}{_ENCODE_STRING(key)}: {_pretty(item, inner)}")
+                parts.append(f"{inner}{encode_string(key)}: {_pretty(item, inner)}")
             else:
-                parts.append(f"{inner}{_ENCODE_STRING(key)}: {_scalar(item)}")
+                parts.append(f"{inner}{encode_string(key)}: {_scalar(item)}")
         return "{\n" + ",\n".join(parts) + "\n" + indent + "}"
     if kind is list:
         if not value:
             return "[]"
         inner = indent + "  "
         if all(type(item) is str for item in value):
-            items = [inner + _ENCODE_STRING(item) for item in value]
+            items = [inner + encode_string(item) for item in value]
         else:
             items = [
                 inner + (_pretty(item, inner) if type(item) in (dict, list) else _scalar(item))
@@ -172,6 +214,8 @@ def _pretty(value: Any, indent: str) -> str:
 
 def dumps_line(value: Any) -> str:
     """One JSON value of a stream: always a single line."""
+    import json
+
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -197,37 +241,6 @@ def error_object(
     }
     body.update(extra)
     return {"error": body}
-
-
-class _Violation(Protocol):
-    @property
-    def type(self) -> str: ...
-    @property
-    def subject(self) -> str: ...
-    @property
-    def description(self) -> str: ...
-
-
-class _Code(Protocol):
-    @property
-    def name(self) -> str: ...
-
-
-class StatusLike(Protocol):
-    """A status's parts: `richstatus.RichError` (sent) and `DecodedError` / `SidecarError` (received)."""
-
-    @property
-    def code(self) -> _Code: ...
-    @property
-    def message(self) -> str: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def metadata(self) -> Mapping[str, str]: ...
-    @property
-    def field_violations(self) -> Sequence[tuple[str, str]]: ...
-    @property
-    def precondition_violations(self) -> Sequence[_Violation]: ...
 
 
 def status_error_object(status: StatusLike, message: str | None = None, **extra: Any) -> dict[str, Any]:

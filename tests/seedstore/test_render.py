@@ -20,7 +20,6 @@ from agentsidecar.seedstore_service.ranking import SearchQuery, SearchResult, se
 from agentsidecar.seedstore_service.render import (
     inspect_json,
     list_json,
-    listed_seed,
     remove_json,
     scan_json,
     search_json,
@@ -29,6 +28,7 @@ from agentsidecar.seedstore_service.render import (
     written_json,
 )
 from agentsidecar.seedstore_service.seedfile import seed_to_json
+from agentsidecar.seedstore_service.store import listed_seed
 
 STORE = "/home/u/.skillspec/capabilities"
 PROBLEM = Problem(path=f"{STORE}/voice/bad.yml", line=3, reason='unknown field "colour" at colour (line 3)')
@@ -150,7 +150,7 @@ def test_list_json_problems_come_last_and_only_when_present() -> None:
 
 
 def test_inspect_json() -> None:
-    result = inspect_json(STORE, path_of(REMOTE), "0123456789abcdef", REMOTE, [])
+    result = inspect_json(STORE, path_of(REMOTE), "0123456789abcdef", seed_to_json(REMOTE), [])
     assert result == {
         "seed_store": STORE,
         "path": path_of(REMOTE),
@@ -158,7 +158,7 @@ def test_inspect_json() -> None:
         "seed": seed_to_json(REMOTE),
     }
     assert list(result) == ["seed_store", "path", "revision", "seed"]
-    assert list(inspect_json(STORE, "/p", "r", REMOTE, [PROBLEM]))[-1] == "problems"
+    assert list(inspect_json(STORE, "/p", "r", seed_to_json(REMOTE), [PROBLEM]))[-1] == "problems"
 
 
 def two_seed_result(local_only: bool = False) -> SearchResult:
@@ -336,4 +336,4 @@ def test_remove_json_has_no_domain() -> None:
 
 def test_unicode_is_printed_as_is() -> None:
     seed = Seed(id="a", domain="d", kind="cli", aliases=("voix française",))
-    assert "voix française" in printed(inspect_json(STORE, "/p", "r", seed, []))
+    assert "voix française" in printed(inspect_json(STORE, "/p", "r", seed_to_json(seed), []))
