@@ -2,7 +2,7 @@
 
 The format and the trust rules are persisted.py's docstring's; this module holds
 them on plain values (lists, tuples, ints), imports only what the interpreter
-has at start-up plus `json` and `zlib`, and does no I/O but reading an index
+has at start-up plus `zlib` and json's C scanner, and does no I/O but reading an index
 file: persisted.py writes and refreshes the files through it, and the read
 commands that answer from them (quickread.py) read them through it too.
 
@@ -16,7 +16,6 @@ each entry's seed JSON text on a line of its own.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import stat
 import zlib
@@ -169,7 +168,50 @@ def _header(root: str, domain_dir: str | None, body: bytes) -> dict[str, Any]:
 
 
 def _compact(value: Any) -> bytes:
+    import json  # only writers encode
+
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+class _Strict:
+    """The settings of json's scanner that `json.loads` uses by default, NaN and Infinity refused."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a value the index writes")
+
+
+def loads(data: bytes | str) -> Any:
+    """One JSON value filling `data` (bytes are UTF-8), as `json.loads` reads it, surrounding
+    whitespace refused (the index writes none).
+
+    json's own C scanner, without importing the json package and the regular expressions its
+    decoder compiles: the read commands decode index files in a process that needs nothing else
+    of json. Raises ValueError for anything but one whole value.
+    """
+    text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data
+    try:
+        from _json import make_scanner
+    except ImportError:  # an interpreter without the C accelerator
+        import json
+
+        scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__, untyped
+    else:
+        # typeshed types the context as a scanner; any object with these attributes is one (its TODO).
+        scan = make_scanner(_Strict)  # type: ignore[arg-type]
+    try:
+        value, end = scan(text, 0)
+    except StopIteration:
+        raise ValueError("not a JSON value") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return value
 
 
 def encode_section(
@@ -195,11 +237,11 @@ def _seed_bytes(text: str | bytes) -> bytes:
 
 
 def _decode_json(data: bytes) -> Any:
-    """`json.loads`, with the cyclic collector paused: a section makes many lists, none cyclic."""
+    """`loads`, with the cyclic collector paused: a section makes many lists, none cyclic."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return json.loads(data)
+        return loads(data)
     finally:
         if collecting:
             gc.enable()
@@ -209,7 +251,7 @@ def section_of_file(data: bytes) -> tuple[bool, str | None]:
     """(whether the header names a section, which one): the section an index file says it holds."""
     head, newline, _body = data.partition(b"\n")
     try:
-        header = json.loads(head) if newline else None
+        header = loads(head) if newline else None
     except (ValueError, TypeError, RecursionError):
         header = None
     if not isinstance(header, dict) or "section" not in header:
@@ -248,13 +290,13 @@ def decode_section(
     if not newline:
         return None
     try:
-        header = json.loads(head)
+        header = loads(head)
         if header != _header(root, domain_dir, body):
             return None
         meta_text, newline, rest = body.partition(b"\n")
         if not newline:
             return None
-        record = _record_of(json.loads(meta_text))
+        record = _record_of(loads(meta_text))
         if record is None:
             return None
         columns_text, newline, seeds_text = rest.partition(b"\n")
