@@ -41,7 +41,6 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +59,10 @@ from agentsidecar.seedstore_service.seedtext import (
     revision_of,
     validate_identifier,
 )
+from agentsidecar.seedstore_service.walk import SEED_SUFFIXES as SEED_SUFFIXES
+from agentsidecar.seedstore_service.walk import join_path as join_path
+from agentsidecar.seedstore_service.walk import os_error_text as os_error_text
+from agentsidecar.seedstore_service.walk import walk
 
 # Reads import neither the patch rules, the lock library nor YAML: they are imported by the
 # functions that write or parse.
@@ -68,7 +71,6 @@ if TYPE_CHECKING:
 
     from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
 
-SEED_SUFFIXES = (".yml", ".yaml")
 LOCK_FILE_NAME = ".seedstore.lock"
 _TEMP_MARKER = ".tmp-"
 # flock contention is polled; the default 50 ms makes a busy store crawl.
@@ -165,25 +167,8 @@ class ParsedFile:
     domain_line: int
 
 
-def os_error_text(err: OSError) -> str:
-    """An OSError as Rust's io::Error prints it, e.g. `No such file or directory (os error 2)`."""
-    if err.errno is not None and err.strerror:
-        return f"{err.strerror} (os error {err.errno})"
-    return str(err)
-
-
 def is_seed_file_name(name: str) -> bool:
     return name.endswith(SEED_SUFFIXES)
-
-
-def join_path(directory: str, name: str) -> str:
-    """`str(Path(directory) / name)` for a plain entry name, without pathlib's cost.
-
-    A walk of 10,000 files spent most of its time building Path objects.
-    """
-    if directory == ".":
-        return name
-    return directory + name if directory.endswith(os.sep) else directory + os.sep + name
 
 
 def domain_dir_of(root: Path, path: str) -> str | None:
@@ -211,74 +196,12 @@ def walk_seed_files(
     domain: str | None,
     directories: dict[str, tuple[str | None, os.stat_result]] | None = None,
 ) -> tuple[list[SeedFileRef], list[Problem]]:
-    """Seed files of the whole store, or of `<root>/<domain>` only, sorted by path.
-
-    `directories`, when given, receives each directory listed: its path, the
-    domain directory of the files in it, and its stat taken before it was listed.
-
-    Recursive, following symlinks like SkillSpec, but with a loop guard: a
-    directory that is its own ancestor is skipped. The guard starts from the
-    root even for a domain walk, so a domain walk finds exactly the files a
-    whole-store walk finds under that domain. A missing directory is an empty
-    scope; an unreadable directory is a problem.
-    """
-    start = root if domain is None else root / domain
-    start_path = str(start)
-    files: list[SeedFileRef] = []
-    problems: list[Problem] = []
-    try:
-        start_stat = start.stat()
-    except FileNotFoundError:
-        return files, problems
-    except OSError as err:
-        problems.append(Problem(str(start), 0, f"failed to read {start}: {os_error_text(err)}"))
-        return files, problems
-    if domain is not None and not stat.S_ISDIR(start_stat.st_mode):
-        return files, problems  # a stray file named like the domain: a whole-store walk ignores it too
-    ancestors: frozenset[tuple[int, int]] = frozenset({(start_stat.st_dev, start_stat.st_ino)})
-    if domain is not None:
-        with contextlib.suppress(OSError):
-            root_stat = root.stat()
-            ancestors |= {(root_stat.st_dev, root_stat.st_ino)}
-    # (directory, the domain directory of the files in it, identities of it and its ancestors)
-    pending: list[tuple[str, str | None, frozenset[tuple[int, int]]]] = [(start_path, domain, ancestors)]
-    if directories is not None:
-        directories[start_path] = (domain, start_stat)
-    while pending:
-        directory, domain_dir, chain = pending.pop()
-        try:
-            with os.scandir(directory) as entries:
-                listing = sorted(entries, key=lambda entry: entry.name)
-        except OSError as err:
-            problems.append(Problem(directory, 0, f"failed to read {directory}: {os_error_text(err)}"))
-            continue
-        prefix = join_path(directory, "")
-        for entry in listing:
-            name = entry.name
-            path = prefix + name
-            try:
-                is_dir = entry.is_dir()  # follows symlinks
-            except OSError:
-                is_dir = False
-            if not is_dir:
-                if name.endswith(SEED_SUFFIXES):
-                    files.append(SeedFileRef(path, domain_dir))
-                continue
-            try:
-                entry_stat = entry.stat()
-            except OSError as err:
-                problems.append(Problem(path, 0, f"failed to read {path}: {os_error_text(err)}"))
-                continue
-            identity = (entry_stat.st_dev, entry_stat.st_ino)
-            if identity in chain:
-                continue  # a symlink loop; SkillSpec would recurse forever
-            child_domain_dir = entry.name if domain_dir is None else domain_dir
-            pending.append((path, child_domain_dir, chain | {identity}))
-            if directories is not None:
-                directories[path] = (child_domain_dir, entry_stat)
-    files.sort(key=attrgetter("path"))
-    problems.sort(key=lambda problem: problem.path)
-    return files, problems
+    """`walk.walk` of the store (its rules), as `SeedFileRef`s and `Problem`s."""
+    refs, problems = walk(str(root), domain, directories)
+    return (
+        [SeedFileRef(path, domain_dir) for path, domain_dir in refs],
+        [Problem(path, line, reason) for path, line, reason in problems],
+    )
 
 
 def _domain_key_line(text: str) -> int:

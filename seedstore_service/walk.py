@@ -1,0 +1,123 @@
+"""Which files of a store are seed files: the directory walk, on plain strings and tuples.
+
+Imports only `os` and `stat`: the read commands that answer from the persisted
+index (quickread.py) walk the store exactly as a load does, through this one
+walk; store.py wraps its results in `SeedFileRef` and `Problem`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    # (path, the domain directory of the files in it or None in the root)
+    FileRef = tuple[str, str | None]
+    # (path, line, reason), a `model.Problem`'s fields
+    WalkProblem = tuple[str, int, str]
+
+SEED_SUFFIXES = (".yml", ".yaml")
+
+
+def os_error_text(err: OSError) -> str:
+    """An OSError as Rust's io::Error prints it, e.g. `No such file or directory (os error 2)`."""
+    if err.errno is not None and err.strerror:
+        return f"{err.strerror} (os error {err.errno})"
+    return str(err)
+
+
+def join_path(directory: str, name: str) -> str:
+    """`str(Path(directory) / name)` for a plain entry name, without pathlib's cost.
+
+    A walk of 10,000 files spent most of its time building Path objects.
+    """
+    if directory == ".":
+        return name
+    return directory + name if directory.endswith(os.sep) else directory + os.sep + name
+
+
+def walk(
+    root: str,
+    domain: str | None,
+    directories: dict[str, tuple[str | None, os.stat_result]] | None = None,
+) -> tuple[list[FileRef], list[WalkProblem]]:
+    """Seed files of the whole store, or of `<root>/<domain>` only, sorted by path.
+
+    `root` is spelled as `str(pathlib.Path)` spells it and `domain` is an identifier.
+    `directories`, when given, receives each directory listed: its path, the
+    domain directory of the files in it, and its stat taken before it was listed.
+
+    Recursive, following symlinks like SkillSpec, but with a loop guard: a
+    directory that is its own ancestor is skipped. The guard starts from the
+    root even for a domain walk, so a domain walk finds exactly the files a
+    whole-store walk finds under that domain. A missing directory is an empty
+    scope; an unreadable directory is a problem.
+    """
+    start_path = root if domain is None else join_path(root, domain)
+    files: list[FileRef] = []
+    problems: list[WalkProblem] = []
+    try:
+        start_stat = os.stat(start_path)
+    except FileNotFoundError:
+        return files, problems
+    except OSError as err:
+        problems.append((start_path, 0, f"failed to read {start_path}: {os_error_text(err)}"))
+        return files, problems
+    if domain is not None and not stat.S_ISDIR(start_stat.st_mode):
+        return files, problems  # a stray file named like the domain: a whole-store walk ignores it too
+    ancestors: frozenset[tuple[int, int]] = frozenset({(start_stat.st_dev, start_stat.st_ino)})
+    if domain is not None:
+        try:
+            root_stat = os.stat(root)
+        except OSError:
+            pass
+        else:
+            ancestors |= {(root_stat.st_dev, root_stat.st_ino)}
+    # (directory, the domain directory of the files in it, identities of it and its ancestors)
+    pending: list[tuple[str, str | None, frozenset[tuple[int, int]]]] = [(start_path, domain, ancestors)]
+    if directories is not None:
+        directories[start_path] = (domain, start_stat)
+    while pending:
+        directory, domain_dir, chain = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                listing = sorted(entries, key=_name_of)
+        except OSError as err:
+            problems.append((directory, 0, f"failed to read {directory}: {os_error_text(err)}"))
+            continue
+        prefix = join_path(directory, "")
+        for entry in listing:
+            name = entry.name
+            path = prefix + name
+            try:
+                is_dir = entry.is_dir()  # follows symlinks
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                if name.endswith(SEED_SUFFIXES):
+                    files.append((path, domain_dir))
+                continue
+            try:
+                entry_stat = entry.stat()
+            except OSError as err:
+                problems.append((path, 0, f"failed to read {path}: {os_error_text(err)}"))
+                continue
+            identity = (entry_stat.st_dev, entry_stat.st_ino)
+            if identity in chain:
+                continue  # a symlink loop; SkillSpec would recurse forever
+            child_domain_dir = entry.name if domain_dir is None else domain_dir
+            pending.append((path, child_domain_dir, chain | {identity}))
+            if directories is not None:
+                directories[path] = (child_domain_dir, entry_stat)
+    files.sort(key=_path_of)
+    problems.sort(key=_path_of)
+    return files, problems
+
+
+def _name_of(entry: os.DirEntry[str]) -> str:
+    return entry.name
+
+
+def _path_of(item: tuple[str, object] | tuple[str, int, str]) -> str:
+    return item[0]
