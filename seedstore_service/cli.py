@@ -63,6 +63,7 @@ from agentsidecar.seedstore_service.cliparse import (
     similar,
 )
 from agentsidecar.seedstore_service.errors import SeedStoreError
+from agentsidecar.seedstore_service.location import SERVER_ENV, rust_join
 from agentsidecar.seedstore_service.model import Problem, VerificationStatus
 from agentsidecar.seedstore_service.operations import (
     DEFAULT_CHECK_TIMEOUT_SECONDS,
@@ -93,7 +94,6 @@ if TYPE_CHECKING:
     from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
     from agentsidecar.seedstore_service.remote_frontend import RemoteFrontend
 
-SERVER_ENV = "SEEDSTORE_SERVER"
 # A file holding the bearer token to send with --server (a seedstore run with --token-file asks for one).
 TOKEN_FILE_ENV = "SEEDSTORE_TOKEN_FILE"
 
@@ -749,14 +749,14 @@ class Respelling:
         if text == self._normal:
             return self._spelled
         if self._normal == ".":
-            return _rust_join_text(self._spelled, text)
+            return rust_join(self._spelled, text)
         head = self._normal.rstrip("/") + "/"
-        return _rust_join_text(self._spelled, text[len(head) :]) if text.startswith(head) else text
+        return rust_join(self._spelled, text[len(head) :]) if text.startswith(head) else text
 
     def text(self, message: str) -> str:
         if self._inside is None:
             return message
-        spelled = _rust_join_text(self._spelled, "")
+        spelled = rust_join(self._spelled, "")
         return self._inside.sub(lambda _match: spelled, message)
 
     def output(self, value: Any, key: str = "") -> Any:
@@ -772,10 +772,6 @@ class Respelling:
 
     def problem(self, problem: Problem) -> Problem:
         return Problem(self.path(problem.path), problem.line, self.text(problem.reason))
-
-
-def _rust_join_text(base: str, rest: str) -> str:
-    return base + rest if not base or base.endswith("/") else f"{base}/{rest}"
 
 
 def _error_text(error: SidecarError, target: str) -> str:
@@ -900,9 +896,11 @@ def _command(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO, s
     for problem in problems:
         print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)
     if args.subcommand == "verify" and args.progress == "json":
-        print(cli_common.dumps_line({"result": output}), file=stdout)
+        text = cli_common.dumps_line({"result": output})
     else:
-        print(cli_output.dumps(output, args.json_style), file=stdout)
+        text = cli_output.dumps(output, args.json_style)
+    if cli_common.write_result(text + "\n", stdout) != cli_common.EXIT_OK:
+        return cli_common.EXIT_FAILED
     if args.subcommand == "verify" and args.strict:
         unverified = _unverified(output)
         if unverified:

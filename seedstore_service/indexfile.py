@@ -9,8 +9,9 @@ commands that answer from them (quickread.py) read them through it too.
 A section file is a header line (format, version, store root, section, the
 body's length and CRC-32), then the body: the directory record line
 `[checked_ns, [[name, mtime_ns, ctime_ns, inode, device], ...], [domain, ...]]`,
-one JSON line of the entries by column (every position but the seed text), and
-each entry's seed JSON text on a line of its own.
+one JSON line per column (each position but the seed text, in order: the list
+of that position's values, one per entry), and each entry's seed JSON text on a
+line of its own.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ MAX_INDEX_BYTES = 1 << 30
 #  problem [line, reason] or null, domain_line, the `list` row [kind, provides, status, risks] or null,
 #  the search keys [canonical provides, canonical texts] (ranking.match_keys) or null,
 #  the rank inputs [canonical preferred_for, canonical avoid_for, default priority or null,
-#  required gates] or null]
+#  external_service, may_cost_money, risks (ranking.seed_risks), required gates (ranking.seed_gates)]
+#  or null]
 NAME, SIZE, MTIME, CTIME, INO, DEV, CHECKED, REVISION = range(8)
 ID, DOMAIN, SEED, NOTES, PROBLEM, DOMAIN_LINE, ROW, KEYS, RANK = range(8, 17)
 ENTRY_LENGTH = 17
@@ -219,17 +221,21 @@ def encode_section(
 ) -> bytes:
     """A section file (see the module docstring); an empty record vouches for nothing.
 
-    By column: a reader decodes a few long lists instead of a list per entry, and
-    the seed texts (most of the bytes) are split off undecoded, so a reader parses
-    only the seeds it answers with.
+    By column, a line each: a reader decodes a few long lists instead of a list per
+    entry, and only the columns it uses (`Section.column`); the seed texts (most of the
+    bytes) are split off undecoded, so a reader parses only the seeds it answers with.
     """
     rows = list(entries)
-    columns = [[entry[position] for entry in rows] for position in COLUMN_POSITIONS]
-    seeds = b"\n".join(_seed_bytes(entry[SEED]) for entry in rows)
-    checked_ns, signatures, domains = record
-    meta = _compact([checked_ns, [[name, *signature] for name, signature in signatures], list(domains)])
-    body = meta + b"\n" + _compact(columns) + b"\n" + seeds
+    lines = [_compact(_record_list(record))]
+    lines.extend(_compact([entry[position] for entry in rows]) for position in COLUMN_POSITIONS)
+    lines.extend(_seed_bytes(entry[SEED]) for entry in rows)
+    body = b"\n".join(lines)
     return _compact(_header(root, domain_dir, body)) + b"\n" + body
+
+
+def _record_list(record: RawRecord) -> list[Any]:
+    checked_ns, signatures, domains = record
+    return [checked_ns, [[name, *signature] for name, signature in signatures], list(domains)]
 
 
 def _seed_bytes(text: str | bytes) -> bytes:
@@ -281,11 +287,46 @@ def _record_of(meta: Any) -> RawRecord | None:
     return checked_ns, tuple(signatures), tuple(domains)
 
 
-def decode_section(
-    data: bytes, root: str, domain_dir: str | None
-) -> tuple[dict[str, Entry], RawRecord] | None:
-    """The entries of an index file by name and its directory record, or None when it is not a
-    whole index of this section (truncated, foreign, corrupt, another version or another store's)."""
+class Section:
+    """A section file whose header, length, checksum and directory record were checked; its columns
+    are decoded when first asked for (`column`), its seed texts never."""
+
+    __slots__ = ("_columns", "_lines", "count", "record", "seeds")
+
+    def __init__(self, record: RawRecord, lines: list[bytes], seeds: list[bytes]) -> None:
+        self.record = record
+        self.count = len(seeds)
+        self.seeds = seeds  # each entry's seed JSON text, in entry order
+        self._lines = lines  # one JSON list per position of COLUMN_POSITIONS
+        self._columns: dict[int, list[Any]] = {}
+
+    def column(self, position: int) -> list[Any]:
+        """The values at `position` of every entry, in entry order.
+
+        Raises:
+            ValueError: the column is not a JSON list of one value per entry (the file is
+                not a whole index: the caller drops it, as `open_section` would have).
+        """
+        found = self._columns.get(position)
+        if found is not None:
+            return found
+        if position == SEED:
+            return self.seeds
+        try:
+            values = _decode_json(self._lines[COLUMN_POSITIONS.index(position)])
+        except (TypeError, RecursionError) as error:
+            raise ValueError(str(error)) from None
+        if not isinstance(values, list) or len(values) != self.count:
+            raise ValueError("a column does not hold one value per entry")
+        if position == NAME and not all(isinstance(name, str) for name in values):
+            raise ValueError("an entry's name is not a string")
+        self._columns[position] = values
+        return values
+
+
+def open_section(data: bytes, root: str, domain_dir: str | None) -> Section | None:
+    """The section an index file holds, or None when it is not a whole index of this section
+    (truncated, foreign, corrupt, another version or another store's)."""
     head, newline, body = data.partition(b"\n")
     if not newline:
         return None
@@ -293,30 +334,33 @@ def decode_section(
         header = loads(head)
         if header != _header(root, domain_dir, body):
             return None
-        meta_text, newline, rest = body.partition(b"\n")
-        if not newline:
+        lines = body.split(b"\n")
+        if len(lines) < 1 + len(COLUMN_POSITIONS):
             return None
-        record = _record_of(loads(meta_text))
-        if record is None:
-            return None
-        columns_text, newline, seeds_text = rest.partition(b"\n")
-        if not newline:
-            return None
-        columns = _decode_json(columns_text)
+        record = _record_of(loads(lines[0]))
     except (ValueError, TypeError, RecursionError):
         return None
-    if not isinstance(columns, list) or len(columns) != len(COLUMN_POSITIONS):
+    if record is None:
         return None
-    count = len(columns[0]) if isinstance(columns[0], list) else -1
-    if any(not isinstance(column, list) or len(column) != count for column in columns):
+    # The lines after the columns are the seed texts, one per entry (empty for a problem's).
+    section = Section(record, lines[1 : 1 + len(COLUMN_POSITIONS)], lines[1 + len(COLUMN_POSITIONS) :])
+    try:
+        section.column(NAME)
+    except ValueError:
         return None
-    seeds = seeds_text.split(b"\n") if count else []
-    if len(seeds) != count:
+    return section
+
+
+def decode_section(
+    data: bytes, root: str, domain_dir: str | None
+) -> tuple[dict[str, Entry], RawRecord] | None:
+    """The entries of an index file by name and its directory record, or None when it is not a
+    whole index of this section (truncated, foreign, corrupt, another version or another store's)."""
+    section = open_section(data, root, domain_dir)
+    if section is None:
         return None
-    columns.insert(SEED, seeds)
-    result: dict[str, Entry] = {}
-    for entry in map(list, zip(*columns, strict=True)):
-        if not isinstance(entry[NAME], str):
-            return None
-        result[entry[NAME]] = entry
-    return result, record
+    try:
+        columns = [section.column(position) for position in range(ENTRY_LENGTH)]
+    except ValueError:
+        return None
+    return {entry[NAME]: entry for entry in map(list, zip(*columns, strict=True))}, section.record

@@ -23,9 +23,10 @@ The files stay the source of truth; the index only saves parsing them again.
   listing, knows the section names every file there is; any other section is
   listed again before it is used.
 * Integrity: a file is a header line (format, version, store root, section,
-  the body's length and CRC-32) and a body: one JSON line of the entries by
-  column, then each entry's seed JSON text on a line of its own (decoded only
-  for a seed an answer shows). A truncated, foreign, corrupt
+  the body's length and CRC-32) and a body: the directory record, one JSON line
+  per column of the entries, then each entry's seed JSON text on a line of its
+  own (decoded only for a seed an answer shows); indexfile.py holds the format.
+  A truncated, foreign, corrupt
   or other-version file is ignored, and the section rebuilt from the seed files.
 * Writing: a section is rewritten only when something in it changed, to a
   temporary name in the index directory then renamed over the old one (through
@@ -84,7 +85,7 @@ from agentsidecar.seedstore_service.indexfile import section_file_name as sectio
 from agentsidecar.seedstore_service.indexfile import section_of_file as section_of_file
 from agentsidecar.seedstore_service.indexfile import signature_of as signature_of
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, VerificationStatus
-from agentsidecar.seedstore_service.ranking import could_match, match_keys, rank_keys, seed_gates
+from agentsidecar.seedstore_service.ranking import could_match, match_keys, rank_keys, seed_gates, seed_risks
 from agentsidecar.seedstore_service.seedtext import seed_from_json, seed_to_json
 
 _STATUSES: Mapping[str, VerificationStatus] = MappingProxyType(
@@ -244,7 +245,15 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
         row = [seed.kind, list(seed.provides), seed.verification_status.value, [n for n, on in flags if on]]
         provides, texts = match_keys(seed)
         preferred_for, avoid_for = rank_keys(seed)
-        rank = [sorted(preferred_for), sorted(avoid_for), seed.rank.default_priority, list(seed_gates(seed))]
+        rank = [
+            sorted(preferred_for),
+            sorted(avoid_for),
+            seed.rank.default_priority,
+            seed.risk.external_service,
+            seed.risk.may_cost_money,
+            list(seed_risks(seed)),
+            list(seed_gates(seed)),
+        ]
         return [
             name,
             *sig,

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service import errors, location
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed, Verification
 from agentsidecar.seedstore_service.names import MAX_IDENTIFIER_LENGTH, canonical
 from agentsidecar.seedstore_service.persisted import (
@@ -98,25 +98,16 @@ def resolve_store_root(env: Mapping[str, str]) -> Path:
     raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
 
 
-def _rust_join(base: str, name: str) -> str:
-    # Rust's PathBuf::push of a relative name: a separator only when `base` is non-empty
-    # and does not already end in one; nothing is normalised.
-    return base + name if not base or base.endswith("/") else f"{base}/{name}"
-
-
 def spelled_store_root(env: Mapping[str, str]) -> str:
     """The store root as SkillSpec prints it: `resolve_store_root` without pathlib's normalising.
 
     pathlib drops `.` components and repeated separators (`a/./b//c` is `a/b/c`); Rust's
     PathBuf keeps the text as given, so SkillSpec prints `a/./b//c/capabilities`.
     """
-    skillspec_home = env.get("SKILLSPEC_HOME")
-    if skillspec_home is not None:
-        return _rust_join(skillspec_home, "capabilities")
-    home = env.get("HOME")
-    if home is not None:
-        return _rust_join(_rust_join(home, ".skillspec"), "capabilities")
-    raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
+    spelled = location.spelled_store_root(env)
+    if spelled is None:
+        raise errors.StoreUnavailable("HOME is not set; set SKILLSPEC_HOME or HOME")
+    return spelled
 
 
 @dataclass(frozen=True)

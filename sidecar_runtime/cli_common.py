@@ -219,6 +219,31 @@ def dumps_line(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def write_result(text: str, stdout: TextIO | None = None) -> int:
+    """Write a command's result to `stdout` (default: sys.stdout) and flush; the exit code: 0, or 1
+    when the reader has gone.
+
+    A reader that stops early (`| head`) closes the pipe: that is no error to report. The
+    process's stdout is then pointed at /dev/null, so the interpreter's own flush at exit
+    writes nothing to the closed pipe and prints no traceback.
+    """
+    stream = sys.stdout if stdout is None else stdout
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        if stream is sys.stdout and stream is not None:
+            import os
+
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, stream.fileno())
+            finally:
+                os.close(devnull)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 def error_object(
     code: str,
     reason: str,
