@@ -27,9 +27,9 @@ SERVE_AND_LIST_MODULES = (
     "sys.exit(main(sys.argv[2:]))\n"
 )
 ADAPTERS = "agentsidecar.negotiator_service.adapters"
-# The SDKs an openai adapter's call naming MCP servers imports, or an acp adapter; the remote
-# adapter's module, imported at the first runtime registration.
-NEVER_AT_START = ("mcp", "acp", f"{ADAPTERS}.acp", f"{ADAPTERS}.remote")
+# Without an acp adapter, a runtime registration, a call naming MCP servers or --seedstore: the
+# SDKs, the remote adapter's module and the clients package (the seedstore client).
+UNUSED = ("mcp", "acp", f"{ADAPTERS}.acp", f"{ADAPTERS}.remote", "agentsidecar.clients")
 
 
 def modules_at_ready(tmp_path: Path, *serve_args: str, env: dict[str, str] | None = None) -> set[str]:
@@ -57,7 +57,7 @@ def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
 def test_the_embedded_default_config_starts_without_the_sdks_or_the_unused_adapters(tmp_path: Path) -> None:
     modules = modules_at_ready(tmp_path)
     assert {f"{ADAPTERS}.scripted", f"{ADAPTERS}.command"} <= modules  # the default config's two
-    assert loaded(modules, (*NEVER_AT_START, f"{ADAPTERS}.openai", "httpx", "anyio")) == []
+    assert loaded(modules, (*UNUSED, f"{ADAPTERS}.openai", "httpx", "anyio")) == []
 
 
 def test_an_openai_adapter_brings_its_module_but_not_the_mcp_sdk(tmp_path: Path) -> None:
@@ -68,4 +68,10 @@ def test_an_openai_adapter_brings_its_module_but_not_the_mcp_sdk(tmp_path: Path)
     )
     modules = modules_at_ready(tmp_path, "--config", str(config), env={"STARTUP_TEST_KEY": "not-a-secret"})
     assert f"{ADAPTERS}.openai" in modules
-    assert loaded(modules, (*NEVER_AT_START, f"{ADAPTERS}.scripted")) == []
+    assert loaded(modules, (*UNUSED, f"{ADAPTERS}.scripted")) == []
+
+
+def test_a_seedstore_brings_the_clients_package(tmp_path: Path) -> None:
+    modules = modules_at_ready(tmp_path, "--seedstore", f"unix:{tmp_path / 'seedstore.sock'}")
+    assert "agentsidecar.clients.aio" in modules
+    assert loaded(modules, ("mcp", "acp", f"{ADAPTERS}.openai")) == []
