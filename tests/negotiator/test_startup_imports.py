@@ -28,8 +28,9 @@ SERVE_AND_LIST_MODULES = (
 )
 ADAPTERS = "agentsidecar.negotiator_service.adapters"
 # Without an acp adapter, a runtime registration, a call naming MCP servers or --seedstore: the
-# SDKs, the remote adapter's module and the clients package (the seedstore client).
-UNUSED = ("mcp", "acp", f"{ADAPTERS}.acp", f"{ADAPTERS}.remote", "agentsidecar.clients")
+# SDKs, the remote adapter's module and the clients package (the seedstore client); jsonschema
+# checks tool results and probe replies only.
+UNUSED = ("mcp", "acp", f"{ADAPTERS}.acp", f"{ADAPTERS}.remote", "agentsidecar.clients", "jsonschema")
 
 
 def modules_at_ready(tmp_path: Path, *serve_args: str, env: dict[str, str] | None = None) -> set[str]:
