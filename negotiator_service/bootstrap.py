@@ -23,13 +23,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
-from agentsidecar.clients.aio import AsyncSeedStoreClient
-from agentsidecar.clients.channel import CLIENT_TIMEOUT, Timeout, metadata_interceptors, open_channel
-from agentsidecar.clients.errors import SidecarError
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator_service.adapters.command import (
     DEFAULT_OUTPUT_CAP_BYTES,
@@ -78,6 +75,12 @@ from agentsidecar.negotiator_service.model import AuditOutcome, AuditRecord
 from agentsidecar.seedstore.v1 import seedstore_pb2 as spb
 from agentsidecar.sidecar_runtime.addresses import parse_address
 from agentsidecar.sidecar_runtime.tracing import trace_metadata
+
+# The seedstore client is imported by GrpcSeedSource: a negotiator without --seedstore never loads
+# the clients package.
+if TYPE_CHECKING:
+    from agentsidecar.clients.channel import Timeout
+    from agentsidecar.clients.errors import SidecarError
 
 AUDIT_OPERATION = "bootstrap"
 
@@ -177,6 +180,9 @@ class GrpcSeedSource:
         token a seedstore with --token-file asks for (the file holds that one
         token and is re-read when it changes), and closes it on `close`.
         """
+        from agentsidecar.clients.aio import AsyncSeedStoreClient
+        from agentsidecar.clients.channel import metadata_interceptors, open_channel
+
         self._own_channel: grpc.aio.Channel | None = None
         self.target = target
         if channel is None:
@@ -192,6 +198,8 @@ class GrpcSeedSource:
     async def search(
         self, capability: str, domain: str | None, local_only: bool, *, time_left: float | None
     ) -> SearchOutcome:
+        from agentsidecar.clients.errors import SidecarError
+
         request = spb.SearchSeedsRequest(
             capability=capability, domain=domain, local_only=local_only, broaden=True
         )
@@ -202,6 +210,8 @@ class GrpcSeedSource:
         return search_outcome(response, capability, domain, local_only)
 
     async def inspect(self, seed_id: str, domain: str, *, time_left: float | None) -> SeedFacts:
+        from agentsidecar.clients.errors import SidecarError
+
         request = spb.InspectSeedRequest(id=seed_id, domain=domain)
         try:
             response = await self._client.inspect_seed(request, timeout=_timeout(time_left))
@@ -226,6 +236,8 @@ class GrpcSeedSource:
 
 
 def _timeout(seconds: float | None) -> Timeout:
+    from agentsidecar.clients.channel import CLIENT_TIMEOUT
+
     # A spent budget still sends the call, with a deadline gRPC fails at once.
     return CLIENT_TIMEOUT if seconds is None else max(seconds, 0.001)
 

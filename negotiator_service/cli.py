@@ -108,13 +108,11 @@ import shlex
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 from google.protobuf import json_format, struct_pb2
 
-from agentsidecar.clients.errors import SidecarError
-from agentsidecar.clients.negotiator import UNSUPPORTED_CAPABILITY, NegotiatorClient, gate, refusal_gaps
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.sidecar_runtime import cli_common
@@ -125,6 +123,12 @@ from agentsidecar.sidecar_runtime.serve_args import (
     add_serve_arguments,
     server_options_from_args,
 )
+
+# The client (and with it the whole clients package) is imported by the client commands: `serve`
+# and `config-schema` never load it.
+if TYPE_CHECKING:
+    from agentsidecar.clients.errors import SidecarError
+    from agentsidecar.clients.negotiator import NegotiatorClient
 
 SERVER_ENV = "NEGOTIATOR_SERVER"
 # A file holding the bearer token to send (a negotiator run with --token-file asks for one).
@@ -641,6 +645,8 @@ def invoke_json(response: pb.InvokeResponse) -> dict[str, Any]:
 
 def error_json(error: SidecarError, message: str | None = None) -> dict[str, Any]:
     """The JSON error object (cli_common's shape); a refusal adds its adapter and gaps."""
+    from agentsidecar.clients.negotiator import refusal_gaps
+
     if is_refusal(error):
         return cli_common.status_error_object(
             error,
@@ -653,6 +659,8 @@ def error_json(error: SidecarError, message: str | None = None) -> dict[str, Any
 
 
 def is_refusal(error: SidecarError) -> bool:
+    from agentsidecar.clients.negotiator import UNSUPPORTED_CAPABILITY
+
     return error.code is grpc.StatusCode.FAILED_PRECONDITION and error.reason == UNSUPPORTED_CAPABILITY
 
 
@@ -688,6 +696,8 @@ def resolve_client_options(args: argparse.Namespace, env: Mapping[str, str]) -> 
 
 
 def _client(args: argparse.Namespace) -> NegotiatorClient:
+    from agentsidecar.clients.negotiator import NegotiatorClient
+
     try:
         parse_address(args.server)
     except ValueError as exc:
@@ -748,6 +758,8 @@ def run_client_command(args: argparse.Namespace) -> int:
         elif command == "invoke":
             _print(invoke_json(client.invoke(invoke_request(args))))
         elif command == "bootstrap":
+            from agentsidecar.clients.negotiator import gate
+
             try:
                 gates = [gate(name) for name in args.approve]
             except ValueError as exc:
@@ -879,12 +891,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_client_command(args)
     except UsageError as exc:
         _fail_usage(own, str(exc))
-    except SidecarError as error:
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        from agentsidecar.clients.errors import SidecarError
+
+        if not isinstance(error, SidecarError):
+            raise
         message = _error_message(error, args.server, getattr(args, "server_defaulted", False))
         cli_common.print_error(message, error_json(error, message), sys.stderr)
         return EXIT_REFUSED if is_refusal(error) else EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

@@ -35,26 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
-
-import anyio
-import httpx
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
-from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped, unused-ignore]
-from mcp import ClientSession, types
-from mcp.client.sse import sse_client
-from mcp.client.stdio import get_default_environment
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import McpError
-from mcp.shared.message import SessionMessage
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from agentsidecar.negotiator_service import mcp_policy
 from agentsidecar.negotiator_service.errors import McpServerTimeout, McpServerUnavailable
@@ -62,18 +50,38 @@ from agentsidecar.negotiator_service.model import JsonValue, McpServer, ToolOutc
 from agentsidecar.negotiator_service.negotiation import normalize_transport
 from agentsidecar.sidecar_runtime import proctree
 
+# The SDK (and the anyio, httpx, jsonschema and pydantic it runs on) is imported by the functions
+# that use it: a negotiator whose calls name no MCP server never loads it.
+if TYPE_CHECKING:
+    import httpx
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp import ClientSession, types
+    from mcp.shared.message import SessionMessage
+
+    ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
+    WriteStream = MemoryObjectSendStream[SessionMessage]
+
 START_TIMEOUT_SECONDS = 10.0
 MAX_LIST_PAGES = 64
 MAX_TOOLS_PER_SERVER = 512
 MAX_STDIO_LINE_BYTES = 8 * 1024 * 1024
 _READ_CHUNK = 64 * 1024
-# The SDK's own defaults for its HTTP transports: 30 s per operation, 300 s for a held stream.
-_HTTP_TIMEOUT = httpx.Timeout(30.0, read=300.0)
-_CLIENT_INFO = types.Implementation(name="agentsidecar-negotiator", version="0.1.0")
 _LOGGER = logging.getLogger("agentsidecar.negotiator_service.mcp")
 
-ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
-WriteStream = MemoryObjectSendStream[SessionMessage]
+
+@functools.cache
+def _http_timeout() -> httpx.Timeout:
+    """The SDK's own defaults for its HTTP transports: 30 s per operation, 300 s for a held stream."""
+    import httpx
+
+    return httpx.Timeout(30.0, read=300.0)
+
+
+@functools.cache
+def _client_info() -> types.Implementation:
+    from mcp import types
+
+    return types.Implementation(name="agentsidecar-negotiator", version="0.1.0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,8 @@ class McpTools:
 
     async def call(self, name: str, arguments: JsonValue) -> ToolOutcome:
         """Run `tools/call`; every failure is a tool error for the model."""
+        from mcp.shared.exceptions import McpError
+
         found = self.tool(name)
         if found is None:
             return ToolOutcome(error=f'there is no tool named "{name}" in this call')
@@ -146,6 +156,9 @@ class McpTools:
         return ToolOutcome(result=_content_json(result.content))
 
     async def _connect(self, stack: contextlib.AsyncExitStack, server: McpServer) -> None:
+        from mcp import ClientSession, types
+        from mcp.shared.exceptions import McpError
+
         connection: _Connection | None = None
 
         async def on_message(message: Any) -> None:
@@ -160,7 +173,7 @@ class McpTools:
             async with asyncio.timeout(START_TIMEOUT_SECONDS):
                 read, write = await stack.enter_async_context(_transport(server, stack))
                 session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=on_message, client_info=_CLIENT_INFO)
+                    ClientSession(read, write, message_handler=on_message, client_info=_client_info())
                 )
                 connection = _Connection(server, session)
                 await session.initialize()
@@ -184,6 +197,10 @@ class McpTools:
         self._connections[server.name] = connection
 
     async def _list(self, connection: _Connection) -> None:
+        from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+        from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped, unused-ignore]
+        from mcp import types
+
         server = connection.server
         listed: list[types.Tool] = []
         cursor: str | None = None
@@ -269,8 +286,12 @@ async def _transport(
         async with _stdio(server) as streams:
             yield streams
         return
+    import httpx
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
+
     client = await stack.enter_async_context(
-        httpx.AsyncClient(headers=dict(server.headers), timeout=_HTTP_TIMEOUT, follow_redirects=False)
+        httpx.AsyncClient(headers=dict(server.headers), timeout=_http_timeout(), follow_redirects=False)
     )
     if transport == "http":
         async with streamable_http_client(server.url, http_client=client) as (read, write, _):
@@ -283,7 +304,7 @@ async def _transport(
         auth: httpx.Auth | None = None,
     ) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            headers=headers, timeout=timeout or _HTTP_TIMEOUT, auth=auth, follow_redirects=False
+            headers=headers, timeout=timeout or _http_timeout(), auth=auth, follow_redirects=False
         )
 
     async with sse_client(server.url, headers=dict(server.headers), httpx_client_factory=factory) as (
@@ -295,6 +316,12 @@ async def _transport(
 
 @contextlib.asynccontextmanager
 async def _stdio(server: McpServer) -> AsyncIterator[tuple[ReadStream, WriteStream]]:
+    import anyio
+    from mcp import types
+    from mcp.client.stdio import get_default_environment
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
+
     env = {**get_default_environment(), **server.env}
     program = _program(server.command, env.get("PATH", os.defpath))
     run = await proctree.start(
@@ -368,11 +395,15 @@ def _program(command: str, path: str) -> str:
 
 
 def _content_text(content: Sequence[types.ContentBlock]) -> str:
+    from mcp import types
+
     return "\n".join(block.text for block in content if isinstance(block, types.TextContent))
 
 
 def _content_json(content: Sequence[types.ContentBlock]) -> JsonValue:
     """A result's content for the model: the text when it is all text, else the blocks as JSON."""
+    from mcp import types
+
     if all(isinstance(block, types.TextContent) for block in content):
         return _content_text(content)
     return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in content]

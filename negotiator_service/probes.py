@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-import jsonschema
-
 from agentsidecar.negotiator_service.declarations import resolve_unknown
 from agentsidecar.negotiator_service.model import Capability, CapabilityState, Declaration, JsonValue
 
@@ -329,6 +327,9 @@ def _effort_verdict(reply: dict[str, Any]) -> tuple[ProbeVerdict, str]:
 
 
 def _schema_problem(value: JsonValue, schema: Mapping[str, JsonValue]) -> str:
+    # Imported when a probe's reply is checked, not at start-up.
+    import jsonschema
+
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
     return "" if error is None else error.message[:120]
 

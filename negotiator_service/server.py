@@ -26,8 +26,7 @@ from pathlib import Path
 import grpc
 
 from agentsidecar.negotiator.v1 import negotiator_pb2
-from agentsidecar.negotiator_service.adapters import build_adapters, connect_remote
-from agentsidecar.negotiator_service.adapters.remote import restore_remote
+from agentsidecar.negotiator_service.adapters import build_adapters
 from agentsidecar.negotiator_service.audit import DEFAULT_WATCH_QUEUE_SIZE, AuditLog
 from agentsidecar.negotiator_service.bootstrap import Bootstrapper, GrpcSeedSource
 from agentsidecar.negotiator_service.broker import Broker
@@ -188,10 +187,17 @@ def read_negotiator_config(config_path: Path | None) -> NegotiatorConfig:
     return load_negotiator_config(text, str(config_path))
 
 
+async def _connect_remote(target: str, expected_shortname: str) -> Adapter:
+    """`adapters.remote.connect_remote`, its module imported at the first runtime registration."""
+    from agentsidecar.negotiator_service.adapters.remote import connect_remote
+
+    return await connect_remote(target, expected_shortname)
+
+
 async def create_server(
     settings: Settings,
     *,
-    connect: Callable[[str, str], Awaitable[Adapter]] = connect_remote,
+    connect: Callable[[str, str], Awaitable[Adapter]] = _connect_remote,
     conversation_store: ConversationStore | None = None,
 ) -> RunningNegotiator:
     """Load the config, build its adapters and start serving.
@@ -230,6 +236,8 @@ async def create_server(
         except ValueError as exc:
             raise AdapterRegistrationFailed(stored.target, str(exc), stored.shortname) from exc
         check_adapter_target(address, allowed_hosts)  # the operator may have withdrawn the host
+        from agentsidecar.negotiator_service.adapters.remote import restore_remote
+
         adapter = await restore_remote(address.target, stored.shortname, stored.declaration_response)
         return RegisteredAdapter(adapter=adapter, source="runtime", target=address.target)
 

@@ -68,8 +68,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
-
 from agentsidecar.negotiator_service import negotiation
 from agentsidecar.negotiator_service.errors import InvalidRequest
 from agentsidecar.negotiator_service.model import (
@@ -301,6 +299,9 @@ def visible_tools(specs: Sequence[ToolSpec], tool_filter: ToolFilter) -> tuple[T
 
 def schema_problems(schema: Mapping[str, Any], instance: JsonValue) -> str:
     """The instance's violations of a schema as one line, "" when it conforms."""
+    # Imported at the first tool result checked against a schema, not at start-up.
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+
     validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     try:
         found = sorted(

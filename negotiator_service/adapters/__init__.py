@@ -16,23 +16,67 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
-from agentsidecar.negotiator_service.adapters.command import CommandAdapter
-from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
-from agentsidecar.negotiator_service.adapters.remote import RemoteAdapter, connect_from_spec, connect_remote
-from agentsidecar.negotiator_service.adapters.scripted import ScriptedAdapter
 from agentsidecar.negotiator_service.declarations import validate_shortname
 from agentsidecar.negotiator_service.errors import ConfigError
 from agentsidecar.negotiator_service.model import Adapter, AdapterSpec
 
+# Each implementation's module is imported when a config first asks for it: the openai one
+# brings httpx and the MCP client, the acp one the ACP SDK's schema models, the remote one the
+# adapter protocol's stubs, and a negotiator pays only for the adapters it runs.
+if TYPE_CHECKING:
+    from agentsidecar.negotiator_service.adapters.command import CommandAdapter
+    from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
+    from agentsidecar.negotiator_service.adapters.remote import RemoteAdapter, connect_remote
+    from agentsidecar.negotiator_service.adapters.scripted import ScriptedAdapter
+
+
+def _scripted(spec: AdapterSpec) -> Adapter:
+    from agentsidecar.negotiator_service.adapters.scripted import ScriptedAdapter
+
+    return ScriptedAdapter(spec)
+
+
+def _command(spec: AdapterSpec) -> Adapter:
+    from agentsidecar.negotiator_service.adapters.command import CommandAdapter
+
+    return CommandAdapter(spec)
+
+
+def _openai(spec: AdapterSpec) -> Adapter:
+    from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter
+
+    return OpenAIAdapter(spec)
+
+
 _SYNC_BUILDERS: Mapping[str, Callable[[AdapterSpec], Adapter]] = MappingProxyType(
     {
-        "scripted": ScriptedAdapter,
-        "command": CommandAdapter,
-        "openai": OpenAIAdapter,
+        "scripted": _scripted,
+        "command": _command,
+        "openai": _openai,
     }
 )
 IMPLEMENTATIONS = frozenset({*_SYNC_BUILDERS, "remote", "acp"})
+# The names this package re-exports, from the module that defines each one.
+_EXPORTS: Mapping[str, str] = MappingProxyType(
+    {
+        "CommandAdapter": "command",
+        "OpenAIAdapter": "openai",
+        "RemoteAdapter": "remote",
+        "ScriptedAdapter": "scripted",
+        "connect_remote": "remote",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def _where(spec: AdapterSpec) -> str:
@@ -67,10 +111,10 @@ async def build_adapter_async(spec: AdapterSpec) -> Adapter:
     """Build any adapter; a remote one connects and fetches its declaration."""
     _checked(spec)
     if spec.implementation == "remote":
+        from agentsidecar.negotiator_service.adapters.remote import connect_from_spec
+
         return await connect_from_spec(spec)
     if spec.implementation == "acp":
-        # Imported only when a config has an acp adapter: the ACP SDK's schema models are most of
-        # the negotiator's start-up otherwise.
         from agentsidecar.negotiator_service.adapters.acp import AcpAdapter
 
         return await AcpAdapter.start(spec)
