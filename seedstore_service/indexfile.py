@@ -7,7 +7,8 @@ file: persisted.py writes and refreshes the files through it, and the read
 commands that answer from them (quickread.py) read them through it too.
 
 A section file is a header line (format, version, store root, section, the
-body's length and CRC-32), then the body: the directory record line
+body's length, the CRC-32 of the body up to the seed texts and that of the seed
+texts), then the body: the directory record line
 `[checked_ns, [[name, mtime_ns, ctime_ns, inode, device], ...], [domain, ...]]`,
 one JSON line per column (each position but the seed text, in order: the list
 of that position's values, one per entry), and each entry's seed JSON text on a
@@ -73,22 +74,14 @@ def directory_signature_of(stat_result: os.stat_result) -> DirectorySignature:
     return (stat_result.st_mtime_ns, stat_result.st_ctime_ns, stat_result.st_ino, stat_result.st_dev)
 
 
-def signature_matches(entry: Entry, found: os.stat_result) -> bool:
-    """Whether the file is as it was when its entry was made (size, mtime, ctime, inode, device)."""
-    return bool(
-        entry[SIZE] == found.st_size
-        and entry[MTIME] == found.st_mtime_ns
-        and entry[CTIME] == found.st_ctime_ns
-        and entry[INO] == found.st_ino
-        and entry[DEV] == found.st_dev
-    )
+def is_racy(mtime_ns: int, ctime_ns: int, checked_ns: int) -> bool:
+    """Whether a file with these times changed within RACY_WINDOW_NS of the read at `checked_ns`."""
+    return max(mtime_ns, ctime_ns) + RACY_WINDOW_NS >= checked_ns
 
 
 def racy(entry: Entry) -> bool:
     """Whether the file changed within RACY_WINDOW_NS of the read that made the entry."""
-    changed_ns: int = max(entry[MTIME], entry[CTIME])
-    checked_ns: int = entry[CHECKED]
-    return changed_ns + RACY_WINDOW_NS >= checked_ns
+    return is_racy(entry[MTIME], entry[CTIME], entry[CHECKED])
 
 
 def record_settled(record: RawRecord) -> bool:
@@ -158,14 +151,17 @@ def read_index_file(path: str) -> bytes | None:
         return None
 
 
-def _header(root: str, domain_dir: str | None, body: bytes) -> dict[str, Any]:
+def _header(
+    root: str, domain_dir: str | None, length: int, columns_crc32: int, seeds_crc32: int
+) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": VERSION,
         "root": root,
         "section": domain_dir,
-        "length": len(body),
-        "crc32": zlib.crc32(body),
+        "length": length,
+        "crc32": columns_crc32,
+        "seeds_crc32": seeds_crc32,
     }
 
 
@@ -222,15 +218,18 @@ def encode_section(
     """A section file (see the module docstring); an empty record vouches for nothing.
 
     By column, a line each: a reader decodes a few long lists instead of a list per
-    entry, and only the columns it uses (`Section.column`); the seed texts (most of the
-    bytes) are split off undecoded, so a reader parses only the seeds it answers with.
+    entry, and only the columns it uses (`Section.column`). The seed texts (most of
+    the bytes) come last, with a checksum of their own, so a reader that shows no
+    seed neither checks nor splits them.
     """
     rows = list(entries)
     lines = [_compact(_record_list(record))]
     lines.extend(_compact([entry[position] for entry in rows]) for position in COLUMN_POSITIONS)
-    lines.extend(_seed_bytes(entry[SEED]) for entry in rows)
-    body = b"\n".join(lines)
-    return _compact(_header(root, domain_dir, body)) + b"\n" + body
+    columns = b"\n".join(lines)
+    seeds = b"\n".join(_seed_bytes(entry[SEED]) for entry in rows)
+    body = columns + b"\n" + seeds
+    header = _header(root, domain_dir, len(body), zlib.crc32(columns), zlib.crc32(seeds))
+    return _compact(header) + b"\n" + body
 
 
 def _record_list(record: RawRecord) -> list[Any]:
@@ -289,16 +288,36 @@ def _record_of(meta: Any) -> RawRecord | None:
 
 class Section:
     """A section file whose header, length, checksum and directory record were checked; its columns
-    are decoded when first asked for (`column`), its seed texts never."""
+    are decoded when first asked for (`column`), its seed texts split and checked when first
+    asked for (`seeds`)."""
 
-    __slots__ = ("_columns", "_lines", "count", "record", "seeds")
+    __slots__ = ("_columns", "_lines", "_seeds", "_seeds_block", "_seeds_crc32", "count", "record")
 
-    def __init__(self, record: RawRecord, lines: list[bytes], seeds: list[bytes]) -> None:
+    def __init__(
+        self, record: RawRecord, lines: list[bytes], names: list[str], seeds_block: bytes, seeds_crc32: int
+    ) -> None:
         self.record = record
-        self.count = len(seeds)
-        self.seeds = seeds  # each entry's seed JSON text, in entry order
+        self.count = len(names)
         self._lines = lines  # one JSON list per position of COLUMN_POSITIONS
-        self._columns: dict[int, list[Any]] = {}
+        self._seeds_block = seeds_block
+        self._seeds_crc32 = seeds_crc32
+        self._seeds: list[bytes] | None = None
+        self._columns: dict[int, list[Any]] = {NAME: names}
+
+    def seeds(self) -> list[bytes]:
+        """Each entry's seed JSON text (empty for a problem's), in entry order.
+
+        Raises:
+            ValueError: the texts are not the ones written (their checksum or their count).
+        """
+        if self._seeds is None:
+            if zlib.crc32(self._seeds_block) != self._seeds_crc32:
+                raise ValueError("the seed texts are not the ones written")
+            seeds = self._seeds_block.split(b"\n") if self.count else []
+            if len(seeds) != self.count:
+                raise ValueError("the seed texts are not one per entry")
+            self._seeds = seeds
+        return self._seeds
 
     def column(self, position: int) -> list[Any]:
         """The values at `position` of every entry, in entry order.
@@ -311,44 +330,45 @@ class Section:
         if found is not None:
             return found
         if position == SEED:
-            return self.seeds
+            return self.seeds()
         try:
             values = _decode_json(self._lines[COLUMN_POSITIONS.index(position)])
         except (TypeError, RecursionError) as error:
             raise ValueError(str(error)) from None
         if not isinstance(values, list) or len(values) != self.count:
             raise ValueError("a column does not hold one value per entry")
-        if position == NAME and not all(isinstance(name, str) for name in values):
-            raise ValueError("an entry's name is not a string")
         self._columns[position] = values
         return values
 
 
 def open_section(data: bytes, root: str, domain_dir: str | None) -> Section | None:
     """The section an index file holds, or None when it is not a whole index of this section
-    (truncated, foreign, corrupt, another version or another store's)."""
+    (truncated, foreign, corrupt, another version or another store's). The seed texts are
+    checked when first used (`Section.seeds`)."""
     head, newline, body = data.partition(b"\n")
     if not newline:
         return None
+    parts = body.split(b"\n", 1 + len(COLUMN_POSITIONS))
+    if len(parts) != 2 + len(COLUMN_POSITIONS):
+        return None
+    seeds_block = parts.pop()
+    columns = body[: len(body) - len(seeds_block) - 1]
     try:
         header = loads(head)
-        if header != _header(root, domain_dir, body):
+        seeds_crc32 = header.get("seeds_crc32") if isinstance(header, dict) else None
+        if not isinstance(seeds_crc32, int):
             return None
-        lines = body.split(b"\n")
-        if len(lines) < 1 + len(COLUMN_POSITIONS):
+        if header != _header(root, domain_dir, len(body), zlib.crc32(columns), seeds_crc32):
             return None
-        record = _record_of(loads(lines[0]))
+        record = _record_of(loads(parts[0]))
+        if record is None:
+            return None
+        names = _decode_json(parts[1 + COLUMN_POSITIONS.index(NAME)])
     except (ValueError, TypeError, RecursionError):
         return None
-    if record is None:
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         return None
-    # The lines after the columns are the seed texts, one per entry (empty for a problem's).
-    section = Section(record, lines[1 : 1 + len(COLUMN_POSITIONS)], lines[1 + len(COLUMN_POSITIONS) :])
-    try:
-        section.column(NAME)
-    except ValueError:
-        return None
-    return section
+    return Section(record, parts[1:], names, seeds_block, seeds_crc32)
 
 
 def decode_section(

@@ -39,15 +39,21 @@ import sys
 
 from agentsidecar.seedstore_service import cli_output, indexfile, render
 from agentsidecar.seedstore_service.indexfile import (
+    CHECKED,
+    CTIME,
+    DEV,
     DOMAIN,
     ID,
+    INO,
     KEYS,
+    MTIME,
+    NAME,
     NOTES,
     PROBLEM,
     RANK,
     REVISION,
     ROW,
-    SEED,
+    SIZE,
 )
 from agentsidecar.seedstore_service.location import SERVER_ENV, is_normal, spelled_store_root
 from agentsidecar.seedstore_service.names import canonical, is_identifier
@@ -60,7 +66,19 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    Scope = list[tuple[str, indexfile.Entry]]
+    # A section, its entries' positions by name, its path prefix, then by position: the
+    # signatures, checked_ns, problem, notes and declared domain of its entries.
+    _Held = tuple[
+        indexfile.Section,
+        dict[str, int],
+        str,
+        list[tuple[int, int, int, int, int]],
+        list[int],
+        list[Any],
+        list[Any],
+        list[str],
+    ]
+
 
 # Each command's options: those taking a value, and switches.
 _VALUED = {
@@ -134,64 +152,110 @@ def parse(argv: Sequence[str]) -> _Request | None:
     return _Request(command, options, positional)
 
 
-def vouched_scope(root: str, domain: str | None) -> Scope | None:
-    """Every seed file of the scope (walk order) with its entry, when the index vouches for each
-    and none has a problem, a note or (with `domain`) another declared domain; else None."""
+class _Scope:
+    """The seed files of a scope (walk order) with where their entries lie: (path, section, position)."""
+
+    __slots__ = ("files",)
+
+    def __init__(self) -> None:
+        self.files: list[tuple[str, indexfile.Section, int]] = []
+
+    def values(self, position: int) -> list[Any]:
+        """Each file's entry's value at `position`, in the files' order."""
+        return [section.column(position)[index] for _path, section, index in self.files]
+
+
+def vouched_scope(root: str, domain: str | None) -> _Scope | None:
+    """Every seed file of the scope with its entry, when the index vouches for each and none has a
+    problem, a note or (with `domain`) another declared domain; else None.
+
+    The trust test is persisted.py's: the entry's signature (`indexfile.signature_of`) is the
+    file's now, and the entry is not racy (`indexfile.is_racy`).
+    """
     refs, problems = walk(root, domain)
     if problems:
         return None
     index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
-    sections: dict[str | None, tuple[dict[str, indexfile.Entry], str]] = {}
-    scope: Scope = []
-    for path, domain_dir in refs:
-        section = sections.get(domain_dir)
-        if section is None:
-            data = indexfile.read_index_file(
-                join_path(index_directory, indexfile.section_file_name(domain_dir))
-            )
-            decoded = None if data is None else indexfile.decode_section(data, root, domain_dir)
-            if decoded is None:
+    sections: dict[str | None, _Held] = {}
+    scope = _Scope()
+    try:
+        for path, domain_dir in refs:
+            held = sections.get(domain_dir)
+            if held is None:
+                opened = _open(root, index_directory, domain_dir)
+                if opened is None:
+                    return None
+                held = sections[domain_dir] = opened
+            section, positions, prefix, signatures, checked, problem, notes, domains = held
+            index = positions.get(path[len(prefix) :] if path.startswith(prefix) else path)
+            if index is None:
                 return None
-            section = sections[domain_dir] = (decoded[0], indexfile.section_prefix(root, domain_dir))
-        entries, prefix = section
-        entry = entries.get(path[len(prefix) :] if path.startswith(prefix) else path)
-        try:
-            found = os.stat(path)
-        except OSError:
-            return None
-        if entry is None or not indexfile.signature_matches(entry, found) or indexfile.racy(entry):
-            return None
-        if entry[PROBLEM] is not None or entry[NOTES] or (domain is not None and entry[DOMAIN] != domain):
-            return None
-        scope.append((path, entry))
+            signature = signatures[index]
+            if signature != indexfile.signature_of(os.stat(path)):
+                return None
+            if indexfile.is_racy(signature[1], signature[2], checked[index]):
+                return None
+            if (
+                problem[index] is not None
+                or notes[index]
+                or (domain is not None and domains[index] != domain)
+            ):
+                return None
+            scope.files.append((path, section, index))
+    except (OSError, ValueError):
+        return None  # a file gone since the walk, or a column that is not one
     return scope
 
 
-def _list(root: str, domain: str | None, scope: Scope) -> dict[str, Any]:
+def _open(root: str, index_directory: str, domain_dir: str | None) -> _Held | None:
+    """A section's index file with what the trust test reads of it, or None when it cannot be used.
+
+    Raises:
+        ValueError: a column is not one (see `indexfile.Section.column`).
+    """
+    data = indexfile.read_index_file(join_path(index_directory, indexfile.section_file_name(domain_dir)))
+    section = None if data is None else indexfile.open_section(data, root, domain_dir)
+    if section is None:
+        return None
+    column = section.column
+    positions = {name: index for index, name in enumerate(column(NAME))}
+    signatures = list(zip(column(SIZE), column(MTIME), column(CTIME), column(INO), column(DEV), strict=True))
+    return (
+        section,
+        positions,
+        indexfile.section_prefix(root, domain_dir),
+        signatures,
+        column(CHECKED),
+        column(PROBLEM),
+        column(NOTES),
+        column(DOMAIN),
+    )
+
+
+def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
+    ids, domains, rows_in, revisions = (scope.values(p) for p in (ID, DOMAIN, ROW, REVISION))
+    paths = [path for path, _section, _index in scope.files]
+    order = sorted(range(len(paths)), key=lambda k: (domains[k], ids[k], paths[k]))
     rows = []
-    for path, entry in sorted(scope, key=lambda item: (item[1][DOMAIN], item[1][ID], item[0])):
-        kind, provides, status, risks = entry[ROW]
+    for k in order:
+        kind, provides, status, risks = rows_in[k]
         rows.append(
-            render.list_row_json(
-                entry[ID], entry[DOMAIN], kind, path, provides, status, risks, entry[REVISION]
-            )
+            render.list_row_json(ids[k], domains[k], kind, paths[k], provides, status, risks, revisions[k])
         )
     return render.listing_json(root, domain, rows, ())
 
 
-def _inspect(root: str, seed_id: str, scope: Scope) -> dict[str, Any] | None:
-    matches = [(path, entry) for path, entry in scope if entry[ID] == seed_id]
+def _inspect(root: str, seed_id: str, scope: _Scope) -> dict[str, Any] | None:
+    ids = scope.values(ID)
+    matches = [k for k, value in enumerate(ids) if value == seed_id]
     if len(matches) != 1:
         return None  # not found or ambiguous: cli.py reports which
-    path, entry = matches[0]
-    try:
-        seed = indexfile.loads(entry[SEED])
-    except ValueError:
-        return None
-    return render.inspect_json(root, path, entry[REVISION], seed, ())
+    path, section, index = scope.files[matches[0]]
+    seed = indexfile.loads(section.seeds()[index])
+    return render.inspect_json(root, path, section.column(REVISION)[index], seed, ())
 
 
-def _search(root: str, request: _Request, scope: Scope) -> dict[str, Any] | None:
+def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | None:
     capability = request.positional
     assert capability is not None
     requested = canonical(capability)
@@ -200,16 +264,18 @@ def _search(root: str, request: _Request, scope: Scope) -> dict[str, Any] | None
     preferred_seed = request.value("preferred-seed")
     local_only = request.options.get("local-only") is True
     scored = []
-    for path, entry in scope:
-        provides, texts = entry[KEYS]
+    for path, section, index in scope.files:
+        provides, texts = section.column(KEYS)[index]
         if not could_match(provides, texts, requested):
             continue
-        preferred_for, avoid_for, priority, external_service, may_cost_money, risks, gates = entry[RANK]
+        seed_id = section.column(ID)[index]
+        rank = section.column(RANK)[index]
+        preferred_for, avoid_for, priority, external_service, may_cost_money, risks, gates = rank
         result = score(
             requested,
             capability,
-            seed_id=entry[ID],
-            status=entry[ROW][2],
+            seed_id=seed_id,
+            status=section.column(ROW)[index][2],
             provides=provides,
             texts=texts,
             preferred_for=preferred_for,
@@ -222,7 +288,8 @@ def _search(root: str, request: _Request, scope: Scope) -> dict[str, Any] | None
         )
         if result is not None:
             points, reasons = result
-            scored.append((rank_key(points, entry[ID], entry[DOMAIN], path), points, reasons, risks, gates))
+            key = rank_key(points, seed_id, section.column(DOMAIN)[index], path)
+            scored.append((key, points, reasons, risks, gates))
     scored.sort(key=lambda item: item[0])
     selected, ask_policy = select([(key[1], points) for key, points, _reasons, _risks, _gates in scored])
     candidates = [
@@ -250,13 +317,16 @@ def answer(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         scope = vouched_scope(root, domain)
         if scope is None:
             return None
-        if request.command == "list":
-            output = _list(root, domain, scope)
-        elif request.command == "inspect":
-            assert request.positional is not None
-            output = _inspect(root, request.positional, scope)
-        else:
-            output = _search(root, request, scope)
+        try:
+            if request.command == "list":
+                output = _list(root, domain, scope)
+            elif request.command == "inspect":
+                assert request.positional is not None
+                output = _inspect(root, request.positional, scope)
+            else:
+                output = _search(root, request, scope)
+        except ValueError:
+            return None  # a column or the seed texts of a section are not what was written
     if output is None:
         return None
     return cli_output.dumps(output, request.value("json-style") or cli_common.DEFAULT_JSON_STYLE)

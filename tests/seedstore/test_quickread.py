@@ -1,0 +1,485 @@
+"""`seedstore`'s read commands from the persisted index (quickread.py) answer what cli.py answers, or nothing.
+
+Every comparison runs the same command line through `quickread.answer` and through
+`cli.main` (which reads the files and refreshes the index), on real files, and
+asserts that the quick path either declines (None) or prints exactly cli.main's
+bytes; the tests that matter also assert that it did answer, so that no test passes
+by declining everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentsidecar.seedstore_service import cli, indexfile, quickread
+from agentsidecar.seedstore_service.model import Evidence, Rank, Risk, Seed
+from agentsidecar.seedstore_service.seedfile import dump_seed
+
+PYTHON = sys.executable
+SEEDSTORE = str(Path(sys.executable).with_name("seedstore"))
+
+SEEDS = (
+    Seed(
+        id="say",
+        domain="voice",
+        kind="cli",
+        command="say",
+        provides=("text_to_speech",),
+        aliases=("speak aloud",),
+        evidence=(Evidence("cli_help", "say --help"),),
+    ),
+    Seed(
+        id="piper",
+        domain="voice",
+        kind="cli",
+        command="piper",
+        provides=("text_to_speech", "tts"),
+        rank=Rank(default_priority=73, preferred_for=("Text-To-Speech",)),
+        evidence=(Evidence("cli_help", "piper --help"),),
+    ),
+    Seed(
+        id="cloud-tts",
+        domain="voice",
+        kind="adapter",
+        adapter="cloud",
+        provides=("text_to_speech",),
+        auth_env=("CLOUD_KEY",),
+        risk=Risk(external_service=True, may_cost_money=True),
+        rank=Rank(avoid_for=("text_to_speech",)),
+    ),
+    Seed(
+        id="voix",
+        domain="voice",
+        kind="cli",
+        command="voix",
+        provides=("speech_synthesis",),
+        aliases=("voix française",),
+        evidence=(Evidence("cli_help", "voix --aide"),),
+    ),
+    Seed(
+        id="sox",
+        domain="audio",
+        kind="cli",
+        command="sox",
+        provides=("audio_convert",),
+        aliases=("text to speech helper",),
+    ),
+    Seed(id="say", domain="audio", kind="cli", command="say2", provides=("audio_play",)),
+    Seed(id="loose", domain="misc", kind="script", script="run.sh", provides=("misc_task",)),
+)
+COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("store",),
+    ("list",),
+    ("list", "--domain", "voice"),
+    ("list", "--domain=audio"),
+    ("list", "--domain", "nowhere"),
+    ("inspect", "piper"),
+    ("inspect", "say", "--domain", "audio"),
+    ("inspect", "--json", "voix"),
+    ("search", "text_to_speech"),
+    ("search", "text_to_speech", "--domain", "voice", "--json"),
+    ("search", "tts", "--local-only", "--explain"),
+    ("search", "text_to_speech", "--preferred-seed", "say", "--domain=voice"),
+    ("search", "speech"),
+    ("search", "audio_play", "--json-style", "compact"),
+    ("list", "--json-style=compact"),
+    ("search", "nothing_provides_this"),
+)
+# What quick path must decline: cli.py alone knows what these print (help, errors, re-spelling...).
+DECLINED: tuple[tuple[str, ...], ...] = (
+    (),
+    ("--help",),
+    ("list", "--help"),
+    ("list", "-h"),
+    ("--json-style", "compact", "list"),
+    ("list", "--domain"),
+    ("list", "--domain", "-x"),
+    ("list", "--domain", "Not_An_Identifier"),
+    ("list", "--domain", "voice", "--domain", "audio"),
+    ("list", "extra"),
+    ("list", "--server", "unix:/nowhere"),
+    ("list", "--json"),
+    ("inspect",),
+    ("inspect", "say"),  # in two domains: ambiguous
+    ("inspect", "missing"),
+    ("inspect", "a", "b"),
+    ("search",),
+    ("search", "text_to_speech", "--broaden"),
+    ("search", "text_to_speech", "--json=yes"),
+    ("search", "--", "text_to_speech"),
+    ("search", "text_to_speech", "--json-style", "loud"),
+    ("search", ".hidden"),
+    ("search", "x" * 201),
+    ("verify", "say"),
+    ("add", "x", "--domain", "d", "--kind", "cli", "--provides", "p"),
+)
+
+
+def write_seed(root: Path, seed: Seed, name: str | None = None) -> Path:
+    path = root / seed.domain / f"{name or seed.id}.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump_seed(seed), encoding="utf-8")
+    return path
+
+
+def full(argv: Sequence[str]) -> str:
+    """What `cli.main(argv)` prints on stdout (it reads the files and refreshes the index)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        cli.main(list(argv))
+    return stdout.getvalue()
+
+
+def quick(argv: Sequence[str]) -> str | None:
+    text = quickread.answer(list(argv), os.environ)
+    return None if text is None else text + "\n"
+
+
+@contextlib.contextmanager
+def no_racy_window() -> Iterator[None]:
+    """Entries count as settled at once (the real window is two seconds; one test waits it out)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(indexfile, "RACY_WINDOW_NS", 0)
+        yield
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKILLSPEC_HOME", str(tmp_path))
+    monkeypatch.delenv("SEEDSTORE_SERVER", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def store(home: Path) -> Iterator[Path]:
+    root = home / "capabilities"
+    for seed in SEEDS:
+        write_seed(root, seed)
+    (root / "root-seed.yml").write_text(
+        dump_seed(Seed(id="top", domain="misc", kind="cli", command="top", provides=("misc_task",))),
+        encoding="utf-8",
+    )
+    with no_racy_window():
+        full(["list"])  # builds the index
+        yield root
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+def test_a_vouched_store_is_answered_exactly_as_cli_answers(store: Path, argv: tuple[str, ...]) -> None:
+    answered = quick(argv)
+    assert answered is not None, "the quick path declined a plain command on a vouched store"
+    assert answered == full(argv)
+
+
+@pytest.mark.parametrize("argv", DECLINED, ids=lambda argv: " ".join(argv) or "nothing")
+def test_other_command_lines_are_left_to_cli(store: Path, argv: tuple[str, ...]) -> None:
+    assert quick(argv) is None
+
+
+def test_a_service_target_is_left_to_cli(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEEDSTORE_SERVER", "unix:/nowhere")
+    assert quick(["list"]) is None
+
+
+def test_a_root_pathlib_would_respell_is_left_to_cli(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKILLSPEC_HOME", str(store.parent) + "//")
+    assert quick(["list"]) is None
+    monkeypatch.setenv("SKILLSPEC_HOME", str(store.parent) + "/.")
+    assert quick(["store"]) is None
+    assert "/./capabilities" in full(["store"])
+
+
+def test_without_an_index_nothing_is_answered_until_cli_builds_it(home: Path) -> None:
+    root = home / "capabilities"
+    write_seed(root, SEEDS[0])
+    with no_racy_window():
+        assert quick(["list"]) is None
+        listed = full(["list"])
+        assert quick(["list"]) == listed
+
+
+def test_an_edit_in_place_of_the_same_size_is_seen(store: Path) -> None:
+    path = store / "voice" / "say.yml"
+    text = path.read_text(encoding="utf-8")
+    edited = text.replace("say --help", "say --hElp")
+    assert len(edited) == len(text)
+    assert edited != text
+    path.write_text(edited, encoding="utf-8")
+    assert quick(["inspect", "say", "--domain", "voice"]) is None
+    shown = full(["inspect", "say", "--domain", "voice"])
+    assert "say --hElp" in shown
+    assert quick(["inspect", "say", "--domain", "voice"]) == shown
+
+
+def test_a_new_file_is_seen(store: Path) -> None:
+    write_seed(
+        store, Seed(id="espeak", domain="voice", kind="cli", command="espeak", provides=("text_to_speech",))
+    )
+    assert quick(["search", "text_to_speech"]) is None
+    found = full(["search", "text_to_speech"])
+    assert "espeak" in found
+    assert quick(["search", "text_to_speech"]) == found
+
+
+def test_a_removed_file_is_left_out(store: Path) -> None:
+    (store / "voice" / "piper.yml").unlink()
+    answered = quick(["list", "--domain", "voice"])
+    assert answered is not None
+    assert "piper" not in answered
+    assert answered == full(["list", "--domain", "voice"])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[: len(data) // 2],
+        lambda data: data[:-1],
+        lambda data: data.replace(b"text_to_speech", b"text_to_spEech", 1),
+        lambda data: data.replace(b"say --help", b"say --hElp", 1),
+        lambda data: b"not an index\n" + data,
+        lambda data: b"",
+        lambda data: data.replace(b'"version":4', b'"version":3', 1),
+    ],
+    ids=[
+        "half",
+        "one byte short",
+        "a column changed",
+        "a seed text changed",
+        "foreign",
+        "empty",
+        "other version",
+    ],
+)
+def test_a_damaged_index_file_is_never_used(store: Path, damage: object) -> None:
+    section = store / indexfile.INDEX_DIR_NAME / indexfile.section_file_name("voice")
+    data = section.read_bytes()
+    damaged = damage(data)  # type: ignore[operator]
+    assert damaged != data
+    section.write_bytes(damaged)
+    inspected = quick(["inspect", "piper"])
+    assert inspected is None or inspected == full(["inspect", "piper"])
+    # "a seed text changed" only matters to a command that shows a seed: the others may answer.
+    section.write_bytes(damaged)
+    for argv in (["list", "--domain", "voice"], ["search", "tts"]):
+        answered = quick(argv)
+        assert answered is None or answered == full(argv)
+        section.write_bytes(damaged)
+    assert quick(["inspect", "piper"]) is None
+
+
+def test_another_stores_index_is_never_used(store: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = home / "other"
+    shutil.copytree(store, other / "capabilities", copy_function=shutil.copy2)
+    monkeypatch.setenv("SKILLSPEC_HOME", str(other))
+    assert quick(["list"]) is None  # the copied index names the first store's root
+    listed = full(["list"])
+    assert str(other) in listed
+    assert quick(["list"]) == listed
+
+
+def test_a_broken_file_in_scope_is_left_to_cli(store: Path) -> None:
+    (store / "voice" / "broken.yml").write_text("id: [unclosed\n", encoding="utf-8")
+    full(["list"])
+    assert quick(["list", "--domain", "voice"]) is None
+    assert quick(["search", "text_to_speech"]) is None
+    assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
+
+
+def test_a_seed_declaring_another_domain_is_left_to_cli_for_that_domain(store: Path) -> None:
+    write_seed(store, Seed(id="stray", domain="audio", kind="cli", command="stray", provides=("p",)), "stray")
+    (store / "audio" / "stray.yml").rename(store / "voice" / "stray.yml")
+    full(["list"])
+    assert quick(["list", "--domain", "voice"]) is None
+    listed = quick(["list"])  # a whole-store list shows it, no problem reported
+    assert listed is not None
+    assert listed == full(["list"])
+
+
+def test_a_directory_the_walk_cannot_read_is_left_to_cli(store: Path) -> None:
+    """The walk's own problems (a directory whose path is past PATH_MAX) are cli.py's to report."""
+    fd = os.open(store / "voice", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _level in range(24):  # 24 * 201 characters: past PATH_MAX (4,096) from the store root
+            os.mkdir("d" * 200, dir_fd=fd)
+            inner = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        cli.main(["list", "--domain", "voice"])
+    assert "failed to read" in stderr.getvalue()
+    assert quick(["list", "--domain", "voice"]) is None
+    assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
+
+
+def test_a_file_changed_within_the_racy_window_is_read_again(home: Path) -> None:
+    """The real window: a file written just now is never trusted, and is once the window has passed."""
+    root = home / "capabilities"
+    write_seed(root, SEEDS[0])
+    full(["list"])
+    assert quick(["list"]) is None
+    time.sleep(indexfile.RACY_WINDOW_NS / 1e9 + 0.1)
+    listed = full(["list"])  # reads the file again, now settled, and saves its entry
+    assert quick(["list"]) == listed
+
+
+_EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(["rewrite", "remove", "add", "break", "damage-index", "read"]),
+        st.integers(min_value=0, max_value=len(SEEDS) - 1),
+        st.sampled_from(COMMANDS),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(edits=_EDITS)
+def test_random_edits_never_make_the_quick_path_differ(edits: list[tuple[str, int, tuple[str, ...]]]) -> None:
+    with contextlib.ExitStack() as stack:
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        patch = stack.enter_context(pytest.MonkeyPatch.context())
+        patch.setenv("SKILLSPEC_HOME", str(home))
+        patch.delenv("SEEDSTORE_SERVER", raising=False)
+        patch.setattr(indexfile, "RACY_WINDOW_NS", 0)
+        root = home / "capabilities"
+        for seed in SEEDS:
+            write_seed(root, seed)
+        full(["list"])
+        for action, which, argv in edits:
+            seed = SEEDS[which]
+            path = root / seed.domain / f"{seed.id}.yml"
+            if action == "rewrite" and path.exists():
+                path.write_text(dump_seed(_renamed(seed)), encoding="utf-8")
+            elif action == "remove" and path.exists():
+                path.unlink()
+            elif action == "add":
+                write_seed(root, _renamed(seed), f"{seed.id}-copy")
+            elif action == "break":
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("provides: [\n", encoding="utf-8")
+            elif action == "damage-index":
+                section = root / indexfile.INDEX_DIR_NAME / indexfile.section_file_name(seed.domain)
+                if section.exists():
+                    section.write_bytes(section.read_bytes()[:-3])
+            got = quick(argv)
+            assert got is None or got == full(argv), (action, argv)
+            again = quick(argv)  # after cli.main refreshed the index
+            assert again is None or again == full(argv), (action, argv)
+
+
+def _renamed(seed: Seed) -> Seed:
+    return dataclasses.replace(seed, aliases=(*seed.aliases, "renamed alias"))
+
+
+def run_seedstore(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SKILLSPEC_HOME": str(home)}
+    env.pop("SEEDSTORE_SERVER", None)
+    return subprocess.run(
+        [SEEDSTORE, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture
+def settled(home: Path) -> Path:
+    """A store whose files are past the real racy window, indexed by the console command."""
+    root = home / "capabilities"
+    for seed in SEEDS:
+        write_seed(root, seed)
+    for number in range(300):
+        write_seed(root, Seed(id=f"s{number}", domain="many", kind="cli", command="c", provides=("p",)))
+    time.sleep(indexfile.RACY_WINDOW_NS / 1e9 + 0.1)
+    assert run_seedstore(home, "list").returncode == 0  # builds the index
+    return home
+
+
+def test_the_console_command_answers_without_importing_the_rest(settled: Path) -> None:
+    """`seedstore search CAP --domain D --json`, the agents' template, imports none of the heavy modules."""
+    script = (
+        "import sys\n"
+        "from agentsidecar.seedstore_service import quickread\n"
+        "sys.argv = ['seedstore', 'search', 'text_to_speech', '--domain', 'voice', '--json']\n"
+        "code = quickread.main()\n"
+        "loaded = sorted(sys.modules)\n"
+        "sys.stderr.write(repr((code, loaded)))\n"
+    )
+    env = {**os.environ, "SKILLSPEC_HOME": str(settled)}
+    result = subprocess.run(
+        [PYTHON, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    code, loaded = eval(result.stderr)
+    assert code == 0
+    assert '"selected"' in result.stdout
+    heavy = {
+        "agentsidecar.seedstore_service.cli",
+        "agentsidecar.seedstore_service.model",
+        "agentsidecar.seedstore_service.store",
+        "dataclasses",
+        "typing",
+        "json",
+        "re",
+        "pathlib",
+        "enum",
+        "grpc",
+        "yaml",
+    }
+    assert heavy.isdisjoint(loaded), sorted(heavy.intersection(loaded))
+    reference = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "agentsidecar.seedstore_service.cli",
+            "search",
+            "text_to_speech",
+            "--domain",
+            "voice",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout == reference.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "quick_path"), [(["list"], True), (["--json-style", "pretty", "list"], False)]
+)
+def test_a_reader_that_has_gone_gets_no_traceback(settled: Path, argv: list[str], quick_path: bool) -> None:
+    """`seedstore list | head -c 1` once head has exited: both paths end quietly, exit 1.
+
+    The pipe's read end is closed before the command starts, so its first write fails
+    as a write after the reader left does.
+    """
+    assert (quick(argv) is not None) is quick_path
+    env = {**os.environ, "SKILLSPEC_HOME": str(settled)}
+    env.pop("SEEDSTORE_SERVER", None)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [SEEDSTORE, *argv], env=env, stdout=write_end, stderr=subprocess.PIPE, timeout=60, check=False
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == b""
+    assert result.returncode == 1  # the output could not be written; nothing else went wrong
