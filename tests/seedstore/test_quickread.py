@@ -483,3 +483,51 @@ def test_a_reader_that_has_gone_gets_no_traceback(settled: Path, argv: list[str]
         os.close(write_end)
     assert result.stderr == b""
     assert result.returncode == 1  # the output could not be written; nothing else went wrong
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("shared")
+    root = home / "capabilities"
+    for seed in SEEDS:
+        write_seed(root, seed)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SKILLSPEC_HOME", str(home))
+        patch.delenv("SEEDSTORE_SERVER", raising=False)
+        patch.setattr(indexfile, "RACY_WINDOW_NS", 0)
+        full(["list"])
+    return home
+
+
+_TOKENS = st.sampled_from(
+    [
+        "list", "search", "inspect", "store", "verify", "--domain", "--domain=voice", "--domain=",
+        "voice", "audio", "text_to_speech", "say", "piper", "--json", "--json=", "--explain",
+        "--local-only", "--preferred-seed", "--preferred-seed=say", "--json-style", "compact",
+        "pretty", "--json-style=compact", "-x", "-", "--", "--broaden", "--server", "-h", "",
+    ]
+)  # fmt: skip
+
+
+_COMMAND_LINES = st.one_of(
+    st.lists(_TOKENS, min_size=1, max_size=7),
+    st.builds(
+        lambda command, rest: [command, *rest],
+        st.sampled_from(["list", "search", "inspect", "store"]),
+        st.lists(_TOKENS, max_size=5),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(argv=_COMMAND_LINES)
+def test_any_command_line_the_quick_path_answers_is_answered_as_cli(
+    shared_store: Path, argv: list[str]
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SKILLSPEC_HOME", str(shared_store))
+        patch.delenv("SEEDSTORE_SERVER", raising=False)
+        patch.setattr(indexfile, "RACY_WINDOW_NS", 0)
+        answered = quick(argv)
+        if answered is not None:
+            assert answered == full(argv)
