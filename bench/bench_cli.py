@@ -45,7 +45,7 @@ from bench.bench_seedstore import (
     settled_rss_mib,
     write_store,
 )
-from bench.harness import ServerProcess, start_server_process
+from bench.harness import ServerProcess, compile_sources, start_server_process
 from bench.report import Row, absolute_row, info_row, ratio_row, render_table
 
 READ_GOAL = 4.0  # times the baseline, for every local read command at 1,000 and 10,000 seeds
@@ -276,24 +276,6 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
         )
         for count in (10_000, *((100_000,) if args.with_100k else ())):
             await startup_rows(count, scratch, rows)
-
-
-def compile_sources() -> None:
-    """Write the bytecode of every package the CLI imports (PYTHONDONTWRITEBYTECODE may be set):
-    otherwise each process of the table would compile its imports again."""
-    repo = Path(__file__).resolve().parent.parent
-    packages = [
-        str(repo / name)
-        for name in (
-            "seedstore_service",
-            "sidecar_runtime",
-            "clients",
-            "negotiator_service",
-        )
-    ]
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", *packages], check=False, stdout=subprocess.DEVNULL
-    )
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from bench import bench_echo, bench_litellm, bench_negotiator, bench_seedstore, bench_stream
-from bench.harness import BENCH_DIR, ServerStartError, Settings
+from bench.harness import BENCH_DIR, ServerStartError, Settings, compile_sources
 from bench.report import Row, missing_row, render_table
 
 RESULTS_FILE = BENCH_DIR / "results" / "latest.md"
@@ -101,6 +101,7 @@ def main() -> int:
     names = args.only or list(BENCHMARKS)
     command = " ".join(["python -m bench.run_all", *sys.argv[1:]])
     started = time.perf_counter()
+    compile_sources()
     # Unix socket paths must stay short (sun_path), so work under the system temp dir.
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         settings = Settings.for_run(quick=args.quick, workdir=Path(tmp))
