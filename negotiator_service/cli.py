@@ -893,6 +893,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail_usage(own, str(exc))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return cli_common.reader_gone()
     except Exception as error:
         from agentsidecar.clients.errors import SidecarError
 

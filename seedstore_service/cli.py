@@ -833,6 +833,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.disable()
     try:
         return _command(args, env, stdout, stderr)
+    except BrokenPipeError:  # verify's progress lines, written as checks finish
+        return cli_common.reader_gone(stdout)
     finally:
         if pause_collector:
             gc.enable()

@@ -220,28 +220,30 @@ def dumps_line(value: Any) -> str:
 
 
 def write_result(text: str, stdout: TextIO | None = None) -> int:
-    """Write a command's result to `stdout` (default: sys.stdout) and flush; the exit code: 0, or 1
-    when the reader has gone.
-
-    A reader that stops early (`| head`) closes the pipe: that is no error to report. The
-    process's stdout is then pointed at /dev/null, so the interpreter's own flush at exit
-    writes nothing to the closed pipe and prints no traceback.
-    """
+    """Write a command's result to `stdout` (default: sys.stdout) and flush; the exit code: 0, or
+    1 when the reader has gone (`reader_gone`)."""
     stream = sys.stdout if stdout is None else stdout
     try:
         stream.write(text)
         stream.flush()
     except BrokenPipeError:
-        if stream is sys.stdout and stream is not None:
-            import os
-
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, stream.fileno())
-            finally:
-                os.close(devnull)
-        return EXIT_FAILED
+        return reader_gone(stream)
     return EXIT_OK
+
+
+def reader_gone(stream: TextIO | None = None) -> int:
+    """What a CLI does when writing its output failed because the reader went away (`| head`):
+    no error to report, exit 1. The process's stdout is pointed at /dev/null, so the
+    interpreter's own flush at exit writes nothing to the closed pipe and prints no traceback."""
+    if stream is None or stream is sys.stdout:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    return EXIT_FAILED
 
 
 def error_object(

@@ -450,3 +450,27 @@ async def test_adapters_watch_prints_json_lines_until_the_server_stops(
     assert lines[-1]["adapter"]["source"] == "runtime"
     assert code == 1
     assert json.loads(err.partition("\n")[2])["error"]["reason"] == "SHUTTING_DOWN"
+
+
+def test_a_reader_that_has_gone_gets_no_traceback() -> None:
+    """`negotiator config-schema | head -c 1` once head has exited: exit 1, nothing on stderr.
+
+    The pipe's read end is closed before the command starts, so its first write fails as a
+    write after the reader left does.
+    """
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [str(NEGOTIATOR_BIN), "config-schema"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == b""
+    assert result.returncode == 1
