@@ -45,7 +45,7 @@ from bench.bench_seedstore import (
     settled_rss_mib,
     write_store,
 )
-from bench.harness import ServerProcess, compile_sources, start_server_process
+from bench.harness import ServerProcess, Settings, compile_sources, start_server_process
 from bench.report import Row, absolute_row, info_row, ratio_row, render_table
 
 READ_GOAL = 4.0  # times the baseline, for every local read command at 1,000 and 10,000 seeds
@@ -276,6 +276,12 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
         )
         for count in (10_000, *((100_000,) if args.with_100k else ())):
             await startup_rows(count, scratch, rows)
+
+
+async def run_suite(settings: Settings, rows: list[Row]) -> None:
+    """`run_all`'s entry: 9 runs a figure (3 with --quick), the 100k serve rows unless --quick."""
+    quick = settings.quick
+    await run(argparse.Namespace(runs=3 if quick else 9, with_100k=not quick, no_server=False), rows)
 
 
 def main() -> None:

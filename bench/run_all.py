@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 
-from bench import bench_echo, bench_litellm, bench_negotiator, bench_seedstore, bench_stream
+from bench import bench_cli, bench_echo, bench_litellm, bench_negotiator, bench_seedstore, bench_stream
 from bench.harness import BENCH_DIR, ServerStartError, Settings, compile_sources
 from bench.report import Row, missing_row, render_table
 
@@ -33,6 +33,8 @@ Benchmark = Callable[[Settings, list[Row]], Awaitable[None]]
 BENCHMARKS: dict[str, Benchmark] = {
     "echo": bench_echo.run,
     "seedstore": bench_seedstore.run,
+    # The `seedstore` CLI one process per command, against the bare interpreter (or $SKILLSPEC_BIN).
+    "cli": bench_cli.run_suite,
     "negotiator": bench_negotiator.run,
     "stream": bench_stream.run,
     # LiteLLM proxy as a peer on the same mocks; a row says why when it is not installed.
