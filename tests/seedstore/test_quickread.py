@@ -328,6 +328,7 @@ def test_a_directory_the_walk_cannot_read_is_left_to_cli(store: Path) -> None:
     assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
 
 
+@pytest.mark.slow
 def test_a_file_changed_within_the_racy_window_is_read_again(home: Path) -> None:
     """The real window: a file written just now is never trusted, and is once the window has passed."""
     root = home / "capabilities"
@@ -410,6 +411,7 @@ def settled(home: Path) -> Path:
     return home
 
 
+@pytest.mark.slow
 def test_the_console_command_answers_without_importing_the_rest(settled: Path) -> None:
     """`seedstore search CAP --domain D --json`, the agents' template, imports none of the heavy modules."""
     script = (
@@ -531,3 +533,45 @@ def test_any_command_line_the_quick_path_answers_is_answered_as_cli(
         answered = quick(argv)
         if answered is not None:
             assert answered == full(argv)
+
+
+def test_while_two_writers_add_seeds_every_answer_matches_the_files(home: Path) -> None:
+    """Two `cli.main` writers add seeds and rewrite the index; the quick path, answering all the
+    while, never lists a seed its file does not hold now (each file is written once)."""
+    import hashlib
+    import json
+
+    script = (
+        "import sys\n"
+        "from agentsidecar.seedstore_service import indexfile\n"
+        "from agentsidecar.seedstore_service.cli import main\n"
+        "indexfile.RACY_WINDOW_NS = 0\n"
+        "for n in range(25):\n"
+        "    assert main(['add', f'{sys.argv[1]}-{n}', '--domain', 'voice', '--kind', 'cli',"
+        " '--provides', 'text_to_speech']) == 0\n"
+        "    assert main(['list']) == 0\n"
+    )
+    env = {**os.environ, "SKILLSPEC_HOME": str(home)}
+    writers = [
+        subprocess.Popen(
+            [PYTHON, "-c", script, name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        for name in ("a", "b")
+    ]
+    answered = 0
+    with no_racy_window():
+        while any(writer.poll() is None for writer in writers):
+            text = quick(["list", "--domain", "voice"])
+            if text is None:
+                continue
+            answered += 1
+            for row in json.loads(text)["seeds"]:
+                data = Path(row["path"]).read_bytes()
+                assert hashlib.sha256(data).hexdigest()[:16] == row["revision"]
+        for writer in writers:
+            _, stderr = writer.communicate(timeout=120)
+            assert writer.returncode == 0, stderr
+        final = full(["list", "--domain", "voice"])
+        assert len(json.loads(final)["seeds"]) == 50
+        assert quick(["list", "--domain", "voice"]) == final
+    assert answered > 0
