@@ -309,6 +309,7 @@ def test_a_seed_declaring_another_domain_is_left_to_cli_for_that_domain(store: P
     assert listed == full(["list"])
 
 
+@pytest.mark.slow
 def test_a_directory_the_walk_cannot_read_is_left_to_cli(store: Path) -> None:
     """The walk's own problems (a directory whose path is past PATH_MAX) are cli.py's to report."""
     fd = os.open(store / "voice", os.O_RDONLY | os.O_DIRECTORY)
@@ -463,6 +464,7 @@ def test_the_console_command_answers_without_importing_the_rest(settled: Path) -
     assert result.stdout == reference.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "quick_path"), [(["list"], True), (["--json-style", "pretty", "list"], False)]
 )
@@ -535,6 +537,7 @@ def test_any_command_line_the_quick_path_answers_is_answered_as_cli(
             assert answered == full(argv)
 
 
+@pytest.mark.slow
 def test_while_two_writers_add_seeds_every_answer_matches_the_files(home: Path) -> None:
     """Two `cli.main` writers add seeds and rewrite the index; the quick path, answering all the
     while, never lists a seed its file does not hold now (each file is written once)."""
