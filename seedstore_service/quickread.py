@@ -162,7 +162,14 @@ class _Scope:
 
     def values(self, position: int) -> list[Any]:
         """Each file's entry's value at `position`, in the files' order."""
-        return [section.column(position)[index] for _path, section, index in self.files]
+        columns: dict[indexfile.Section, list[Any]] = {}
+        values = []
+        for _path, section, index in self.files:
+            column = columns.get(section)
+            if column is None:
+                column = columns[section] = section.column(position)
+            values.append(column[index])
+        return values
 
 
 def vouched_scope(root: str, domain: str | None) -> _Scope | None:
