@@ -352,7 +352,8 @@ _EDITS = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None)
+# Each example writes a store and runs up to a dozen edits through both paths: fewer than the default.
+@settings(max_examples=40)
 @given(edits=_EDITS)
 def test_random_edits_never_make_the_quick_path_differ(edits: list[tuple[str, int, tuple[str, ...]]]) -> None:
     with contextlib.ExitStack() as stack:
@@ -523,7 +524,8 @@ _COMMAND_LINES = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+# Most random command lines are declined at once (no file is read): more than the default, cheaply.
+@settings(max_examples=300)
 @given(argv=_COMMAND_LINES)
 def test_any_command_line_the_quick_path_answers_is_answered_as_cli(
     shared_store: Path, argv: list[str]
