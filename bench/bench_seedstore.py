@@ -327,7 +327,7 @@ async def run(settings: Settings, rows: list[Row]) -> None:
             rows.append(missing_row(label, "≤ 10×", "skipped with --quick"))
         else:
             await _search_rows(
-                settings, workdir, echo_channel, 100_000, search_goal=10, rss_goal=None, rows=rows
+                settings, workdir, echo_channel, 100_000, search_goal=10, rss_goal=300, rows=rows
             )
 
 

@@ -100,31 +100,41 @@ class ChangeEvent:
 Signature = persisted.Signature  # size, mtime_ns, ctime_ns, inode, device
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
+class _Entry(NamedTuple):
+    """What the index holds of one seed file.
+
+    A named tuple: a start from the persisted index makes one per file, and a tuple is the
+    cheapest immutable record to make.
+    """
+
     signature: Signature | None
     domain_dir: str | None
     # What the file parsed to; None for an entry taken as is from the persisted index
-    # (`saved`), whose seed is decoded only when an answer needs it (`SeedIndex._parsed`).
+    # (`section`), whose seed is decoded only when an answer needs it (`SeedIndex._parsed`).
     read: ParsedFile | None
     # Read too soon after its last modification to trust the signature.
     racy: bool
     # When the read that gave `parsed` started (time.time_ns()).
     checked_ns: int = 0
-    saved: persisted.Entry | None = None
+    # For an entry taken from the persisted index: its section, narrowed to
+    # `persisted.KEPT_COLUMNS`, and its row there.
+    section: indexfile.Section | None = None
+    row: int = 0
 
     @property
     def revision(self) -> str:
         if self.read is not None:
             return self.read.revision
-        assert self.saved is not None
-        return persisted.revision_of_entry(self.saved)
+        assert self.section is not None
+        value: str = self.section.column(indexfile.REVISION)[self.row]
+        return value
 
     def problem(self, path: str) -> Problem | None:
         if self.read is not None:
             return self.read.problem
-        assert self.saved is not None
-        return persisted.problem_of_entry(path, self.saved)
+        assert self.section is not None
+        problem = self.section.column(indexfile.PROBLEM)[self.row]
+        return None if problem is None else Problem(path, problem[0], problem[1])
 
 
 class _SeedKeys(NamedTuple):
@@ -326,8 +336,16 @@ class SeedIndex:
                 if entry.signature is None or entry.domain_dir not in sections:
                     continue
                 name = persisted.name_in_section(str(self.store.root), path, entry.domain_dir)
-                if entry.saved is not None:
-                    sections[entry.domain_dir].append(persisted.resaved(entry.saved, name, path))
+                if entry.section is not None:
+                    try:
+                        whole = persisted.entry_of_row(
+                            name, path, entry.section, entry.row, entry.signature, entry.checked_ns
+                        )
+                    except ValueError:
+                        # The section does not hold what was written after all: save what the file holds.
+                        read = read_seed_file(path, entry.domain_dir, None)
+                        whole = persisted.entry_from_parsed(name, read, time.time_ns())
+                    sections[entry.domain_dir].append(whole)
                     continue
                 assert entry.read is not None
                 sections[entry.domain_dir].append(
@@ -394,7 +412,7 @@ class SeedIndex:
             changed = True
             events.extend((path, event) for event in self._change_events(path, old, entry))
             self._unindex(path)
-            assert entry.read is not None  # entries from the persisted index come in through _load
+            assert entry.read is not None  # entries from the persisted index come in through _load_section
             parsed = entry.read
             stored = parsed.stored
             if stored is not None:
@@ -409,10 +427,10 @@ class SeedIndex:
         return [event for _path, event in events], changed
 
     def _removed_event(self, path: str, old: _Entry) -> ChangeEvent:
-        if old.read is None and old.saved is not None:
-            identity = persisted.seed_identity_of_entry(old.saved)
-            if identity is not None:
-                return ChangeEvent("removed", path, identity[0], identity[1], "", None, None)
+        if old.read is None:
+            keys = self._seeds.get(path)  # a problem file has none
+            if keys is not None:
+                return ChangeEvent("removed", path, keys.seed_id, keys.seed_domain, "", None, None)
             return ChangeEvent("removed", path, file_stem(path), old.domain_dir or "", "", None, None)
         stored = self._parsed(path, old).stored
         if stored is not None:
@@ -519,33 +537,26 @@ class SeedIndex:
     def _start_from(self, saved: persisted.PersistedIndex) -> bool:
         with self._refresh_lock:
             started = time.perf_counter()
-            sections = saved.read_all_sections()
-            if not sections:
-                return False
             root = str(self.store.root)
             suspect: list[str] = []
+            records: dict[str | None, persisted.DirectoryRecord] = {}
             with self._state_lock:
                 if not self._entries:
                     self._texts_by_bigram = None  # built by the first search that needs it
                     self._haystacks.clear()
-                known = self._entries
-                load = self._load
-                for section, (entries, _record) in sections.items():
-                    prefix = indexfile.section_prefix(root, section)
-                    for name, stored_entry in entries.items():
-                        path = prefix + name
-                        if path not in known and load(path, name, section, stored_entry):
-                            suspect.append(path)
-                self._saved_directories = {
-                    section: record for section, (_entries, record) in sections.items()
-                }
+                # One section at a time: its file's bytes are dropped before the next is read.
+                for section_name, section in saved.open_all_sections():
+                    if self._load_section(root, section_name, section, suspect):
+                        checked_ns, signatures, domains = section.record
+                        records[section_name] = persisted.DirectoryRecord(checked_ns, signatures, domains)
+                if not records:
+                    return False
+                self._saved_directories = dict(records)
                 self._swept = False
                 self._checked = set()
                 self._scope_cache.clear()
                 self._problem_cache.clear()
-                listed_again = self._list_changed_sections(
-                    {section: record for section, (_entries, record) in sections.items()}
-                )
+                listed_again = self._list_changed_sections(records)
                 self._ensure_current(suspect)
             files = len(self._entries)
             read = len(suspect) + listed_again
@@ -609,38 +620,98 @@ class SeedIndex:
             self._problem_cache.clear()
         return len(fresh)
 
-    def _load(self, path: str, name: str, domain_dir: str | None, saved: persisted.Entry) -> bool:
-        """Index one persisted entry as is; True when it must be read before use (racy or a problem).
+    def _load_section(
+        self, root: str, domain_dir: str | None, section: indexfile.Section, suspect: list[str]
+    ) -> bool:
+        """Index a section's persisted entries as they are; False when its columns are not whole
+        (nothing is indexed: the section is listed and its files read, as for a missing file).
 
-        The entry's search keys move to the index (`_SeedKeys`); `_save` makes the entry whole again.
+        Only the columns the index uses are decoded, straight into its structures: the
+        section keeps, `narrowed`, what a seed is decoded from when an answer needs it
+        (`_parsed`), and `_save` makes the entries whole again. The paths of entries that
+        must be read before use (racy, or a problem) go to `suspect`.
         """
-        fields = persisted.take_fields(saved)
-        signature, checked_ns, racy, seed_id, seed_domain, provides, texts, noted = fields
-        self._entries[path] = _Entry(signature, domain_dir, None, racy, checked_ns, saved)
-        base = name.rpartition(os.sep)[2]
-        stem = base[:-4] if base.endswith(".yml") else base.removesuffix(".yaml")
+        kept = section.narrowed(persisted.KEPT_COLUMNS)
+        try:
+            names = section.column(indexfile.NAME)
+            columns = [
+                section.column(position)
+                for position in (
+                    indexfile.SIZE,
+                    indexfile.MTIME,
+                    indexfile.CTIME,
+                    indexfile.INO,
+                    indexfile.DEV,
+                    indexfile.CHECKED,
+                    indexfile.ID,
+                    indexfile.DOMAIN,
+                    indexfile.KEYS,
+                    indexfile.NOTES,
+                    indexfile.PROBLEM,
+                )
+            ]
+            for position in persisted.KEPT_COLUMNS:
+                section.column(position)  # whole now, so `kept` decodes it when asked
+        except ValueError:
+            return False
+        window = persisted.RACY_WINDOW_NS
+        prefix = indexfile.section_prefix(root, domain_dir)
+        entries = self._entries
+        seeds = self._seeds
         by_stem = self._paths_by_stem
-        if by_stem.setdefault(stem, path) is not path:
-            _add_holder(by_stem, stem, path)
-        if seed_id is None:
-            self._problem_paths.add(path)
-            return True
-        self._seeds[path] = _SeedKeys(seed_id, seed_domain, domain_dir, provides, texts, None)
-        # `_index_keys` without the bigram buckets (built on first use) and with most keys new.
         by_id = self._paths_by_id
-        if by_id.setdefault(seed_id, path) is not path:
-            _add_holder(by_id, seed_id, path)
         by_provides = self._by_provides
-        for value in provides:
-            if by_provides.setdefault(value, path) is not path:
-                _add_holder(by_provides, value, path)
         by_text = self._by_text
-        for text in texts:
-            if by_text.setdefault(text, path) is not path:
-                _add_holder(by_text, text, path)
-        if seed_domain != domain_dir or noted:
-            self._problem_paths.add(path)
-        return racy
+        problem_paths = self._problem_paths
+        for row, (
+            name,
+            size,
+            mtime,
+            ctime,
+            ino,
+            dev,
+            checked,
+            seed_id,
+            seed_domain,
+            keys,
+            notes,
+            problem,
+        ) in enumerate(zip(names, *columns, strict=True)):
+            path = prefix + name
+            if path in entries:
+                continue
+            racy = max(mtime, ctime) + window >= checked
+            entries[path] = _Entry((size, mtime, ctime, ino, dev), domain_dir, None, racy, checked, kept, row)
+            base = name.rpartition(os.sep)[2]
+            stem = base[:-4] if base.endswith(".yml") else base.removesuffix(".yaml")
+            if problem is not None:
+                if by_stem.setdefault(stem, path) is not path:
+                    _add_holder(by_stem, stem, path)
+                problem_paths.add(path)
+                suspect.append(path)
+                continue
+            if stem == seed_id:
+                stem = seed_id  # one string for both keys (most files are named after their seed)
+            if by_stem.setdefault(stem, path) is not path:
+                _add_holder(by_stem, stem, path)
+            if seed_domain == domain_dir:
+                seed_domain = domain_dir
+            provides, texts = keys
+            seeds[path] = _SeedKeys(seed_id, seed_domain, domain_dir, provides, texts, None)
+            # `_index_keys` without the bigram buckets (built on first use) and with most keys new.
+            if by_id.setdefault(seed_id, path) is not path:
+                _add_holder(by_id, seed_id, path)
+            for value in provides:
+                if by_provides.setdefault(value, path) is not path:
+                    _add_holder(by_provides, value, path)
+            for text in texts:
+                if by_text.setdefault(text, path) is not path:
+                    _add_holder(by_text, text, path)
+            if seed_domain != domain_dir or notes:
+                problem_paths.add(path)
+            if racy:
+                suspect.append(path)
+        return True
 
     def _ensure_current(self, paths: Iterable[str]) -> bool:
         """Before the first sweep: read again each of `paths` whose file no longer has its entry's signature.
@@ -655,7 +726,7 @@ class SeedIndex:
             if path in self._checked:
                 continue
             entry = self._entries.get(path)
-            if entry is None or entry.saved is None:
+            if entry is None or entry.section is None:
                 continue
             if entry.racy or _signature_of(path) != entry.signature:
                 stale.append(path)
@@ -690,8 +761,12 @@ class SeedIndex:
             if cached is not None:
                 self._decoded.move_to_end(path)
                 return cached[0]
-            assert entry.saved is not None
-            parsed: ParsedFile = persisted.parsed_of_entry(path, entry.saved)
+            assert entry.section is not None
+            try:
+                parsed: ParsedFile = persisted.parsed_of_row(path, entry.section, entry.row)
+            except ValueError:
+                # The section does not hold what was written after all: never answer from it.
+                parsed = dataclasses.replace(read_seed_file(path, entry.domain_dir, None), stat_result=None)
             self._remember(path, parsed, None)
             return parsed
 

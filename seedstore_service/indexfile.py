@@ -319,6 +319,31 @@ class Section:
             self._seeds = seeds
         return self._seeds
 
+    def seeds_intact(self) -> bool:
+        """Whether the seed texts are the ones written (their checksum, one per entry), without
+        splitting them: a reader that checks this first never finds them damaged in `seeds`."""
+        if self._seeds is not None:
+            return True
+        block = self._seeds_block
+        if zlib.crc32(block) != self._seeds_crc32:
+            return False
+        return not self.count or block.count(b"\n") + 1 == self.count
+
+    def narrowed(self, positions: Iterable[int]) -> Section:
+        """This section holding only the columns at `positions` (and the names and seed texts):
+        what a reader keeps for later, without the bytes of the columns it has already taken."""
+        kept = frozenset(positions)
+        lines = [
+            line if position in kept else b""
+            for position, line in zip(COLUMN_POSITIONS, self._lines, strict=True)
+        ]
+        section = Section(self.record, lines, self._columns[NAME], self._seeds_block, self._seeds_crc32)
+        section._seeds = self._seeds
+        for position, values in self._columns.items():
+            if position in kept:
+                section._columns[position] = values
+        return section
+
     def column(self, position: int) -> list[Any]:
         """The values at `position` of every entry, in entry order.
 

@@ -66,7 +66,6 @@ from agentsidecar.seedstore_service.indexfile import (
     NAME,
     NOTES,
     PROBLEM,
-    RANK,
     REVISION,
     ROW,
     SEED,
@@ -287,23 +286,6 @@ def entry_from_parts(name: str, signature: Signature | None, checked_ns: int, pa
     ]
 
 
-def revision_of_entry(entry: Entry) -> str:
-    value: str = entry[REVISION]
-    return value
-
-
-def seed_identity_of_entry(entry: Entry) -> tuple[str, str] | None:
-    """(id, declared domain) of a seed entry, None for a problem; no seed is decoded."""
-    if entry[PROBLEM] is not None:
-        return None
-    return entry[ID], entry[DOMAIN]
-
-
-def problem_of_entry(path: str, entry: Entry) -> Problem | None:
-    problem = entry[PROBLEM]
-    return None if problem is None else Problem(path, problem[0], problem[1])
-
-
 def parsed_of_entry(path: str, entry: Entry) -> Any:
     """The `store.ParsedFile` an entry stands for (no stat result), without checking its signature."""
     from agentsidecar.seedstore_service.store import ParsedFile
@@ -315,36 +297,46 @@ def parsed_of_entry(path: str, entry: Entry) -> Any:
     return ParsedFile(path, stored, None, entry[REVISION], False, None, entry[DOMAIN_LINE])
 
 
-def take_fields(entry: Entry) -> tuple[Signature, int, bool, str | None, str, list[str], list[str], bool]:
-    """(signature, checked_ns, racy, seed id or None for a problem, declared domain, canonical
-    provides, canonical texts, has notes) of a persisted entry, in one call.
-
-    The entry keeps only what its seed is decoded from: its name, `list` row and search
-    keys are dropped (`resaved` makes them again).
-    """
-    signature = (entry[SIZE], entry[MTIME], entry[CTIME], entry[INO], entry[DEV])
-    checked: int = entry[CHECKED]
-    racy = max(entry[MTIME], entry[CTIME]) + RACY_WINDOW_NS >= checked
-    entry[NAME] = None
-    if entry[PROBLEM] is not None:
-        return signature, checked, racy, None, "", [], [], False
-    provides, texts = entry[KEYS]
-    entry[KEYS] = entry[ROW] = entry[RANK] = None
-    return signature, checked, racy, entry[ID], entry[DOMAIN], provides, texts, bool(entry[NOTES])
-
-
-def resaved(entry: Entry, name: str, path: str) -> Entry:
-    """A whole entry named `name` again from what `take_fields` left (the seed is decoded for the rest)."""
-    signature = (entry[SIZE], entry[MTIME], entry[CTIME], entry[INO], entry[DEV])
-    return entry_from_parts(name, signature, entry[CHECKED], parsed_of_entry(path, entry))
-
-
 def stored_from_entry(path: str, entry: Entry) -> Any:
     """The `store.StoredSeed` of a seed entry."""
     from agentsidecar.seedstore_service.store import StoredSeed
 
     notes = tuple(Problem(path, line, reason) for line, reason in entry[NOTES])
     return StoredSeed(seed_from_json(json.loads(entry[SEED])), path, entry[REVISION], notes)
+
+
+# The columns a start from the index keeps of a section to decode its seeds later (`parsed_of_row`).
+KEPT_COLUMNS = (REVISION, NOTES, PROBLEM, DOMAIN_LINE)
+
+
+def parsed_of_row(path: str, section: indexfile.Section, row: int) -> Any:
+    """The `store.ParsedFile` the entry at `row` of `section` stands for (no stat result, its
+    signature unchecked), decoded from `KEPT_COLUMNS` and the seed texts.
+
+    Raises:
+        ValueError: the section does not hold what was written (the caller reads the file).
+    """
+    from agentsidecar.seedstore_service.store import ParsedFile, StoredSeed
+
+    revision = section.column(REVISION)[row]
+    problem = section.column(PROBLEM)[row]
+    if problem is not None:
+        return ParsedFile(path, None, Problem(path, problem[0], problem[1]), revision, False, None, 0)
+    notes = tuple(Problem(path, line, reason) for line, reason in section.column(NOTES)[row])
+    try:
+        seed = seed_from_json(json.loads(section.seeds()[row]))
+    except (TypeError, KeyError, IndexError, AttributeError) as error:
+        raise ValueError(f"the seed text of {path} is not one the index writes: {error}") from None
+    stored = StoredSeed(seed, path, revision, notes)
+    return ParsedFile(path, stored, None, revision, False, None, section.column(DOMAIN_LINE)[row])
+
+
+def entry_of_row(
+    name: str, path: str, section: indexfile.Section, row: int, signature: Signature, checked_ns: int
+) -> Entry:
+    """A whole entry named `name` again from the row of a section `narrowed` to `KEPT_COLUMNS`
+    (the seed is decoded for the rest)."""
+    return entry_from_parts(name, signature, checked_ns, parsed_of_row(path, section, row))
 
 
 def _persistable(entry: Entry) -> bool:
@@ -407,26 +399,27 @@ class PersistedIndex:
         decoded = None if data is None else decode_section_and_record(data, self._root_text, domain_dir)
         return decoded if decoded is not None else ({}, DirectoryRecord())
 
-    def read_all_sections(self) -> dict[str | None, tuple[dict[str, Entry], DirectoryRecord]]:
-        """Every usable section file of the index (entries, directory record) by section; a file
-        that is not one is left out."""
+    def open_all_sections(self) -> Iterator[tuple[str | None, indexfile.Section]]:
+        """Every usable section file of the index, opened (`indexfile.open_section`), one at a time;
+        a file that is not one, or whose seed texts are not the ones written, is left out."""
         directory = str(self._directory)
         try:
             names = sorted(name for name in os.listdir(directory) if name.endswith(".json"))
         except OSError:
-            return {}
-        sections: dict[str | None, tuple[dict[str, Entry], DirectoryRecord]] = {}
+            return
+        seen: set[str | None] = set()
         for name in names:
             data = indexfile.read_index_file(os.path.join(directory, name))
             if data is None:
                 continue
-            named, section = section_of_file(data)
-            if not named or section_file_name(section) != name or section in sections:
+            named, section_name = section_of_file(data)
+            if not named or section_file_name(section_name) != name or section_name in seen:
                 continue
-            decoded = decode_section_and_record(data, self._root_text, section)
-            if decoded is not None:
-                sections[section] = decoded
-        return sections
+            section = indexfile.open_section(data, self._root_text, section_name)
+            del data
+            if section is not None and section.seeds_intact():
+                seen.add(section_name)
+                yield section_name, section
 
     def write_sections(
         self,

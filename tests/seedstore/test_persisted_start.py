@@ -12,7 +12,7 @@ import pytest
 
 from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-from agentsidecar.seedstore_service import persisted, seedtext
+from agentsidecar.seedstore_service import indexfile, persisted, seedtext
 from agentsidecar.seedstore_service.index import SeedIndex
 from agentsidecar.seedstore_service.operations import SeedOperations
 from agentsidecar.seedstore_service.ranking import SearchQuery
@@ -164,3 +164,74 @@ def test_files_added_and_removed_while_stopped_are_seen_at_the_start_before_any_
         ("removed", "piper"),
     }
     assert_answers_as_the_files(index, root, [*DOMAINS, "video"], ("festival", "clip", "piper"))
+
+
+def test_the_start_splits_no_seed_text_and_a_seed_decoded_later_answers_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "capabilities"
+    write_store(root)
+    split: list[int] = []
+    real_seeds = indexfile.Section.seeds
+
+    def counting(section: indexfile.Section) -> list[bytes]:
+        split.append(section.count)
+        return real_seeds(section)
+
+    monkeypatch.setattr(indexfile.Section, "seeds", counting)
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    assert split == []  # the start takes the keys from their columns; no seed text is split
+    assert_answers_as_the_files(index, root)
+    assert split  # the answers decoded seeds from the persisted index, and answered as the files
+
+
+def _rewrite_section(root: Path, section: str, change: Callable[[list[Any]], None]) -> Path:
+    """Rewrite a section file whole (valid checksums) with each entry changed by `change`."""
+    path = root / persisted.INDEX_DIR_NAME / indexfile.section_file_name(section)
+    decoded = indexfile.decode_section(path.read_bytes(), str(root), section)
+    assert decoded is not None
+    entries, record = decoded
+    for entry in entries.values():
+        change(entry)
+    rows = sorted(entries.values(), key=lambda entry: entry[indexfile.NAME])
+    path.write_bytes(indexfile.encode_section(str(root), section, rows, record))
+    return path
+
+
+def test_a_seed_text_that_is_not_a_seed_is_never_answered_from(tmp_path: Path) -> None:
+    root = tmp_path / "capabilities"
+    write_store(root)
+
+    def unseeded(entry: list[Any]) -> None:
+        if entry[indexfile.PROBLEM] is None:
+            entry[indexfile.SEED] = b'{"kind":"cli"}'
+
+    path = _rewrite_section(root, "voice", unseeded)
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    assert_answers_as_the_files(index, root)  # the files are read for the seeds the section cannot give
+    index.refresh()
+    assert_answers_as_the_files(index, root)
+    assert path.is_file()
+
+
+def test_a_damaged_seed_block_makes_the_start_read_the_section_files(tmp_path: Path) -> None:
+    root = tmp_path / "capabilities"
+    write_store(root)
+    path = root / persisted.INDEX_DIR_NAME / indexfile.section_file_name("voice")
+    data = path.read_bytes()
+    # One byte of the last seed text changed, the length kept: only the seeds' checksum tells.
+    position = data.rindex(b'"voice"') + 1
+    path.write_bytes(data[:position] + b"V" + data[position + 1 :])
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    assert index.last_refresh is not None
+    # The voice section's two files are read, and the broken file (a problem) as at every start.
+    assert (index.last_refresh.files, index.last_refresh.read) == (5, 3)
+    assert_answers_as_the_files(index, root)
+    index.refresh()  # the sweep saves the section again from the files
+    section = indexfile.open_section(path.read_bytes(), str(root), "voice")
+    assert section is not None
+    assert section.seeds_intact()
+    assert_answers_as_the_files(index, root)
