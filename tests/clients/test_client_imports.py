@@ -13,7 +13,7 @@ SERVER_PACKAGES = frozenset({"negotiator_service", "seedstore_service", "pair"})
 CLIENT_SAFE_RUNTIME = frozenset(
     {
         "agentsidecar.sidecar_runtime.addresses",
-        "agentsidecar.sidecar_runtime.richstatus",
+        "agentsidecar.sidecar_runtime.statusdecode",
         "agentsidecar.sidecar_runtime.wire_names",
     }
 )
