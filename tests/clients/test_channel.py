@@ -58,8 +58,8 @@ def test_the_service_names_are_the_generated_descriptors() -> None:
     from agentsidecar.negotiator.v1 import negotiator_pb2
     from agentsidecar.seedstore.v1 import seedstore_pb2
 
-    assert SEEDSTORE_SERVICE == seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
-    assert NEGOTIATOR_SERVICE == negotiator_pb2.DESCRIPTOR.services_by_name["NegotiatorService"].full_name
+    assert seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name == SEEDSTORE_SERVICE
+    assert negotiator_pb2.DESCRIPTOR.services_by_name["NegotiatorService"].full_name == NEGOTIATOR_SERVICE
 
 
 @pytest.mark.slow
