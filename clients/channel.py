@@ -42,12 +42,12 @@ import grpc
 import grpc.aio
 
 from agentsidecar.clients.errors import from_rpc_error
-from agentsidecar.negotiator.v1 import negotiator_pb2
-from agentsidecar.seedstore.v1 import seedstore_pb2
 from agentsidecar.sidecar_runtime.addresses import parse_address
 
-SEEDSTORE_SERVICE: Final = seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name
-NEGOTIATOR_SERVICE: Final = negotiator_pb2.DESCRIPTOR.services_by_name["NegotiatorService"].full_name
+# The services' full names, as the protos declare them (tests/clients/test_channel.py checks them
+# against the generated descriptors): a client of one sidecar does not load the other's generated code.
+SEEDSTORE_SERVICE: Final = "agentsidecar.seedstore.v1.SeedStoreService"
+NEGOTIATOR_SERVICE: Final = "agentsidecar.negotiator.v1.NegotiatorService"
 
 # Calls that change nothing, so repeating one after a lost answer is harmless.
 IDEMPOTENT_METHODS: Final[Mapping[str, tuple[str, ...]]] = {

@@ -78,7 +78,7 @@ from typing import ClassVar, Generic, Never, Self, TypeVar, overload
 
 import grpc
 
-from agentsidecar.sidecar_runtime.richstatus import (
+from agentsidecar.sidecar_runtime.statusdecode import (
     TRUNCATED,
     VIOLATIONS_OMITTED,
     DecodedError,

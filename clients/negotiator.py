@@ -48,7 +48,7 @@ from agentsidecar.clients.errors import (
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
 from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
-from agentsidecar.sidecar_runtime.richstatus import DecodedError
+from agentsidecar.sidecar_runtime.statusdecode import DecodedError
 
 DELEGATION_DEPTH_KEY = "x-delegation-depth"
 PROVIDER_MANAGED = "provider-managed"

@@ -3,29 +3,24 @@
 Both directions exist for every value the CLI renders: the service turns core
 results into responses, and `seedstore --server` turns responses back into
 the same core values, so both paths print identical JSON through `render.py`.
-Pure: no I/O, no grpc calls.
+The client's direction (requests from core values, core values from replies)
+is `remote_convert`, which the CLI imports without the service's modules; its
+functions are re-exported here, so `convert` has both. Pure: no I/O, no grpc calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import MappingProxyType
-
-from google.protobuf import duration_pb2
 
 from agentsidecar.common.v1 import common_pb2 as common
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore_service import errors, paging
-from agentsidecar.seedstore_service.broadening import Broadening, BroadeningAttempt
+from agentsidecar.seedstore_service.broadening import Broadening
 from agentsidecar.seedstore_service.index import ChangeEvent
 from agentsidecar.seedstore_service.model import (
-    Evidence,
     ListedSeed,
     Outcome,
     Problem,
-    Promotion,
-    Rank,
-    Risk,
     Seed,
     Verification,
     VerificationStatus,
@@ -34,7 +29,6 @@ from agentsidecar.seedstore_service.operations import (
     SearchOutcome,
     SeedListing,
     SeedRemoved,
-    SeedVerified,
     SeedView,
     VerifyProgress,
     VerifyRequest,
@@ -45,36 +39,44 @@ from agentsidecar.seedstore_service.ranking import (
     SELECTION_POLICY,
     RankedCandidate,
     SearchQuery,
-    SearchResult,
     seed_gates,
 )
+from agentsidecar.seedstore_service.remote_convert import (
+    _GATE_TO_PROTO,
+    _MARK_TO_PROTO,
+    _RISK_TO_PROTO,
+    _STATUS_TO_PROTO,
+    _optional,
+)
+from agentsidecar.seedstore_service.remote_convert import add_request as add_request
+from agentsidecar.seedstore_service.remote_convert import broadening_from_proto as broadening_from_proto
+from agentsidecar.seedstore_service.remote_convert import candidate_from_proto as candidate_from_proto
+from agentsidecar.seedstore_service.remote_convert import duration_to_seconds as duration_to_seconds
+from agentsidecar.seedstore_service.remote_convert import listed_seed_from_proto as listed_seed_from_proto
+from agentsidecar.seedstore_service.remote_convert import listing_from_proto as listing_from_proto
+from agentsidecar.seedstore_service.remote_convert import outcomes_from_proto as outcomes_from_proto
+from agentsidecar.seedstore_service.remote_convert import problems_from_proto as problems_from_proto
+from agentsidecar.seedstore_service.remote_convert import removed_from_proto as removed_from_proto
+from agentsidecar.seedstore_service.remote_convert import (
+    search_outcome_from_proto as search_outcome_from_proto,
+)
+from agentsidecar.seedstore_service.remote_convert import search_request as search_request
+from agentsidecar.seedstore_service.remote_convert import seconds_to_duration as seconds_to_duration
+from agentsidecar.seedstore_service.remote_convert import seed_from_proto as seed_from_proto
+from agentsidecar.seedstore_service.remote_convert import seed_view_from_proto as seed_view_from_proto
+from agentsidecar.seedstore_service.remote_convert import status_from_proto as status_from_proto
+from agentsidecar.seedstore_service.remote_convert import stored_from_proto as stored_from_proto
+from agentsidecar.seedstore_service.remote_convert import update_request as update_request
+from agentsidecar.seedstore_service.remote_convert import verification_from_proto as verification_from_proto
+from agentsidecar.seedstore_service.remote_convert import verify_event_from_proto as verify_event_from_proto
+from agentsidecar.seedstore_service.remote_convert import verify_request as verify_request
 from agentsidecar.seedstore_service.render import SCAN_MESSAGE
 from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted
 from agentsidecar.seedstore_service.seedfile import validate_identifier
-from agentsidecar.seedstore_service.store import StoredSeed
-from agentsidecar.sidecar_runtime import wire_names
 
 # --- enums ----------------------------------------------------------------------
 
-_STATUS_TO_PROTO = {
-    VerificationStatus.VERIFIED: pb.VERIFICATION_STATUS_VERIFIED,
-    VerificationStatus.FAILED: pb.VERIFICATION_STATUS_FAILED,
-    VerificationStatus.UNVERIFIED: pb.VERIFICATION_STATUS_UNVERIFIED,
-}
-_STATUS_FROM_PROTO = {value: key for key, value in _STATUS_TO_PROTO.items()}
-
-_MARK_TO_PROTO = {
-    VerificationStatus.FAILED: pb.VERIFICATION_MARK_FAILED,
-    VerificationStatus.UNVERIFIED: pb.VERIFICATION_MARK_UNVERIFIED,
-}
 _MARK_FROM_PROTO = {value: key for key, value in _MARK_TO_PROTO.items()}
-
-# Risk and gate names <-> the proto enums, matched by member name (agentsidecar.sidecar_runtime.wire_names).
-_RISK_TO_PROTO = {risk.value: common.RiskFlag.Value(f"RISK_FLAG_{risk.name}") for risk in wire_names.Risk}
-_RISK_FROM_PROTO = {value: key for key, value in _RISK_TO_PROTO.items()}
-
-_GATE_TO_PROTO = {gate.value: common.Gate.Value(f"GATE_{gate.name}") for gate in wire_names.Gate}
-_GATE_FROM_PROTO = {value: key for key, value in _GATE_TO_PROTO.items()}
 
 _CHANGE_TO_PROTO = {
     "added": pb.CHANGE_KIND_ADDED,
@@ -90,33 +92,12 @@ def status_to_proto(status: VerificationStatus) -> pb.VerificationStatus.ValueTy
     return _STATUS_TO_PROTO[status]
 
 
-def status_from_proto(value: pb.VerificationStatus.ValueType) -> VerificationStatus:
-    try:
-        return _STATUS_FROM_PROTO[value]
-    except KeyError:
-        raise errors.InvalidArgument(f"unknown verification status {value}", "status") from None
-
-
 def _risks_to_proto(risks: Iterable[str]) -> list[common.RiskFlag.ValueType]:
     return [_RISK_TO_PROTO[risk] for risk in risks]
 
 
-def _risks_from_proto(values: Iterable[common.RiskFlag.ValueType]) -> tuple[str, ...]:
-    # A risk from a newer server stays listed, by number.
-    return tuple(_RISK_FROM_PROTO.get(value) or wire_names.UnknownRisk(int(value)).value for value in values)
-
-
 def _gates_to_proto(gates: Iterable[str]) -> list[common.Gate.ValueType]:
     return [_GATE_TO_PROTO[gate] for gate in gates]
-
-
-def _gates_from_proto(values: Iterable[common.Gate.ValueType]) -> tuple[str, ...]:
-    # A gate from a newer server stays listed, under a name no caller can approve.
-    return tuple(_GATE_FROM_PROTO.get(value) or wire_names.UnknownGate(int(value)).value for value in values)
-
-
-def _optional(message: object, field: str) -> str | None:
-    return getattr(message, field) if message.HasField(field) else None  # type: ignore[attr-defined]
 
 
 # --- seeds ----------------------------------------------------------------------
@@ -152,37 +133,6 @@ def seed_to_proto(seed: Seed) -> pb.Seed:
     return message
 
 
-def seed_from_proto(message: pb.Seed) -> Seed:
-    rank = message.rank
-    verification = message.verification if message.HasField("verification") else None
-    return Seed(
-        id=message.id,
-        domain=message.domain,
-        kind=message.kind,
-        command=_optional(message, "command"),
-        adapter=_optional(message, "adapter"),
-        script=_optional(message, "script"),
-        provides=tuple(message.provides),
-        aliases=tuple(message.aliases),
-        rank=Rank(
-            default_priority=rank.default_priority if rank.HasField("default_priority") else None,
-            preferred_for=tuple(rank.preferred_for),
-            avoid_for=tuple(rank.avoid_for),
-            tie_breakers=MappingProxyType(dict(sorted(rank.tie_breakers.items()))),
-        ),
-        evidence=tuple(
-            Evidence(
-                source=entry.source, command=_optional(entry, "command"), detail=_optional(entry, "detail")
-            )
-            for entry in message.evidence
-        ),
-        auth_env=tuple(message.auth_env),
-        risk=Risk(external_service=message.risk.external_service, may_cost_money=message.risk.may_cost_money),
-        promotion=Promotion(message.promotion.suggested_skill_id) if message.HasField("promotion") else None,
-        verification=verification_from_proto(verification) if verification is not None else None,
-    )
-
-
 def verification_to_proto(verification: Verification) -> pb.Verification:
     return pb.Verification(
         status=status_to_proto(verification.status),
@@ -191,24 +141,8 @@ def verification_to_proto(verification: Verification) -> pb.Verification:
     )
 
 
-def verification_from_proto(message: pb.Verification) -> Verification:
-    return Verification(
-        status=status_from_proto(message.status),
-        verified_at_unix=message.verified_at_unix,
-        outcomes=outcomes_from_proto(message.outcomes),
-    )
-
-
 def outcomes_to_proto(outcomes: Iterable[Outcome]) -> list[pb.Outcome]:
     return [pb.Outcome(check=outcome.check, ok=outcome.ok, message=outcome.message) for outcome in outcomes]
-
-
-def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> tuple[Outcome, ...]:
-    return tuple(Outcome(check=message.check, ok=message.ok, message=message.message) for message in messages)
-
-
-def stored_from_proto(seed: pb.Seed, path: str, revision: str) -> StoredSeed:
-    return StoredSeed(seed_from_proto(seed), path, revision)
 
 
 # --- problems -------------------------------------------------------------------
@@ -220,33 +154,7 @@ def problems_to_proto(problems: Iterable[Problem]) -> list[common.Problem]:
     ]
 
 
-def problems_from_proto(messages: Iterable[common.Problem]) -> tuple[Problem, ...]:
-    return tuple(Problem(path=message.path, line=message.line, reason=message.reason) for message in messages)
-
-
 # --- requests -------------------------------------------------------------------
-
-
-def add_request(spec: AddSpec) -> pb.AddSeedRequest:
-    return pb.AddSeedRequest(
-        id=spec.id,
-        domain=spec.domain,
-        kind=spec.kind,
-        command=spec.command,
-        adapter=spec.adapter,
-        script=spec.script,
-        provides=spec.provides,
-        aliases=spec.aliases,
-        preferred_for=spec.preferred_for,
-        avoid_for=spec.avoid_for,
-        ties=spec.ties,
-        auth_env=spec.auth_env,
-        priority=spec.priority,
-        external_service=spec.external_service,
-        may_cost_money=spec.may_cost_money,
-        evidence_commands=spec.evidence_commands,
-        suggested_skill_id=spec.suggested_skill_id,
-    )
 
 
 def add_spec_from_request(request: pb.AddSeedRequest) -> AddSpec:
@@ -268,44 +176,6 @@ def add_spec_from_request(request: pb.AddSeedRequest) -> AddSpec:
         may_cost_money=request.may_cost_money,
         evidence_commands=tuple(request.evidence_commands),
         suggested_skill_id=_optional(request, "suggested_skill_id"),
-    )
-
-
-def update_request(
-    seed_id: str, domain: str | None, patch: UpdatePatch, expected_revision: str | None
-) -> pb.UpdateSeedRequest:
-    return pb.UpdateSeedRequest(
-        id=seed_id,
-        domain=domain,
-        expected_revision=expected_revision,
-        kind=patch.kind,
-        command=patch.command,
-        clear_command=patch.clear_command,
-        adapter=patch.adapter,
-        clear_adapter=patch.clear_adapter,
-        script=patch.script,
-        clear_script=patch.clear_script,
-        add_provides=patch.add_provides,
-        remove_provides=patch.remove_provides,
-        add_aliases=patch.add_aliases,
-        remove_aliases=patch.remove_aliases,
-        priority=patch.priority,
-        clear_priority=patch.clear_priority,
-        add_preferred_for=patch.add_preferred_for,
-        remove_preferred_for=patch.remove_preferred_for,
-        add_avoid_for=patch.add_avoid_for,
-        remove_avoid_for=patch.remove_avoid_for,
-        add_ties=patch.add_ties,
-        remove_ties=patch.remove_ties,
-        add_auth_env=patch.add_auth_env,
-        remove_auth_env=patch.remove_auth_env,
-        external_service=patch.external_service,
-        may_cost_money=patch.may_cost_money,
-        add_evidence_commands=patch.add_evidence_commands,
-        remove_evidence_commands=patch.remove_evidence_commands,
-        suggested_skill_id=patch.suggested_skill_id,
-        clear_suggested_skill_id=patch.clear_suggested_skill_id,
-        mark=_MARK_TO_PROTO[patch.mark] if patch.mark is not None else pb.VERIFICATION_MARK_UNSPECIFIED,
     )
 
 
@@ -349,16 +219,6 @@ def update_patch_from_request(request: pb.UpdateSeedRequest) -> UpdatePatch:
     )
 
 
-def search_request(query: SearchQuery, broaden: bool) -> pb.SearchSeedsRequest:
-    return pb.SearchSeedsRequest(
-        capability=query.capability,
-        domain=query.domain,
-        local_only=query.local_only,
-        preferred_seed=query.preferred_seed,
-        broaden=broaden,
-    )
-
-
 def search_query_from_request(request: pb.SearchSeedsRequest) -> SearchQuery:
     return SearchQuery(
         capability=request.capability,
@@ -366,20 +226,6 @@ def search_query_from_request(request: pb.SearchSeedsRequest) -> SearchQuery:
         local_only=request.local_only,
         preferred_seed=_optional(request, "preferred_seed"),
     )
-
-
-def verify_request(
-    request: VerifyRequest, *, send_timeout: bool = True, send_concurrency: bool = True
-) -> pb.VerifySeedsRequest:
-    """A limit not sent is left to the server's configured default."""
-    message = pb.VerifySeedsRequest(
-        ids=request.ids, domain=request.domain, all_in_domain=request.all_in_domain
-    )
-    if send_timeout:
-        message.check_timeout.CopyFrom(seconds_to_duration(request.check_timeout))
-    if send_concurrency:
-        message.concurrency = request.concurrency
-    return message
 
 
 def verify_request_from_proto(
@@ -395,16 +241,6 @@ def verify_request_from_proto(
         check_timeout=check_timeout,
         concurrency=request.concurrency or default_concurrency,
     )
-
-
-def seconds_to_duration(seconds: float) -> duration_pb2.Duration:
-    duration = duration_pb2.Duration()
-    duration.FromNanoseconds(round(seconds * 1e9))
-    return duration
-
-
-def duration_to_seconds(duration: duration_pb2.Duration) -> float:
-    return float(duration.ToNanoseconds()) / 1e9
 
 
 # --- responses ------------------------------------------------------------------
@@ -450,15 +286,6 @@ def inspect_response(view: SeedView) -> pb.InspectSeedResponse:
     )
 
 
-def seed_view_from_proto(
-    response: pb.AddSeedResponse | pb.UpdateSeedResponse | pb.PreferSeedResponse | pb.InspectSeedResponse,
-) -> SeedView:
-    problems = () if isinstance(response, pb.AddSeedResponse) else problems_from_proto(response.problems)
-    return SeedView(
-        response.seed_store, stored_from_proto(response.seed, response.path, response.revision), problems
-    )
-
-
 def listed_seed_to_proto(entry: ListedSeed) -> pb.SeedEntry:
     return pb.SeedEntry(
         id=entry.id,
@@ -469,19 +296,6 @@ def listed_seed_to_proto(entry: ListedSeed) -> pb.SeedEntry:
         verification_status=status_to_proto(entry.verification_status),
         risks=_risks_to_proto(entry.risks),
         revision=entry.revision,
-    )
-
-
-def listed_seed_from_proto(message: pb.SeedEntry) -> ListedSeed:
-    return ListedSeed(
-        id=message.id,
-        domain=message.domain,
-        kind=message.kind,
-        path=message.path,
-        provides=tuple(message.provides),
-        verification_status=status_from_proto(message.verification_status),
-        risks=_risks_from_proto(message.risks),
-        revision=message.revision,
     )
 
 
@@ -521,15 +335,6 @@ def _problem_bytes(problem: Problem) -> int:
     return common.Problem(path=problem.path, line=problem.line, reason=problem.reason).ByteSize()
 
 
-def listing_from_proto(response: pb.ListSeedsResponse) -> SeedListing:
-    return SeedListing(
-        seed_store=response.seed_store,
-        domain=_optional(response, "domain"),
-        entries=tuple(listed_seed_from_proto(entry) for entry in response.seeds),
-        problems=problems_from_proto(response.problems),
-    )
-
-
 def candidate_to_proto(candidate: RankedCandidate) -> common.Candidate:
     return common.Candidate(
         id=candidate.id,
@@ -544,20 +349,6 @@ def candidate_to_proto(candidate: RankedCandidate) -> common.Candidate:
     )
 
 
-def candidate_from_proto(message: common.Candidate) -> RankedCandidate:
-    return RankedCandidate(
-        id=message.id,
-        domain=message.domain,
-        path=message.path,
-        score=message.score,
-        reasons=tuple(message.reasons),
-        risks=_risks_from_proto(message.risks),
-        required_gates=_gates_from_proto(message.required_gates),
-        matched_capability=message.matched_capability,
-        matched_domain=message.matched_domain,
-    )
-
-
 def broadening_to_proto(broadening: Broadening) -> pb.Broadening:
     return pb.Broadening(
         first_search_empty=broadening.first_search_empty,
@@ -569,21 +360,6 @@ def broadening_to_proto(broadening: Broadening) -> pb.Broadening:
         ],
         fallback_policy=broadening.fallback_policy,
         table_sources=broadening.table_sources,
-    )
-
-
-def broadening_from_proto(message: pb.Broadening) -> Broadening:
-    return Broadening(
-        first_search_empty=message.first_search_empty,
-        attempts=tuple(
-            # "" is the whole store: identifiers are never empty.
-            BroadeningAttempt(
-                capability=attempt.capability, domain=attempt.domain or None, found=tuple(attempt.found)
-            )
-            for attempt in message.attempts
-        ),
-        fallback_policy=message.fallback_policy,
-        table_sources=tuple(message.table_sources),
     )
 
 
@@ -624,18 +400,6 @@ def search_response(
     return response
 
 
-def search_outcome_from_proto(response: pb.SearchSeedsResponse) -> SearchOutcome:
-    result = SearchResult(
-        capability=response.capability,
-        domain=_optional(response, "domain"),
-        selected=_optional(response, "selected"),
-        ask_policy=response.ask_policy.reason if response.HasField("ask_policy") else None,
-        candidates=tuple(candidate_from_proto(candidate) for candidate in response.candidates),
-    )
-    broadening = broadening_from_proto(response.broadening) if response.HasField("broadening") else None
-    return SearchOutcome(response.seed_store, result, broadening, problems_from_proto(response.problems))
-
-
 def remove_response(removed: SeedRemoved) -> pb.RemoveSeedResponse:
     return pb.RemoveSeedResponse(
         seed_store=removed.seed_store,
@@ -643,12 +407,6 @@ def remove_response(removed: SeedRemoved) -> pb.RemoveSeedResponse:
         path=removed.path,
         removed=True,
         problems=problems_to_proto(paging.reply_problems(removed.problems)),
-    )
-
-
-def removed_from_proto(response: pb.RemoveSeedResponse) -> SeedRemoved:
-    return SeedRemoved(
-        response.seed_store, response.id, response.path, problems_from_proto(response.problems)
     )
 
 
@@ -690,40 +448,6 @@ def verify_event_to_proto(seed_store: str, event: VerifyProgress) -> pb.VerifySe
         revision=event.revision,
     )
     return pb.VerifySeedsResponse(seed_store=seed_store, seed_verified=verified)
-
-
-def verify_event_from_proto(response: pb.VerifySeedsResponse) -> VerifyProgress:
-    which = response.WhichOneof("event")
-    if which == "check_started":
-        started = response.check_started
-        return CheckStarted(
-            seed_id=started.id, domain=started.domain, check=started.check, index=started.index
-        )
-    if which == "check_finished":
-        finished = response.check_finished
-        return CheckFinished(
-            seed_id=finished.id,
-            domain=finished.domain,
-            check=finished.check,
-            index=finished.index,
-            ok=finished.ok,
-            exit_code=finished.exit_code if finished.HasField("exit_code") else None,
-            duration_s=duration_to_seconds(finished.duration),
-            message=finished.message,
-            output_truncated=finished.output_truncated,
-            timed_out=finished.timed_out,
-        )
-    if which == "seed_verified":
-        verified = response.seed_verified
-        return SeedVerified(
-            id=verified.id,
-            domain=verified.domain,
-            path=verified.path,
-            status=status_from_proto(verified.status),
-            outcomes=outcomes_from_proto(verified.outcomes),
-            revision=verified.revision,
-        )
-    raise errors.InvalidArgument("a verify event without an event", "event")
 
 
 # --- watch events ---------------------------------------------------------------

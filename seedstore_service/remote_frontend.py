@@ -1,6 +1,9 @@
 """The `seedstore --server` front end: the CLI's commands through a running seedstore service.
 
 Its own module so that the local commands never import grpc, the generated code or the client.
+It imports what one call from the blocking client needs beside the modules cli.py has loaded:
+grpc, the generated seedstore code, `clients.seedstore` and `clients.errors`, and
+`remote_convert` (not the service's half of `convert`, nor the asyncio client).
 """
 
 from __future__ import annotations
@@ -10,21 +13,20 @@ from typing import TYPE_CHECKING
 from agentsidecar.clients.errors import SidecarError
 from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-from agentsidecar.seedstore_service import convert
+from agentsidecar.seedstore_service import remote_convert as convert
 from agentsidecar.seedstore_service.errors import SeedStoreError
-from agentsidecar.seedstore_service.operations import (
-    SearchOutcome,
-    SeedListing,
-    SeedRemoved,
-    SeedView,
-    VerifyRequest,
-)
-from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
-from agentsidecar.seedstore_service.ranking import SearchQuery
-from agentsidecar.seedstore_service.verification import plan_checks
 
 if TYPE_CHECKING:
     from agentsidecar.seedstore_service.cli import ProgressListener
+    from agentsidecar.seedstore_service.operations import (
+        SearchOutcome,
+        SeedListing,
+        SeedRemoved,
+        SeedView,
+        VerifyRequest,
+    )
+    from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
+    from agentsidecar.seedstore_service.ranking import SearchQuery
 
 
 class RemoteFrontend:
@@ -86,6 +88,8 @@ class RemoteFrontend:
         return seed_store
 
     def planned_checks(self, request: VerifyRequest) -> dict[tuple[str, str], int]:
+        from agentsidecar.seedstore_service.verification import plan_checks
+
         if request.all_in_domain:
             listing = self.list_seeds(request.domain)
             targets: list[tuple[str, str | None]] = [(entry.id, entry.domain) for entry in listing.entries]

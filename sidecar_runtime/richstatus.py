@@ -35,6 +35,13 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+# What a client decodes (statusdecode.py, which a client imports without this module), re-exported.
+from agentsidecar.sidecar_runtime.statusdecode import TRUNCATED as TRUNCATED
+from agentsidecar.sidecar_runtime.statusdecode import VIOLATIONS_OMITTED as VIOLATIONS_OMITTED
+from agentsidecar.sidecar_runtime.statusdecode import DecodedError as DecodedError
+from agentsidecar.sidecar_runtime.statusdecode import PreconditionViolation as PreconditionViolation
+from agentsidecar.sidecar_runtime.statusdecode import decode_error as decode_error
+
 # Both trailers together, as sent: far below the 8 KiB where C-core clients
 # may start refusing, leaving the rest for the other headers and trailers.
 MAX_TRAILER_BYTES = 6144
@@ -44,8 +51,6 @@ MAX_VIOLATION_FIELD_CHARS = 256
 # The tighter caps applied when the first ones leave no room for even one violation.
 _TIGHT_MESSAGE_WIRE_BYTES = 256
 _TIGHT_CHARS = 64
-VIOLATIONS_OMITTED = "violationsOmitted"
-TRUNCATED = "truncated"
 
 
 def wire_message_size(text: str) -> int:
@@ -88,13 +93,6 @@ def trailer_size(status: grpc.Status) -> int:
         raw = value if isinstance(value, bytes) else value.encode()
         size += len(base64.b64encode(raw).rstrip(b"="))
     return size
-
-
-@dataclass(frozen=True, slots=True)
-class PreconditionViolation:
-    type: str
-    subject: str
-    description: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,65 +224,3 @@ async def abort_with(context: grpc.aio.ServicerContext[object, object], error: R
     """
     status = error.to_status()
     await context.abort(status.code, status.details, status.trailing_metadata)
-
-
-@dataclass(frozen=True, slots=True)
-class DecodedError:
-    """A status as a client sees it, details unpacked."""
-
-    code: grpc.StatusCode
-    message: str
-    reason: str = ""
-    domain: str = ""
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    field_violations: tuple[tuple[str, str], ...] = ()
-    precondition_violations: tuple[PreconditionViolation, ...] = ()
-    retry_after_seconds: float | None = None
-
-
-def decode_error(error: grpc.RpcError) -> DecodedError:
-    """Unpack the rich details of a failed call (sync or aio)."""
-    code = error.code()
-    message = error.details() or ""
-    try:
-        status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    except ValueError:
-        # Details whose code or message differ from the call's: grpc replaced the
-        # status on the way (a trailer over the client's metadata limit, say).
-        status = None
-    if status is None:
-        return DecodedError(code=code, message=message)
-    reason = domain = ""
-    metadata: dict[str, str] = {}
-    fields: list[tuple[str, str]] = []
-    preconditions: list[PreconditionViolation] = []
-    retry_after: float | None = None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            reason, domain, metadata = info.reason, info.domain, dict(info.metadata)
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields.extend((v.field, v.description) for v in bad.field_violations)
-        elif detail.Is(error_details_pb2.PreconditionFailure.DESCRIPTOR):
-            failure = error_details_pb2.PreconditionFailure()
-            detail.Unpack(failure)
-            preconditions.extend(
-                PreconditionViolation(v.type, v.subject, v.description) for v in failure.violations
-            )
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            retry = error_details_pb2.RetryInfo()
-            detail.Unpack(retry)
-            retry_after = retry.retry_delay.ToNanoseconds() / 1e9
-    return DecodedError(
-        code=code,
-        message=status.message or message,
-        reason=reason,
-        domain=domain,
-        metadata=metadata,
-        field_violations=tuple(fields),
-        precondition_violations=tuple(preconditions),
-        retry_after_seconds=retry_after,
-    )

@@ -54,6 +54,14 @@ def test_the_service_config_retries_unavailable_on_idempotent_methods_only() -> 
     assert set(IDEMPOTENT_METHODS) == {SEEDSTORE_SERVICE, NEGOTIATOR_SERVICE}
 
 
+def test_the_service_names_are_the_generated_descriptors() -> None:
+    from agentsidecar.negotiator.v1 import negotiator_pb2
+    from agentsidecar.seedstore.v1 import seedstore_pb2
+
+    assert seedstore_pb2.DESCRIPTOR.services_by_name["SeedStoreService"].full_name == SEEDSTORE_SERVICE
+    assert negotiator_pb2.DESCRIPTOR.services_by_name["NegotiatorService"].full_name == NEGOTIATOR_SERVICE
+
+
 @pytest.mark.slow
 def test_sync_idempotent_call_succeeds_on_the_third_attempt(start_fake: Callable[..., FakeServer]) -> None:
     server = start_fake(fail_first=FLAKY)

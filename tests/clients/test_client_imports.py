@@ -4,6 +4,8 @@ TYPE_CHECKING ones included, and followed through the runtime modules they reach
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.import_walk import ROOT, imported_modules, member, module_file
@@ -13,7 +15,7 @@ SERVER_PACKAGES = frozenset({"negotiator_service", "seedstore_service", "pair"})
 CLIENT_SAFE_RUNTIME = frozenset(
     {
         "agentsidecar.sidecar_runtime.addresses",
-        "agentsidecar.sidecar_runtime.richstatus",
+        "agentsidecar.sidecar_runtime.statusdecode",
         "agentsidecar.sidecar_runtime.wire_names",
     }
 )
@@ -60,3 +62,30 @@ def test_the_walk_sees_a_server_import(tmp_path: Path) -> None:
     found = imported_modules(source, "clients")
     assert "agentsidecar.negotiator_service.model" in found
     assert "agentsidecar.seedstore_service.ranking" in found
+
+
+def test_the_package_imports_a_names_module_on_first_use() -> None:
+    """`from agentsidecar.clients import SeedStoreClient` imports the blocking client, not the asyncio
+    one nor the negotiator's; every exported name is its module's own object."""
+    probe = (
+        "import sys\n"
+        "from agentsidecar.clients import SeedStoreClient, SidecarError\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('agentsidecar.'))))\n"
+        "import importlib\n"
+        "import agentsidecar.clients as clients\n"
+        "for name in clients.__all__:\n"
+        "    module = importlib.import_module(f'agentsidecar.clients.{clients._MODULE_OF[name]}')\n"
+        "    assert getattr(clients, name) is getattr(module, name), name\n"
+        "print(sorted(clients._MODULE_OF) == sorted(clients.__all__))\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
+    )
+    assert completed.returncode == 0, completed.stderr
+    first, last = completed.stdout.splitlines()
+    loaded = set(first.split())
+    assert {"agentsidecar.clients.seedstore", "agentsidecar.clients.errors"} <= loaded
+    assert loaded.isdisjoint(
+        {"agentsidecar.clients.aio", "agentsidecar.clients.negotiator", "agentsidecar.negotiator.v1"}
+    )
+    assert last == "True"
