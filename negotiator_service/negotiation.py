@@ -656,7 +656,7 @@ def derive_checked_requirements(
 def _schema_formats(schema: object, pointer: str) -> Iterator[tuple[str, str]]:
     """(request field, format) for every `format` keyword, in document order."""
     found: list[tuple[str, str]] = []
-    if isinstance(schema, Mapping):  # a boolean subschema has no keywords
+    if isinstance(schema, Mapping) and _may_hold_format(schema):  # a boolean subschema has no keywords
         _collect_formats(schema, [pointer], found)
     return iter(found)
 
@@ -698,26 +698,40 @@ def _collect_formats(schema: Mapping[str, Any], path: list[str], found: list[tup
         if shape == _ONE:
             if isinstance(value, list):  # pre-2020 tuple `items`
                 for index, item in enumerate(value):
-                    if isinstance(item, Mapping):
+                    if _may_hold_format(item):
                         path.append(str(index))
                         _collect_formats(item, path, found)
                         path.pop()
-            elif isinstance(value, Mapping):
+            elif _may_hold_format(value):
                 _collect_formats(value, path, found)
         elif shape == _MAP:
-            if isinstance(value, Mapping):
+            if _is_mapping(value):
                 for name, sub in value.items():
-                    if isinstance(sub, Mapping):
+                    if _may_hold_format(sub):
                         path.append(name)
                         _collect_formats(sub, path, found)
                         path.pop()
         elif isinstance(value, list):
             for index, sub in enumerate(value):
-                if isinstance(sub, Mapping):
+                if _may_hold_format(sub):
                     path.append(str(index))
                     _collect_formats(sub, path, found)
                     path.pop()
         path.pop()
+
+
+def _is_mapping(value: object) -> bool:
+    # A parsed schema holds plain dicts: the exact type test spares the Mapping ABC's check.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+# The keys a schema object needs for a walk to find anything in it.
+_WALKED = frozenset(_SUBSCHEMA_SHAPES) | {"format"}
+
+
+def _may_hold_format(value: object) -> bool:
+    """Whether `value` is a schema object holding `format` or a subschema keyword (else nothing to walk)."""
+    return _is_mapping(value) and not _WALKED.isdisjoint(value)  # type: ignore[arg-type]
 
 
 def _pointer(path: list[str]) -> str:
