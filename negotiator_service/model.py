@@ -230,7 +230,7 @@ class Declaration:
         if not version:
             text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
             version = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-            object.__setattr__(self, "_version", version)  # frozen: set once, the same for every read
+            object.__setattr__(self, "_version", version)  # frozen: set once, then only read
         return version
 
 
@@ -289,6 +289,11 @@ class CallOptions:
     # validate_request checks each; derive_requirements judges each as
     # `options.requires[i]`.
     requires: tuple[str, ...] = ()
+    # What these options need of an adapter, once negotiation.options_requirements
+    # has derived it: a pure function of the fields above, which never change.
+    derived_requirements: tuple[Requirement, ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
 
 class CallKind(enum.Enum):

@@ -586,7 +586,9 @@ def derive_checked_requirements(
 ) -> tuple[Requirement, ...]:
     """`derive_requirements` for a call whose schema was checked: `formats` is its CheckedSchema's
     (None: the call has no schema)."""
-    options = request.options
+    needs = options_requirements(request.options)
+    if formats is None and not request.tools:
+        return needs
     requirements: list[Requirement] = []
     if formats is not None:
         requirements.append(Requirement(Capability.STRUCTURED_OUTPUT, "output_schema"))
@@ -594,6 +596,29 @@ def derive_checked_requirements(
             requirements.append(
                 Requirement(Capability.STRUCTURED_OUTPUT, pointer, TypedSet.STRING_FORMATS, string_format)
             )
+    requirements.extend(needs)
+    if request.tools:
+        # Caller tools of a ToolSession (ToolSessionStart.tools, after the call itself).
+        requirements.append(Requirement(Capability.TOOL_REGISTRATION, "tools"))
+    return tuple(requirements)
+
+
+def options_requirements(options: CallOptions) -> tuple[Requirement, ...]:
+    """What a call's options need from the adapter, in field order.
+
+    Derived once per options object and kept on it (`derived_requirements`):
+    options never change, and like calls share one options object
+    (call_caches.py), so each judge of such a call reads the same tuple.
+    """
+    known = options.derived_requirements
+    if known is None:
+        known = _options_requirements(options)
+        object.__setattr__(options, "derived_requirements", known)  # frozen: set once, then only read
+    return known
+
+
+def _options_requirements(options: CallOptions) -> tuple[Requirement, ...]:
+    requirements: list[Requirement] = []
     if options.model is not None:
         requirements.append(Requirement(Capability.MODEL_OVERRIDE, "options.model"))
     if options.effort is not None:
@@ -647,9 +672,6 @@ def derive_checked_requirements(
         requirements.append(Requirement(capability, request_field))
         if typed_set is not None:
             requirements.append(Requirement(capability, request_field, typed_set, member))
-    if request.tools:
-        # Caller tools of a ToolSession (ToolSessionStart.tools, after the call itself).
-        requirements.append(Requirement(Capability.TOOL_REGISTRATION, "tools"))
     return tuple(requirements)
 
 
@@ -896,17 +918,19 @@ def _judge(
     model: str | None,
 ) -> Decision:
     judged_model, judging = declaration.for_model(model)
+    capabilities = judging.capabilities
     verdicts = []
     for requirement in requirements:
-        state = _state(judging, requirement)
-        allowed = state is CapabilityState.UNKNOWN and requirement.capability in allow_unknown
-        verdicts.append(Verdict(requirement, state, allowed_unknown=allowed))
-    return Decision(
-        adapter=declaration.shortname,
-        declaration_version=version,
-        verdicts=tuple(verdicts),
-        model=judged_model,
-    )
+        if requirement.typed_set is None:  # `_state`'s first case, without its call
+            state = capabilities.get(requirement.capability, _UNKNOWN)
+        else:
+            state = _state(judging, requirement)
+        allowed = state is _UNKNOWN and requirement.capability in allow_unknown
+        verdicts.append(Verdict(requirement, state, allowed))
+    return Decision(declaration.shortname, version, tuple(verdicts), judged_model)
+
+
+_UNKNOWN = CapabilityState.UNKNOWN
 
 
 def _state(declaration: Declaration, requirement: Requirement) -> CapabilityState:
