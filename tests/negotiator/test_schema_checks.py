@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from fakes import FakeAdapter, make_declaration
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentsidecar.negotiator_service import negotiation
 from agentsidecar.negotiator_service.broker import Broker
@@ -174,3 +176,38 @@ def test_formats_are_found_in_document_order_with_escaped_pointers() -> None:
     assert negotiation.derive_checked_requirements(request, checked.formats)[0] == Requirement(
         Capability.STRUCTURED_OUTPUT, "output_schema"
     )
+
+
+# Keywords of draft 2020-12 and of older drafts, each with values valid or not for it.
+_KEYWORDS = (
+    "type", "properties", "items", "prefixItems", "required", "minimum", "exclusiveMinimum",
+    "maxLength", "pattern", "format", "enum", "const", "anyOf", "not", "$schema", "$id",
+    "additionalProperties", "dependencies", "dependentRequired", "$defs", "definitions", "minItems",
+)  # fmt: skip
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.sampled_from(
+        ["string", "object", "banana", "email", "a+", "(", "http://json-schema.org/draft-07/schema#"]
+    ),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from([*_KEYWORDS, "a", "b"]), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+_SCHEMAS = st.dictionaries(st.sampled_from(_KEYWORDS), _VALUES, max_size=4)
+
+
+@given(_SCHEMAS)
+def test_compiling_to_check_refuses_exactly_what_the_separate_checks_refuse(schema: dict[str, Any]) -> None:
+    text = json.dumps(schema)
+    compiled, compiled_schema = negotiation.check_schema_text(text, compile=True)
+    checked, checked_schema = negotiation.check_schema_text(text, compile=False)
+    assert compiled.problems == checked.problems == tuple(negotiation._parse_schema(text)[1])
+    assert compiled.formats == checked.formats
+    assert compiled_schema == checked_schema
