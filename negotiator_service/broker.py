@@ -28,7 +28,7 @@ import jsonschema_rs
 
 from agentsidecar.negotiator_service import negotiation
 from agentsidecar.negotiator_service.audit import AuditLog
-from agentsidecar.negotiator_service.call_caches import CallCaches
+from agentsidecar.negotiator_service.call_caches import MAX_SCHEMA_BYTES, CallCaches
 from agentsidecar.negotiator_service.depth import DEFAULT_MAX_DEPTH, check_depth
 from agentsidecar.negotiator_service.errors import (
     AdapterInternal,
@@ -300,7 +300,7 @@ class Broker:
         schema = _own_schema(expanded, schema, checked)
         if checked is not None and schema is not None:
             # Before the adapter holds the schema it could change.
-            checked.compile(schema)
+            checked = checked.compiled(schema)
         adapter_call = AdapterCall(
             prompt=expanded.prompt,
             options=expanded.options,
@@ -425,6 +425,9 @@ class Broker:
         if known is None:
             judged = self._judge_afresh(request, dispatch)
             decision, _, expanded, checked = judged
+            if checked is not None and len(request.output_schema or "") > MAX_SCHEMA_BYTES:
+                # As the schema cache: a larger schema's validator lives for one call.
+                checked = checked.without_validator()
             judgements.put((options, declaration), shape, (decision, expanded.options, checked))
             return judged
         decision, expanded_options, checked = known

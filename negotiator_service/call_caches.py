@@ -17,12 +17,13 @@ judgements (Broker._judge)
     Key: the options object and the target's declaration object (by
     identity), with the call's shape (kind, target names, schema text,
     whether the prompt is empty). Value: the decision, the options after
-    profile expansion, and the schema's CheckedSchema. Sound because a judgement reads only those and the
-    broker's profiles, which are fixed; a registered adapter keeps its
-    declaration object, and registering or replacing it brings a new one.
-    Only judgements that succeed are kept; calls with tools never are. The
-    identity key hits only because `options` hands the same object to like
-    calls.
+    profile expansion, and the schema's CheckedSchema (for a schema over
+    MAX_SCHEMA_BYTES, one holding no validator: each call compiles its own).
+    Sound because a judgement reads only those and the broker's profiles,
+    which are fixed; a registered adapter keeps its declaration object, and
+    registering or replacing it brings a new one. Only judgements that
+    succeed are kept; calls with tools never are. The identity key hits
+    only because `options` hands the same object to like calls.
 
 schemas (checked_schema)
     Key: an output schema's text, at most MAX_SCHEMA_BYTES long. Value: its

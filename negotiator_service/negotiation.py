@@ -198,43 +198,57 @@ class CheckedSchema:
     One CheckedSchema may serve every call with that text (call_caches.py):
     its problems and formats are fixed when it is built, and its validator
     is compiled at most once (by the check, or for the first call that
-    dispatches) and immutable. The parsed schema an adapter gets is never
-    part of it.
+    dispatches) and immutable; one made `without_validator` compiles a copy
+    per call instead. The parsed schema an adapter gets is never part of it.
 
     problems: everything wrong with the text (empty when it is usable).
     formats: (request field, format) of the first `format` keyword naming
         each format, in document order (what `derive_checked_requirements` takes).
     """
 
-    __slots__ = ("_compile_error", "_compiled", "_validator", "formats", "problems")
+    __slots__ = ("_compile_error", "_compiled", "_keeps_validator", "_validator", "formats", "problems")
 
     def __init__(
         self,
         problems: tuple[tuple[str, str], ...],
         formats: tuple[tuple[str, str], ...] = (),
         validator: jsonschema_rs.Validator | None = None,
+        *,
+        keeps_validator: bool = True,
     ) -> None:
         self.problems = problems
         self.formats = formats
         self._validator = validator
         self._compile_error: Exception | None = None
         self._compiled = validator is not None
+        self._keeps_validator = keeps_validator
 
-    def compile(self, schema: Mapping[str, Any]) -> None:
-        """Compile `schema` (this text, parsed) unless compiled already; an error waits for `validator`."""
+    def compiled(self, schema: Mapping[str, Any]) -> CheckedSchema:
+        """This check with its validator, compiled from `schema` (this text, parsed) unless it is already.
+
+        Itself, compiled once; or, for one that keeps no validator
+        (`without_validator`), a copy compiled for one call. A compile error
+        waits for `validator`, which raises it.
+        """
         if self._compiled:
-            return
+            return self
+        target = self if self._keeps_validator else CheckedSchema(self.problems, self.formats)
         try:
-            self._validator = schema_validator(schema)
+            target._validator = schema_validator(schema)
         except Exception as exc:  # raised where the output is checked, as compiling there would
-            self._compile_error = exc
-        self._compiled = True
+            target._compile_error = exc
+        target._compiled = True
+        return target
+
+    def without_validator(self) -> CheckedSchema:
+        """The same findings, holding no validator and compiling one per call (`compiled`)."""
+        return CheckedSchema(self.problems, self.formats, keeps_validator=False)
 
     def validator(self) -> jsonschema_rs.Validator:
         """The schema compiled for draft 2020-12 with format checks; raises what compiling raised."""
         if self._validator is None:
             error = self._compile_error
-            assert error is not None, "compile() runs before validator()"
+            assert error is not None, "compiled() runs before validator()"
             raise error
         return self._validator
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from agentsidecar.negotiator_service import negotiation
 from agentsidecar.negotiator_service.broker import Broker
-from agentsidecar.negotiator_service.call_caches import CallCaches
+from agentsidecar.negotiator_service.call_caches import MAX_SCHEMA_BYTES, CallCaches
 from agentsidecar.negotiator_service.errors import InvalidRequest, OutputSchemaViolation
 from agentsidecar.negotiator_service.model import (
     AdapterCall,
@@ -211,3 +211,19 @@ def test_compiling_to_check_refuses_exactly_what_the_separate_checks_refuse(sche
     assert compiled.problems == checked.problems == tuple(negotiation._parse_schema(text)[1])
     assert compiled.formats == checked.formats
     assert compiled_schema == checked_schema
+
+
+async def test_a_schema_too_large_to_keep_is_applied_to_every_call_all_the_same() -> None:
+    properties = {f"p{index:05}": {"type": "integer"} for index in range(1500)}
+    text = json.dumps({"type": "object", "properties": properties, "required": ["p00000"]})
+    assert len(text) > MAX_SCHEMA_BYTES
+    broker = broker_with(fake(replies=['{"p00000": 1}', '{"p00000": "x"}', '{"p00001": 2}', '{"p00000": 3}']))
+    reply, _ = await broker.call(produce(text), time_budget=None)
+    assert json.loads(reply.text) == {"p00000": 1}
+    for pointer in ("/p00000", ""):  # a wrong type, then the required property missing
+        with pytest.raises(OutputSchemaViolation) as violated:
+            await broker.call(produce(text), time_budget=None)
+        assert [where for where, _ in violated.value.violations] == [pointer]
+    reply, _ = await broker.call(produce(text), time_budget=None)
+    assert json.loads(reply.text) == {"p00000": 3}
+    assert broker.caches.dispatch_schema(text)[1] is not None  # checked afresh: never kept
