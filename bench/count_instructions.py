@@ -1,6 +1,6 @@
 """Instructions per call in the server process, counted by valgrind: a figure the machine's noise cannot move.
 
-    python -m bench.count_instructions [--calls N]
+    python -m bench.count_instructions [--calls N] [--schemas]
 
 Wall-clock figures on this shared two-core machine drift by tens of percent
 from one minute to the next; an instruction count for the same binary,
@@ -42,11 +42,13 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 
 # The client, run as `python -c CLIENT TARGET N METHOD`: N sequential calls, one caller.
+# Produce sends bench_negotiator's 20-property schema: the same one every call
+# (warm), or one of this client's own each call (cold, as the bench's cold rows).
 CLIENT = """
-import asyncio, sys
+import asyncio, os, sys
 import grpc
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from bench.bench_negotiator import scripted_invoke_request
+from bench.bench_negotiator import produce_request, scripted_invoke_request
 
 async def main(target, calls, method):
     async with grpc.aio.insecure_channel(target) as channel:
@@ -56,11 +58,20 @@ async def main(target, calls, method):
         negotiate = negotiator_pb2.NegotiateRequest(invoke=invoke)
         echo = channel.unary_unary("/bench.Echo/Echo")
         raw = invoke.SerializeToString()
-        for _ in range(calls):
+        warm = produce_request("warm")
+        prefix = os.urandom(4).hex()
+        for index in range(calls):
             if method == "Echo":
                 await echo(raw, timeout=60)
             elif method == "Invoke":
                 await stub.Invoke(invoke, timeout=60)
+            elif method == "Produce":
+                await stub.Produce(warm, timeout=60)
+            elif method == "ProduceCold":
+                await stub.Produce(produce_request(f"{prefix}{index}"), timeout=60)
+            elif method == "NegotiateCold":
+                cold = negotiator_pb2.NegotiateRequest(produce=produce_request(f"{prefix}{index}"))
+                await stub.Negotiate(cold, timeout=60)
             else:
                 await stub.Negotiate(negotiate, timeout=60)
 
@@ -157,6 +168,11 @@ def main() -> None:
     parser.add_argument(
         "--calls", type=int, default=300, help="calls counted per method (and as many to warm up)"
     )
+    parser.add_argument(
+        "--schemas",
+        action="store_true",
+        help="also Produce with the 20-property schema, warm and cold, and Negotiate with it cold",
+    )
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
@@ -178,7 +194,10 @@ def main() -> None:
             workdir,
         )
         negotiator_argv = [str(Path(sys.executable).parent / "negotiator"), "serve", "--config", str(config)]
-        negotiator = count("negotiator", negotiator_argv, ["Negotiate", "Invoke"], args.calls, workdir)
+        methods = ["Negotiate", "Invoke"]
+        if args.schemas:
+            methods += ["NegotiateCold", "Produce", "ProduceCold"]
+        negotiator = count("negotiator", negotiator_argv, methods, args.calls, workdir)
     baseline = echo[0].instructions_per_call
     print(f"server instructions per call, {args.calls} calls each (callgrind):")
     print("| server | method | instructions/call | vs echo |")

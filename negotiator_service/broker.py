@@ -28,7 +28,7 @@ import jsonschema_rs
 
 from agentsidecar.negotiator_service import negotiation
 from agentsidecar.negotiator_service.audit import AuditLog
-from agentsidecar.negotiator_service.call_caches import CallCaches
+from agentsidecar.negotiator_service.call_caches import MAX_SCHEMA_BYTES, CallCaches
 from agentsidecar.negotiator_service.depth import DEFAULT_MAX_DEPTH, check_depth
 from agentsidecar.negotiator_service.errors import (
     AdapterInternal,
@@ -58,12 +58,16 @@ from agentsidecar.negotiator_service.model import (
     ToolCallLog,
     Usage,
 )
+from agentsidecar.negotiator_service.negotiation import CheckedSchema
 from agentsidecar.negotiator_service.registry import AdapterRegistry
 from agentsidecar.negotiator_service.tools import visible_tools
 from agentsidecar.negotiator_service.usage import count_tokens, model_label
 from agentsidecar.sidecar_runtime.metrics import record_refusals
 
 _LOGGER = logging.getLogger("agentsidecar.negotiator_service.broker")
+# A judged call: the decision, the schema parsed for this call, the call with
+# its profile expanded, and the schema's CheckedSchema (None for an Invoke).
+_Judged = tuple[Decision, Mapping[str, Any] | None, CallRequest, CheckedSchema | None]
 
 
 class Broker:
@@ -131,7 +135,7 @@ class Broker:
         return decision
 
     def _negotiate(self, request: CallRequest) -> Decision:
-        decision, _, expanded = self._decide(request, operation="negotiate")
+        decision, _, expanded, _ = self._decide(request, operation="negotiate", dispatch=False)
         if decision.accepted:
             # The admission applies to what dispatch would start, so only to an accepted call
             # (a refused one is refused by its gaps first, in Produce as here).
@@ -177,7 +181,7 @@ class Broker:
         )
         dispatched = False
         try:
-            decision, schema, adapter, adapter_call = self._prepare(
+            decision, checked, adapter, adapter_call = self._prepare(
                 request, operation, audit, time_budget, delegation_depth, conversation_state, tools
             )
             dispatched = True
@@ -187,8 +191,8 @@ class Broker:
                 # Events were not negotiated; returning them anyway would be an
                 # undeclared surface.
                 reply = replace(reply, events=())
-            if schema is not None:
-                check_output(decision.adapter, schema, reply.text)
+            if checked is not None:
+                check_checked_output(decision.adapter, checked, reply.text)
             if check_reply is not None:
                 check_reply(reply, decision)
         except BaseException as error:
@@ -228,7 +232,7 @@ class Broker:
         )
         dispatched = False
         try:
-            decision, schema, adapter, adapter_call = self._prepare(
+            decision, checked, adapter, adapter_call = self._prepare(
                 request, operation, audit, time_budget, delegation_depth, conversation_state, tools
             )
             yield decision
@@ -246,8 +250,8 @@ class Broker:
             assert reply is not None  # _stream_adapter ends with the reply or raises
             reply = replace(reply, events=())
             self._count_usage(audit, adapter, decision, adapter_call, reply)
-            if schema is not None:
-                check_output(decision.adapter, schema, reply.text)
+            if checked is not None:
+                check_checked_output(decision.adapter, checked, reply.text)
             if check_reply is not None:
                 check_reply(reply, decision)
         except BaseException as error:
@@ -276,9 +280,9 @@ class Broker:
         delegation_depth: int,
         conversation_state: JsonValue,
         tools: ToolBox | None,
-    ) -> tuple[Decision, Mapping[str, Any] | None, Adapter, AdapterCall]:
+    ) -> tuple[Decision, CheckedSchema | None, Adapter, AdapterCall]:
         """Judge a brokered call and hold it to the rules that refuse before dispatch; what to run."""
-        decision, schema, expanded = self._decide(request, operation=operation)
+        decision, schema, expanded, checked = self._decide(request, operation=operation, dispatch=True)
         audit.decision = decision
         # Before the capability verdict: no adapter could serve a call this deep.
         check_depth(delegation_depth, expanded.options, self.max_depth)
@@ -293,6 +297,10 @@ class Broker:
         if not isinstance(tool_log, ToolCallLog):
             tool_log = ToolCallLog()
         audit.tool_log = tool_log
+        schema = _own_schema(expanded, schema, checked)
+        if checked is not None and schema is not None:
+            # Before the adapter holds the schema it could change.
+            checked = checked.compiled(schema)
         adapter_call = AdapterCall(
             prompt=expanded.prompt,
             options=expanded.options,
@@ -303,7 +311,7 @@ class Broker:
             tools=tools,
             tool_log=tool_log,
         )
-        return decision, schema, entry.adapter, adapter_call
+        return decision, checked, entry.adapter, adapter_call
 
     async def _stream_adapter(
         self, adapter: Adapter, shortname: str, kind: CallKind, adapter_call: AdapterCall
@@ -378,15 +386,22 @@ class Broker:
         decision, _, _ = self._judge(request)
         return decision
 
-    def _decide(
-        self, request: CallRequest, *, operation: str
-    ) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
-        decision, schema, expanded = self._judge(request)
-        self._log_decision(operation, decision, request)
-        return decision, schema, expanded
+    def _decide(self, request: CallRequest, *, operation: str, dispatch: bool) -> _Judged:
+        judged = self._judge_checked(request, dispatch=dispatch)
+        self._log_decision(operation, judged[0], request)
+        return judged
 
     def _judge(self, request: CallRequest) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
-        """The decision, the parsed schema, and the call with its profile expanded (what the adapter gets).
+        """The decision, the parsed schema, and the call with its profile expanded (what the adapter gets)."""
+        decision, schema, expanded, checked = self._judge_checked(request)
+        return decision, _own_schema(expanded, schema, checked), expanded
+
+    def _judge_checked(self, request: CallRequest, *, dispatch: bool = False) -> _Judged:
+        """`_judge`, with the output schema's CheckedSchema (None for an Invoke).
+
+        The schema is None also for a Produce whose text was checked before
+        (`_own_schema` parses it for the call that dispatches): a dry run
+        never needs it.
 
         A judgement is a pure function of the call's options, target, kind,
         schema text and whether it has a prompt, of the profiles (fixed per
@@ -396,11 +411,11 @@ class Broker:
         expansion, derivation and judging.
         """
         if request.tools:
-            return self._judge_afresh(request)
+            return self._judge_afresh(request, dispatch)
         target = request.adapter if request.adapter is not None else request.agent
         declaration = self.registry.find_declaration(target) if target is not None else None
         if declaration is None:
-            return self._judge_afresh(request)  # raises, naming what is missing
+            return self._judge_afresh(request, dispatch)  # raises, naming what is missing
         options = request.options
         # The kind as a bool: hashing an enum member runs Python code, hashing a bool does not.
         produce = request.kind is CallKind.PRODUCE
@@ -408,26 +423,33 @@ class Broker:
         judgements = self.caches.judgements
         known = judgements.get((options, declaration), shape, None)
         if known is None:
-            decision, schema, expanded = self._judge_afresh(request)
-            judgements.put((options, declaration), shape, (decision, expanded.options))
-            return decision, schema, expanded
-        decision, expanded_options = known
-        schema = negotiation.fresh_schema(request.output_schema) if request.output_schema else None
+            judged = self._judge_afresh(request, dispatch)
+            decision, _, expanded, checked = judged
+            if checked is not None and len(request.output_schema or "") > MAX_SCHEMA_BYTES:
+                # As the schema cache: a larger schema's validator lives for one call.
+                checked = checked.without_validator()
+            judgements.put((options, declaration), shape, (decision, expanded.options, checked))
+            return judged
+        decision, expanded_options, checked = known
         if expanded_options is not options:
             request = replace(request, options=expanded_options)
-        return decision, schema, request
+        return decision, None, request, checked
 
-    def _judge_afresh(self, request: CallRequest) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
-        schema = negotiation.validate_request(request, self.profiles)
+    def _judge_afresh(self, request: CallRequest, dispatch: bool) -> _Judged:
+        # A call to dispatch has its schema compiled by the check itself (negotiation.check_schema_text).
+        check = self.caches.dispatch_schema if dispatch else self.caches.checked_schema
+        schema, checked = negotiation.validate_call(request, self.profiles, check)
         expanded, origins = negotiation.expand_profile(request, self.profiles)
         declaration = negotiation.select(expanded, self.registry.declaration)
         if expanded.options.settings:
             self._check_settings(declaration.shortname, expanded)
-        requirements = negotiation.relabel(negotiation.derive_requirements(expanded, schema), origins)
+        formats = checked.formats if checked is not None else None
+        derived = negotiation.derive_checked_requirements(expanded, formats)
+        requirements = negotiation.relabel(derived, origins)
         decision = negotiation.judge(
             declaration, requirements, request.options.allow_unknown, expanded.options.model
         )
-        return decision, schema, expanded
+        return decision, schema, expanded, checked
 
     def _check_settings(self, shortname: str, request: CallRequest) -> None:
         """Refuse setting values the adapter's own pure rules reject (InvalidRequest), before judging.
@@ -500,6 +522,16 @@ class Broker:
             sink(line)
         else:
             self._logger.info(line)
+
+
+def _own_schema(
+    request: CallRequest, schema: Mapping[str, Any] | None, checked: CheckedSchema | None
+) -> Mapping[str, Any] | None:
+    """The schema a dispatched call hands its adapter: parsed for this call alone, so an adapter
+    that changes it cannot change what the next call gets."""
+    if schema is not None or checked is None or not request.output_schema:
+        return schema
+    return negotiation.fresh_schema(request.output_schema)
 
 
 def decision_record(
@@ -597,19 +629,41 @@ class _AuditDraft:
 
 def check_output(adapter: str, schema: Mapping[str, Any], text: str) -> Any:
     """Parse and validate Produce output; raise OutputSchemaViolation listing every error."""
+    instance = _output_instance(adapter, text)
     try:
-        instance = json.loads(text)
+        validator = negotiation.schema_validator(schema)
+    except jsonschema_rs.ValidationError as exc:
+        raise _not_applicable(exc) from exc
+    return _validated(adapter, validator, instance)
+
+
+def check_checked_output(adapter: str, checked: CheckedSchema, text: str) -> Any:
+    """`check_output` against a schema checked before dispatch (and compiled: CheckedSchema.compile)."""
+    instance = _output_instance(adapter, text)
+    try:
+        validator = checked.validator()
+    except jsonschema_rs.ValidationError as exc:
+        raise _not_applicable(exc) from exc
+    return _validated(adapter, validator, instance)
+
+
+def _output_instance(adapter: str, text: str) -> Any:
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise OutputSchemaViolation(adapter, [("", f"output is not valid JSON: {exc}")]) from exc
     except (RecursionError, ValueError) as exc:  # nested past the parser, or an integer past int()
         raise OutputSchemaViolation(
             adapter, [("", "output is not JSON this negotiator reads: too deep or too long a number")]
         ) from exc
-    try:
-        validator = negotiation.schema_validator(schema)
-    except jsonschema_rs.ValidationError as exc:
-        # validate_request checks the schema and resolves every $ref up front; this is the backstop.
-        raise InvalidRequest([("output_schema", f"cannot be applied: {exc.message}")]) from exc
+
+
+def _not_applicable(error: jsonschema_rs.ValidationError) -> InvalidRequest:
+    # validate_request checks the schema and resolves every $ref up front; this is the backstop.
+    return InvalidRequest([("output_schema", f"cannot be applied: {error.message}")])
+
+
+def _validated(adapter: str, validator: jsonschema_rs.Validator, instance: Any) -> Any:
     violations = negotiation.schema_violations(validator, instance)
     if violations:
         raise OutputSchemaViolation(adapter, violations)

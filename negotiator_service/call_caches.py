@@ -16,13 +16,21 @@ options
 judgements (Broker._judge)
     Key: the options object and the target's declaration object (by
     identity), with the call's shape (kind, target names, schema text,
-    whether the prompt is empty). Value: the decision and the options after
-    profile expansion. Sound because a judgement reads only those and the
-    broker's profiles, which are fixed; a registered adapter keeps its
-    declaration object, and registering or replacing it brings a new one.
-    Only judgements that succeed are kept; calls with tools never are. The
-    identity key hits only because `options` hands the same object to like
-    calls.
+    whether the prompt is empty). Value: the decision, the options after
+    profile expansion, and the schema's CheckedSchema (for a schema over
+    MAX_SCHEMA_BYTES, one holding no validator: each call compiles its own).
+    Sound because a judgement reads only those and the broker's profiles,
+    which are fixed; a registered adapter keeps its declaration object, and
+    registering or replacing it brings a new one. Only judgements that
+    succeed are kept; calls with tools never are. The identity key hits
+    only because `options` hands the same object to like calls.
+
+schemas (checked_schema)
+    Key: an output schema's text, at most MAX_SCHEMA_BYTES long. Value: its
+    CheckedSchema (negotiation.check_schema_text): its problems, its
+    compiled validator and its formats, a pure function of the text and
+    immutable. The parsed schema an adapter gets is never kept: a call
+    whose text is known parses its own (broker._own_schema).
 
 decision_lines (Broker._log_decision)
     Key: the decision object, with the operation and allow_unknown. Value:
@@ -40,23 +48,41 @@ MAX_ENTRIES and starts over when full: a miss costs only the recomputation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from agentsidecar.negotiator.v1 import negotiator_pb2
-from agentsidecar.negotiator_service import convert
+from agentsidecar.negotiator_service import convert, negotiation
 from agentsidecar.negotiator_service.identity_cache import IdentityCache
 from agentsidecar.negotiator_service.model import AdapterReply, CallOptions, CallRequest, Decision
+from agentsidecar.negotiator_service.negotiation import CheckedSchema
 
 MAX_ENTRIES = 1024
 MAX_OPTIONS_BYTES = 4096
+# Schemas are kept up to this size, fewer of them: a compiled validator
+# weighs several times its text.
+MAX_SCHEMA_BYTES = 32 * 1024
+MAX_SCHEMA_ENTRIES = 256
 
 
 class CallCaches:
     """The caches of one negotiator server (the rules: this module's docstring)."""
 
-    __slots__ = ("_options", "decision_lines", "decision_protos", "judgements", "negotiate_responses")
+    __slots__ = (
+        "_options",
+        "_schemas",
+        "decision_lines",
+        "decision_protos",
+        "judgements",
+        "negotiate_responses",
+    )
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self._options: IdentityCache[CallOptions] = IdentityCache(max_entries)
-        self.judgements: IdentityCache[tuple[Decision, CallOptions]] = IdentityCache(max_entries)
+        self._schemas: IdentityCache[CheckedSchema] = IdentityCache(min(max_entries, MAX_SCHEMA_ENTRIES))
+        self.judgements: IdentityCache[tuple[Decision, CallOptions, CheckedSchema | None]] = IdentityCache(
+            max_entries
+        )
         self.decision_lines: IdentityCache[str] = IdentityCache(max_entries)
         self.decision_protos: IdentityCache[negotiator_pb2.Decision] = IdentityCache(max_entries)
         self.negotiate_responses: IdentityCache[negotiator_pb2.NegotiateResponse] = IdentityCache(max_entries)
@@ -74,6 +100,27 @@ class CallCaches:
         ):
             self._options.put((), encoding, options)
         return options
+
+    def checked_schema(self, text: str) -> tuple[CheckedSchema, Mapping[str, Any] | None]:
+        """negotiation.check_schema_text, its CheckedSchema shared by every call with this text.
+
+        The parsed schema comes only with a text checked here and now (None
+        for one known already: the call parses its own when it needs one).
+        """
+        return self._checked_schema(text, compile=False)
+
+    def dispatch_schema(self, text: str) -> tuple[CheckedSchema, Mapping[str, Any] | None]:
+        """`checked_schema` for a call to dispatch: a text checked here is compiled as it is checked."""
+        return self._checked_schema(text, compile=True)
+
+    def _checked_schema(self, text: str, *, compile: bool) -> tuple[CheckedSchema, Mapping[str, Any] | None]:
+        checked = self._schemas.get((), text, None)
+        if checked is not None:
+            return checked, None
+        checked, schema = negotiation.check_schema_text(text, compile=compile)
+        if len(text) <= MAX_SCHEMA_BYTES:
+            self._schemas.put((), text, checked)
+        return checked, schema
 
     def negotiate_request(self, message: negotiator_pb2.NegotiateRequest) -> CallRequest:
         return convert.negotiate_request(message, self.call_options)

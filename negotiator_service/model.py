@@ -125,6 +125,7 @@ class AdapterKind(enum.Enum):
 
 
 class TypedSet(enum.Enum):
+    # Each value is also the name of the Declaration field holding that set (Declaration.members).
     MCP_TRANSPORTS = "mcp_transports"
     ACCEPTED_SETTINGS = "accepted_settings"
     STRING_FORMATS = "string_formats"
@@ -170,18 +171,15 @@ class Declaration:
     effort_levels: frozenset[str] = frozenset()  # empty: any level the effort state allows
     default_model: str = ""  # the model of a call that names none; "" when the adapter has no default
     models: Mapping[str, Declaration] = field(default_factory=lambda: MappingProxyType({}))
+    # `version`, once computed: a pure function of the fields above, which never change.
+    _version: str = field(default="", init=False, repr=False, compare=False)
 
     def state(self, capability: Capability) -> CapabilityState:
         return self.capabilities.get(capability, CapabilityState.UNKNOWN)
 
     def members(self, typed_set: TypedSet) -> frozenset[str]:
-        return {
-            TypedSet.MCP_TRANSPORTS: self.mcp_transports,
-            TypedSet.ACCEPTED_SETTINGS: self.accepted_settings,
-            TypedSet.STRING_FORMATS: self.string_formats,
-            TypedSet.HOOK_EVENTS: self.hook_events,
-            TypedSet.EFFORT_LEVELS: self.effort_levels,
-        }[typed_set]
+        members: frozenset[str] = getattr(self, typed_set._value_)  # each set is the field of its name
+        return members
 
     def selected_model(self, model: str | None) -> str:
         """The model a call with `options.model` = `model` goes to ("" when neither names one)."""
@@ -228,8 +226,12 @@ class Declaration:
 
     @property
     def version(self) -> str:
-        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        version = self._version
+        if not version:
+            text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+            version = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+            object.__setattr__(self, "_version", version)  # frozen: set once, then only read
+        return version
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +289,11 @@ class CallOptions:
     # validate_request checks each; derive_requirements judges each as
     # `options.requires[i]`.
     requires: tuple[str, ...] = ()
+    # What these options need of an adapter, once negotiation.options_requirements
+    # has derived it: a pure function of the fields above, which never change.
+    derived_requirements: tuple[Requirement, ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
 
 class CallKind(enum.Enum):

@@ -112,24 +112,41 @@ def validate_request(
     them in one round trip. A boolean schema is returned as its object
     equivalent (`true` is `{}`, `false` is `{"not": {}}`).
     """
+    schema, _ = validate_call(request, profiles)
+    return schema
+
+
+def validate_call(
+    request: CallRequest,
+    profiles: Mapping[str, Profile] | None = None,
+    check_schema: Callable[[str], tuple[CheckedSchema, Mapping[str, Any] | None]] | None = None,
+) -> tuple[Mapping[str, Any] | None, CheckedSchema | None]:
+    """`validate_request`, with the output schema's CheckedSchema (None for an Invoke).
+
+    `check_schema` checks a schema text (default: `check_schema_text`); a
+    cache of its results hands out the same CheckedSchema for the same text,
+    and no parsed schema for a text it knows (the schema returned is then
+    None: parse it with `fresh_schema` where it is needed).
+    """
     problems: list[tuple[str, str]] = []
     problems.extend(_target_problems(request))
     if request.prompt == "":
         problems.append(("prompt", "must not be empty"))
     schema: Mapping[str, Any] | None = None
+    checked: CheckedSchema | None = None
     if request.kind is CallKind.PRODUCE:
         if not request.output_schema:
             problems.append(("output_schema", "is required for Produce"))
         else:
-            schema, schema_problems = _parse_schema(request.output_schema)
-            problems.extend(schema_problems)
+            checked, schema = (check_schema or check_schema_text)(request.output_schema)
+            problems.extend(checked.problems)
     elif request.output_schema:
         problems.append(("output_schema", "is only for Produce; Invoke returns plain text"))
     problems.extend(_option_problems(request.options))
     problems.extend(_profile_problems(request.options, profiles))
     if problems:
         raise InvalidRequest(problems)
-    return schema
+    return schema, checked
 
 
 def _target_problems(request: CallRequest) -> list[tuple[str, str]]:
@@ -152,10 +169,14 @@ MAX_SCHEMA_NESTING = 64
 
 
 def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, str]]]:
-    problems = _schema_text_problems(text)
+    """A schema text's checks without compiling it: the parsed schema, else its problems."""
+    parsed, problems = _parsed_schema(text)
+    if parsed is None:
+        return None, list(problems)
+    problems = _schema_problems(parsed, text)
     if problems:
         return None, list(problems)
-    return fresh_schema(text), []
+    return parsed, []
 
 
 def fresh_schema(text: str) -> Mapping[str, Any]:
@@ -171,19 +192,114 @@ def fresh_schema(text: str) -> Mapping[str, Any]:
     return schema
 
 
-def _schema_text_problems(text: str) -> tuple[tuple[str, str], ...]:
-    """Everything wrong with a schema's text (empty when it is usable); a pure function of the text."""
-    too_deep = (("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep"),)
+class CheckedSchema:
+    """What checking one output schema text found: a pure function of the text.
+
+    One CheckedSchema may serve every call with that text (call_caches.py):
+    its problems and formats are fixed when it is built, and its validator
+    is compiled at most once (by the check, or for the first call that
+    dispatches) and immutable; one made `without_validator` compiles a copy
+    per call instead. The parsed schema an adapter gets is never part of it.
+
+    problems: everything wrong with the text (empty when it is usable).
+    formats: (request field, format) of the first `format` keyword naming
+        each format, in document order (what `derive_checked_requirements` takes).
+    """
+
+    __slots__ = ("_compile_error", "_compiled", "_keeps_validator", "_validator", "formats", "problems")
+
+    def __init__(
+        self,
+        problems: tuple[tuple[str, str], ...],
+        formats: tuple[tuple[str, str], ...] = (),
+        validator: jsonschema_rs.Validator | None = None,
+        *,
+        keeps_validator: bool = True,
+    ) -> None:
+        self.problems = problems
+        self.formats = formats
+        self._validator = validator
+        self._compile_error: Exception | None = None
+        self._compiled = validator is not None
+        self._keeps_validator = keeps_validator
+
+    def compiled(self, schema: Mapping[str, Any]) -> CheckedSchema:
+        """This check with its validator, compiled from `schema` (this text, parsed) unless it is already.
+
+        Itself, compiled once; or, for one that keeps no validator
+        (`without_validator`), a copy compiled for one call. A compile error
+        waits for `validator`, which raises it.
+        """
+        if self._compiled:
+            return self
+        target = self if self._keeps_validator else CheckedSchema(self.problems, self.formats)
+        try:
+            target._validator = schema_validator(schema)
+        except Exception as exc:  # raised where the output is checked, as compiling there would
+            target._compile_error = exc
+        target._compiled = True
+        return target
+
+    def without_validator(self) -> CheckedSchema:
+        """The same findings, holding no validator and compiling one per call (`compiled`)."""
+        return CheckedSchema(self.problems, self.formats, keeps_validator=False)
+
+    def validator(self) -> jsonschema_rs.Validator:
+        """The schema compiled for draft 2020-12 with format checks; raises what compiling raised."""
+        if self._validator is None:
+            error = self._compile_error
+            assert error is not None, "compiled() runs before validator()"
+            raise error
+        return self._validator
+
+
+def check_schema_text(text: str, *, compile: bool = False) -> tuple[CheckedSchema, dict[str, Any] | None]:
+    """Check an output schema's text: its CheckedSchema, and (when usable) the schema parsed for this call.
+
+    The text is parsed once. With `compile` (the call will be dispatched,
+    so its output checked), a document that cannot refer (`_may_refer`) is
+    compiled straight away: compiling checks it against the draft 2020-12
+    metaschema (whatever its `$schema` says), so one that compiles has
+    passed that check, and only one that does not goes through the separate
+    checks, which word the refusal. Otherwise the schema is checked (the
+    metaschema; for a document that may refer, references resolved within
+    it, no cycle, bounded in-place applications) and compiled only for the
+    first call that dispatches, so compiling never meets what those refuse.
+    """
+    parsed, problems = _parsed_schema(text)
+    if parsed is None:
+        return CheckedSchema(problems), None
+    if compile and not _may_refer(text):
+        try:
+            validator = schema_validator(parsed)
+        except Exception:  # worded by the checks below, or kept for the output check
+            pass
+        else:
+            return CheckedSchema((), _first_formats(parsed), validator), parsed
+    problems = _schema_problems(parsed, text)
+    if problems:
+        return CheckedSchema(problems), None
+    return CheckedSchema((), _first_formats(parsed)), parsed
+
+
+def _parsed_schema(text: str) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
+    """The text parsed as a schema object (a boolean as its object equivalent), else what is wrong with it."""
     try:
         parsed = strict_json(text)
     except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit (nesting, integer digits)
-        return (("output_schema", json_problem(exc)),)
-    if json_depth(parsed) > MAX_SCHEMA_NESTING:
-        return too_deep
+        return None, (("output_schema", json_problem(exc)),)
+    # A document holding fewer brackets than the limit cannot nest past it.
+    if text.count("{") + text.count("[") >= MAX_SCHEMA_NESTING and json_depth(parsed) > MAX_SCHEMA_NESTING:
+        return None, (("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep"),)
     if isinstance(parsed, bool):
         parsed = {} if parsed else {"not": {}}
     if not isinstance(parsed, dict):
-        return (("output_schema", f"must be a JSON object or boolean, not {_json_type_name(parsed)}"),)
+        return None, (("output_schema", f"must be a JSON object or boolean, not {_json_type_name(parsed)}"),)
+    return parsed, ()
+
+
+def _schema_problems(parsed: dict[str, Any], text: str) -> tuple[tuple[str, str], ...]:
+    """What is wrong with a parsed schema object: the metaschema, then its references (when it may refer)."""
     try:
         _check_against_metaschema(parsed)
     except jsonschema_rs.ValidationError as exc:
@@ -476,21 +592,47 @@ def relabel(requirements: Sequence[Requirement], fields: Mapping[str, str]) -> t
 
 def derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
     """Everything the call needs from the adapter, in request order."""
-    return _derive_requirements(request, schema)
+    return derive_checked_requirements(request, None if schema is None else _first_formats(schema))
 
 
-def _derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None) -> tuple[Requirement, ...]:
-    options = request.options
+def derive_checked_requirements(
+    request: CallRequest, formats: Sequence[tuple[str, str]] | None
+) -> tuple[Requirement, ...]:
+    """`derive_requirements` for a call whose schema was checked: `formats` is its CheckedSchema's
+    (None: the call has no schema)."""
+    needs = options_requirements(request.options)
+    if formats is None and not request.tools:
+        return needs
     requirements: list[Requirement] = []
-    if schema is not None:
+    if formats is not None:
         requirements.append(Requirement(Capability.STRUCTURED_OUTPUT, "output_schema"))
-        seen_formats: set[str] = set()
-        for pointer, string_format in _schema_formats(schema, "output_schema"):
-            if string_format not in seen_formats:
-                seen_formats.add(string_format)
-                requirements.append(
-                    Requirement(Capability.STRUCTURED_OUTPUT, pointer, TypedSet.STRING_FORMATS, string_format)
-                )
+        for pointer, string_format in formats:
+            requirements.append(
+                Requirement(Capability.STRUCTURED_OUTPUT, pointer, TypedSet.STRING_FORMATS, string_format)
+            )
+    requirements.extend(needs)
+    if request.tools:
+        # Caller tools of a ToolSession (ToolSessionStart.tools, after the call itself).
+        requirements.append(Requirement(Capability.TOOL_REGISTRATION, "tools"))
+    return tuple(requirements)
+
+
+def options_requirements(options: CallOptions) -> tuple[Requirement, ...]:
+    """What a call's options need from the adapter, in field order.
+
+    Derived once per options object and kept on it (`derived_requirements`):
+    options never change, and like calls share one options object
+    (call_caches.py), so each judge of such a call reads the same tuple.
+    """
+    known = options.derived_requirements
+    if known is None:
+        known = _options_requirements(options)
+        object.__setattr__(options, "derived_requirements", known)  # frozen: set once, then only read
+    return known
+
+
+def _options_requirements(options: CallOptions) -> tuple[Requirement, ...]:
+    requirements: list[Requirement] = []
     if options.model is not None:
         requirements.append(Requirement(Capability.MODEL_OVERRIDE, "options.model"))
     if options.effort is not None:
@@ -544,21 +686,93 @@ def _derive_requirements(request: CallRequest, schema: Mapping[str, Any] | None)
         requirements.append(Requirement(capability, request_field))
         if typed_set is not None:
             requirements.append(Requirement(capability, request_field, typed_set, member))
-    if request.tools:
-        # Caller tools of a ToolSession (ToolSessionStart.tools, after the call itself).
-        requirements.append(Requirement(Capability.TOOL_REGISTRATION, "tools"))
     return tuple(requirements)
 
 
 def _schema_formats(schema: object, pointer: str) -> Iterator[tuple[str, str]]:
     """(request field, format) for every `format` keyword, in document order."""
-    if not isinstance(schema, Mapping):
-        return  # a boolean subschema has no keywords
+    found: list[tuple[str, str]] = []
+    if isinstance(schema, Mapping) and _may_hold_format(schema):  # a boolean subschema has no keywords
+        _collect_formats(schema, [pointer], found)
+    return iter(found)
+
+
+def _first_formats(schema: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(request field, format) of the first `format` keyword naming each format, in document order."""
+    first: dict[str, str] = {}
+    for pointer, string_format in _schema_formats(schema, "output_schema"):
+        first.setdefault(string_format, pointer)
+    return tuple((pointer, string_format) for string_format, pointer in first.items())
+
+
+# Each subschema keyword by how its value holds subschemas (see _SUBSCHEMA_KEYWORDS).
+_ONE, _MAP, _LIST = 1, 2, 3
+_SUBSCHEMA_SHAPES: Mapping[str, int] = MappingProxyType(
+    {keyword: _ONE for keyword in _SUBSCHEMA_KEYWORDS}
+    | {keyword: _MAP for keyword in _SUBSCHEMA_MAP_KEYWORDS}
+    | {keyword: _LIST for keyword in _SUBSCHEMA_LIST_KEYWORDS}
+)
+
+
+def _collect_formats(schema: Mapping[str, Any], path: list[str], found: list[tuple[str, str]]) -> None:
+    """Append every `format` keyword under `schema` to `found`, in document order.
+
+    `path` holds the pointer's tokens as written; they are escaped and
+    joined only for a `format` found, so a walk builds no pointer it does
+    not report. The same subschemas as `_children` yields, in the same order.
+    """
+    shapes = _SUBSCHEMA_SHAPES
     for keyword, value in schema.items():
-        if keyword == "format" and isinstance(value, str):
-            yield f"{pointer}/format", value
-        for child_pointer, child in _children(keyword, value, pointer):
-            yield from _schema_formats(child, child_pointer)
+        if keyword == "format":
+            if isinstance(value, str):
+                found.append((_pointer(path) + "/format", value))
+            continue
+        shape = shapes.get(keyword)
+        if shape is None:
+            continue
+        path.append(keyword)
+        if shape == _ONE:
+            if isinstance(value, list):  # pre-2020 tuple `items`
+                for index, item in enumerate(value):
+                    if _may_hold_format(item):
+                        path.append(str(index))
+                        _collect_formats(item, path, found)
+                        path.pop()
+            elif _may_hold_format(value):
+                _collect_formats(value, path, found)
+        elif shape == _MAP:
+            if _is_mapping(value):
+                for name, sub in value.items():
+                    if _may_hold_format(sub):
+                        path.append(name)
+                        _collect_formats(sub, path, found)
+                        path.pop()
+        elif isinstance(value, list):
+            for index, sub in enumerate(value):
+                if _may_hold_format(sub):
+                    path.append(str(index))
+                    _collect_formats(sub, path, found)
+                    path.pop()
+        path.pop()
+
+
+def _is_mapping(value: object) -> bool:
+    # A parsed schema holds plain dicts: the exact type test spares the Mapping ABC's check.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+# The keys a schema object needs for a walk to find anything in it.
+_WALKED = frozenset(_SUBSCHEMA_SHAPES) | {"format"}
+
+
+def _may_hold_format(value: object) -> bool:
+    """Whether `value` is a schema object holding `format` or a subschema keyword (else nothing to walk)."""
+    return _is_mapping(value) and not _WALKED.isdisjoint(value)  # type: ignore[arg-type]
+
+
+def _pointer(path: list[str]) -> str:
+    """The request field of a walk's path: its first token as it is, the rest escaped (RFC 6901)."""
+    return "/".join([path[0], *map(_escape, path[1:])])
 
 
 def _children(keyword: str, value: object, pointer: str) -> Iterator[tuple[str, object]]:
@@ -718,17 +932,19 @@ def _judge(
     model: str | None,
 ) -> Decision:
     judged_model, judging = declaration.for_model(model)
+    capabilities = judging.capabilities
     verdicts = []
     for requirement in requirements:
-        state = _state(judging, requirement)
-        allowed = state is CapabilityState.UNKNOWN and requirement.capability in allow_unknown
-        verdicts.append(Verdict(requirement, state, allowed_unknown=allowed))
-    return Decision(
-        adapter=declaration.shortname,
-        declaration_version=version,
-        verdicts=tuple(verdicts),
-        model=judged_model,
-    )
+        if requirement.typed_set is None:  # `_state`'s first case, without its call
+            state = capabilities.get(requirement.capability, _UNKNOWN)
+        else:
+            state = _state(judging, requirement)
+        allowed = state is _UNKNOWN and requirement.capability in allow_unknown
+        verdicts.append(Verdict(requirement, state, allowed))
+    return Decision(declaration.shortname, version, tuple(verdicts), judged_model)
+
+
+_UNKNOWN = CapabilityState.UNKNOWN
 
 
 def _state(declaration: Declaration, requirement: Requirement) -> CapabilityState:
