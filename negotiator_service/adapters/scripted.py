@@ -38,7 +38,7 @@ Options:
 A reply is exactly one of `{text: "..."}`, `{echo: true}` (the prompt),
 `{json: <value>}` (its JSON text), `{transcript: true}` (the JSON array of
 the conversation's prompts so far, this one included), `{received: true}`
-(the JSON text of this call's record, see `received_record`) or
+(the JSON text of this call's record, see `ScriptedAdapter.received`) or
 `{error: {kind, message, retry_after?}}` with kind one of unavailable,
 timeout, rate_limited, refused, misconfigured, internal.
 
@@ -68,6 +68,7 @@ from agentsidecar.negotiator_service.model import (
     AdapterReply,
     AdapterSpec,
     CallKind,
+    CallOptions,
     Capability,
     CapabilityState,
     Declaration,
@@ -137,8 +138,11 @@ class ScriptedReply:
     received: bool = False
     error: ScriptedError | None = None
 
-    def answer(self, adapter: str, prompt: str, prompts: list[str], record: Mapping[str, JsonValue]) -> str:
-        """The reply text; `prompts` is the conversation's transcript, this prompt included."""
+    def answer(
+        self, adapter: str, prompt: str, prompts: list[str], record: Callable[[], Mapping[str, JsonValue]]
+    ) -> str:
+        """The reply text; `prompts` is the conversation's transcript, this prompt included; `record`
+        makes the call's record."""
         if self.error is not None:
             raise self.error.exception(adapter)
         if self.echo:
@@ -146,7 +150,7 @@ class ScriptedReply:
         if self.transcript:
             return json.dumps(prompts, ensure_ascii=False)
         if self.received:
-            return json.dumps(record, ensure_ascii=False)
+            return json.dumps(record(), ensure_ascii=False)
         assert self.text is not None  # _read_reply sets exactly one form
         return self.text
 
@@ -321,14 +325,31 @@ def scripted_declaration(override: DeclarationOverride, shortname: str) -> Decla
     return declaration_from_override(completed, shortname=shortname, scripted=True)
 
 
-def received_record(kind: CallKind, call: AdapterCall) -> dict[str, JsonValue]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Received:
+    """What a call's record (`_record_json`) reads of it, kept as the call brought it (nothing copied)."""
+
+    kind: CallKind
+    prompt: str
+    output_schema: Mapping[str, JsonValue] | None
+    options: CallOptions
+    tools: tuple[str, ...]
+
+
+def _received_of(kind: CallKind, call: AdapterCall) -> _Received:
+    tools = tuple(spec.name for spec in call.tools.specs) if call.tools is not None else ()
+    return _Received(kind, call.prompt, call.output_schema, call.options, tools)
+
+
+def _record_json(received: _Received) -> dict[str, JsonValue]:
     """What one call brought the double, as JSON: every field it can carry, set or not."""
-    options = call.options
+    options = received.options
     tool_filter = options.tool_filter
+    schema = received.output_schema
     return {
-        "kind": kind.value,
-        "prompt": call.prompt,
-        "output_schema": plain_json(call.output_schema) if call.output_schema is not None else None,
+        "kind": received.kind.value,
+        "prompt": received.prompt,
+        "output_schema": plain_json(schema) if schema is not None else None,
         "model": options.model,
         "effort": options.effort,
         "settings": plain_json(options.settings),
@@ -341,7 +362,7 @@ def received_record(kind: CallKind, call: AdapterCall) -> dict[str, JsonValue]:
             if tool_filter is None
             else {"allow": list(tool_filter.allow), "deny": list(tool_filter.deny)}
         ),
-        "tools": [spec.name for spec in call.tools.specs] if call.tools is not None else [],
+        "tools": list(received.tools),
         "requires": list(options.requires),
     }
 
@@ -359,14 +380,18 @@ class ScriptedAdapter:
             )
         self._declaration = scripted_declaration(spec.declaration, spec.shortname)
         self._options = read_options(spec, self._declaration)
-        # What each call that passed the adapter's own check brought, oldest first.
-        self.received: collections.deque[dict[str, JsonValue]] = collections.deque(
-            maxlen=MAX_RECEIVED_RECORDS
-        )
+        # What each call that passed the adapter's own check brought, oldest first; turned into
+        # JSON records only when asked for (`received`, a `{received: true}` reply).
+        self._received: collections.deque[_Received] = collections.deque(maxlen=MAX_RECEIVED_RECORDS)
 
     @property
     def declaration(self) -> Declaration:
         return self._declaration
+
+    @property
+    def received(self) -> list[dict[str, JsonValue]]:
+        """The record of each call that passed the adapter's own check, oldest first."""
+        return [_record_json(received) for received in self._received]
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
         check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
@@ -385,8 +410,8 @@ class ScriptedAdapter:
 
     async def _reply(self, reply: ScriptedReply, call: AdapterCall, kind: CallKind) -> AdapterReply:
         shortname = self._declaration.shortname
-        record = received_record(kind, call)
-        self.received.append(record)
+        received = _received_of(kind, call)
+        self._received.append(received)
         if self._options.delay_seconds > 0:
             deadline = call_deadline(shortname, call.time_budget)
             try:
@@ -402,7 +427,7 @@ class ScriptedAdapter:
         if self._options.reply_with_tool_results:
             text = tool_results_reply(outcomes, call.options.persona)
         else:
-            text = reply.answer(shortname, call.prompt, prompts, record)
+            text = reply.answer(shortname, call.prompt, prompts, lambda: _record_json(received))
         state: JsonValue = None
         if call.options.conversation_id is not None:
             state = {"turns": len(prompts), "prompts": prompts}
