@@ -118,7 +118,8 @@ def produce_request(tag: str) -> negotiator_pb2.ProduceRequest:
 def schema_calls(
     stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
 ) -> dict[str, Callable[[], Awaitable[object]]]:
-    """The schema-bearing calls by row name: warm reuses one request, cold makes a new schema each call."""
+    """The cold rows and the schema-bearing warm ones by row name: warm reuses one request, cold
+    makes new options (plain calls) or a new schema (schema calls) each call."""
     warm_produce = produce_request("warm")
     warm_negotiate = negotiator_pb2.NegotiateRequest(produce=warm_produce)
     # A prefix of its own per call set: another set's cold schemas, already seen, would be warm.
@@ -139,7 +140,20 @@ def schema_calls(
     async def produce_cold() -> object:
         return await stub.Produce(produce_request(f"{prefix}{next(counter)}"))
 
+    plain_counter = itertools.count(1000)
+
+    async def negotiate_plain_cold() -> object:
+        request = negotiator_pb2.NegotiateRequest(invoke=scripted_invoke_request(next(plain_counter)))
+        return await stub.Negotiate(request)
+
+    async def invoke_cold() -> object:
+        return await stub.Invoke(scripted_invoke_request(next(plain_counter)))
+
     return {
+        # No schema, new call options each call (another `seed` setting value): nothing derived
+        # from the options of an earlier call applies.
+        "Negotiate (model override, two settings), cold (new options each call)": negotiate_plain_cold,
+        f"Invoke ({SCRIPTED}), cold (new options each call)": invoke_cold,
         "Negotiate with a 20-property schema, warm": negotiate_warm,
         "Negotiate with a 20-property schema, cold (a new schema each call)": negotiate_cold,
         f"Produce ({SCRIPTED}) with a 20-property schema, warm": produce_warm,
@@ -152,7 +166,8 @@ async def schema_rows(
     stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
     echo_channel: grpc.aio.Channel,
 ) -> list[Row]:
-    """Cold and warm rows side by side, each p50 against the echo of a same-sized request."""
+    """Cold and warm rows side by side, each p50 against the echo of a same-sized request (the
+    plain cold rows' warm twins are the main Negotiate and Invoke rows)."""
     reply = await stub.Produce(produce_request("check"))
     if json.loads(reply.output_json).get("ok") is not True:
         raise RuntimeError(f"{SCRIPTED} did not produce the bench reply: {reply.output_json!r}")
@@ -160,10 +175,12 @@ async def schema_rows(
         echo_channel,
         negotiator_pb2.NegotiateRequest(produce=produce_request("0123abcd0000")).SerializeToString(),
     )
+    plain_echo = echo_call(echo_channel, scripted_invoke_request(1000).SerializeToString())
     rows = []
     for name, call in schema_calls(stub).items():
-        comparison = await compare(window(echo, settings), window(call, settings), rounds=settings.rounds)
-        goal = 1.3 if name.startswith("Produce") else 1.2
+        baseline = echo if "schema" in name else plain_echo
+        comparison = await compare(window(baseline, settings), window(call, settings), rounds=settings.rounds)
+        goal = 1.3 if name.startswith(("Produce", "Invoke")) else 1.2
         rows.append(compared_ratio(f"{name}: p50 vs echo p50", comparison, "p50_ms", goal))
     return rows
 
@@ -292,10 +309,10 @@ def bench_config(openai_base_url: str) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-def scripted_invoke_request() -> negotiator_pb2.InvokeRequest:
+def scripted_invoke_request(seed: int = 7) -> negotiator_pb2.InvokeRequest:
     """A realistic call: a model override and two settings, each a requirement to check."""
     settings = struct_pb2.Struct()
-    settings.update({"temperature": 0.2, "seed": 7})
+    settings.update({"temperature": 0.2, "seed": seed})
     return negotiator_pb2.InvokeRequest(
         adapter=SCRIPTED,
         prompt=PROMPT,
