@@ -12,12 +12,16 @@ but only scores the seeds that can match:
 
 * direct: a dict from canonical `provides` entry to seed paths;
 * alias/evidence, `canonical(text)` contains the requested term: the distinct
-  canonical alias/evidence texts are bucketed by the two-character strings
-  (bigrams) they contain. A text holding the term holds each of its bigrams, so
-  only the bucket of the term's rarest bigram is searched: its texts joined by
-  "\\x00" into one haystack, scanned with `str.find`, offsets mapped back to
-  texts with `bisect`. A bucket's haystack is built on first use and dropped
-  when its texts change; a one-character term scans a haystack of all texts;
+  canonical alias/evidence texts are joined by "\\x00" into one haystack, scanned
+  with `str.find`, offsets mapped back to texts with `bisect`. A text holding the
+  term holds each of its two-character strings (bigrams), so a longer term only
+  scans the bucket of its rarest bigram: the texts holding that bigram, found
+  with one scan of the haystack of all texts and joined into a haystack of
+  their own. A bigram's rarity is how often it occurs in the haystack of all
+  texts (`str.count`; nought exactly when no text holds it). Haystacks and
+  counts are made on first use and dropped when the texts they cover change:
+  the index keeps no per-bigram set of texts, which at 100,000 seeds would hold
+  millions of entries;
 * alias/evidence, the requested term contains `canonical(text)`: every
   substring of the (short) term looked up in a dict of canonical texts.
 
@@ -56,6 +60,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import NamedTuple
 
 from agentsidecar.seedstore_service import indexfile, persisted, ranking
@@ -179,12 +184,10 @@ class _Haystack:
 
     def __init__(self, texts: Collection[str]) -> None:
         self.texts = list(texts)
-        # array: a 100k-seed store has millions of offsets across buckets; boxed ints would triple that.
-        self.starts = array("q")
-        offset = 0
-        for text in self.texts:
-            self.starts.append(offset)
-            offset += len(text) + len(_SEPARATOR)
+        # array: a haystack of a 100k-seed store's texts has hundreds of thousands of offsets;
+        # boxed ints would triple that.
+        widths = [len(text) + len(_SEPARATOR) for text in self.texts[:-1]]
+        self.starts = array("q", accumulate(widths, initial=0) if self.texts else ())
         self.joined = _SEPARATOR.join(self.texts)
 
     def texts_containing(self, needle: str) -> Iterator[str]:
@@ -216,10 +219,11 @@ class SeedIndex:
         self._problem_paths: set[str] = set()
         self._by_provides: dict[str, _Holders] = {}
         self._by_text: dict[str, _Holders] = {}
-        # Built on first use (a start from the persisted index need not pay for it).
-        self._texts_by_bigram: dict[str, set[str]] | None = {}
         # Built on first use; dropped when the texts they hold change (keys: bigram or _ALL_TEXTS).
         self._haystacks: dict[str, _Haystack] = {}
+        # Occurrences of each bigram in the haystack of all texts, counted on first use; dropped
+        # with the bigram's haystack.
+        self._bigram_counts: dict[str, int] = {}
         self._scope_cache: dict[str | None, LoadedScope] = {}
         self._problem_cache: dict[str | None, tuple[Problem, ...]] = {}
         # The persisted index is consulted for files this index has not read yet (the first
@@ -479,14 +483,9 @@ class SeedIndex:
         _add_holder(self._paths_by_id, keys.seed_id, path)
         for value in keys.provides:
             _add_holder(self._by_provides, value, path)
-        buckets = self._texts_by_bigram
         for text in keys.texts:
             if _add_holder(self._by_text, text, path):
-                self._haystacks.pop(_ALL_TEXTS, None)
-                if buckets is not None:
-                    for bigram in _bigrams(text):
-                        buckets.setdefault(bigram, set()).add(text)
-                        self._haystacks.pop(bigram, None)
+                self._forget_haystacks_of(text)
 
     def _unindex(self, path: str) -> None:
         self._decoded.pop(path, None)
@@ -498,16 +497,17 @@ class SeedIndex:
             _discard_holder(self._by_provides, value, path)
         for text in keys.texts:
             if _discard_holder(self._by_text, text, path):
-                self._haystacks.pop(_ALL_TEXTS, None)
-                buckets = self._texts_by_bigram
-                if buckets is None:
-                    continue
-                for bigram in _bigrams(text):
-                    bucket = buckets[bigram]
-                    bucket.discard(text)
-                    if not bucket:
-                        del buckets[bigram]
-                    self._haystacks.pop(bigram, None)
+                self._forget_haystacks_of(text)
+
+    def _forget_haystacks_of(self, text: str) -> None:
+        """Drop the haystacks and counts that cover `text` (one just added to or taken from the texts)."""
+        haystacks = self._haystacks
+        if not haystacks and not self._bigram_counts:
+            return
+        haystacks.pop(_ALL_TEXTS, None)
+        for bigram in _bigrams(text):
+            haystacks.pop(bigram, None)
+            self._bigram_counts.pop(bigram, None)
 
     # -- entries taken from the persisted index ---------------------------
 
@@ -542,8 +542,8 @@ class SeedIndex:
             records: dict[str | None, persisted.DirectoryRecord] = {}
             with self._state_lock:
                 if not self._entries:
-                    self._texts_by_bigram = None  # built by the first search that needs it
                     self._haystacks.clear()
+                    self._bigram_counts.clear()
                 # One section at a time: its file's bytes are dropped before the next is read.
                 for section_name, section in saved.open_all_sections():
                     if self._load_section(root, section_name, section, suspect):
@@ -794,16 +794,6 @@ class SeedIndex:
         self._remember(path, parsed, prepared)
         return prepared
 
-    def _bigram_buckets(self) -> dict[str, set[str]]:
-        buckets = self._texts_by_bigram
-        if buckets is None:
-            buckets = {}
-            for text in self._by_text:
-                for bigram in _bigrams(text):
-                    buckets.setdefault(bigram, set()).add(text)
-            self._texts_by_bigram = buckets
-        return buckets
-
     # -- reading ---------------------------------------------------------
 
     @contextlib.contextmanager
@@ -941,19 +931,29 @@ class SeedIndex:
 
     def _texts_containing(self, requested: str) -> Iterator[str]:
         if len(requested) == 1:
-            return self._haystack(_ALL_TEXTS, self._by_text.keys()).texts_containing(requested)
-        buckets = self._bigram_buckets()
-        rarest = min(_bigrams(requested), key=lambda bigram: len(buckets.get(bigram, ())))
-        bucket = buckets.get(rarest)
-        if not bucket:
+            return self._all_texts().texts_containing(requested)
+        rarest = min(_bigrams(requested), key=self._bigram_count)
+        if not self._bigram_count(rarest):
             return iter(())
-        return self._haystack(rarest, bucket).texts_containing(requested)
-
-    def _haystack(self, key: str, texts: Collection[str]) -> _Haystack:
-        haystack = self._haystacks.get(key)
+        haystack = self._haystacks.get(rarest)
         if haystack is None:
-            haystack = self._haystacks[key] = _Haystack(texts)
+            # Each text holding the bigram once: a bigram never spans the separator.
+            bucket = list(self._all_texts().texts_containing(rarest))
+            haystack = self._haystacks[rarest] = _Haystack(bucket)
+        return haystack.texts_containing(requested)
+
+    def _all_texts(self) -> _Haystack:
+        haystack = self._haystacks.get(_ALL_TEXTS)
+        if haystack is None:
+            haystack = self._haystacks[_ALL_TEXTS] = _Haystack(self._by_text.keys())
         return haystack
+
+    def _bigram_count(self, bigram: str) -> int:
+        """How rare `bigram` is: its occurrences in the haystack of all texts (0: no text holds it)."""
+        count = self._bigram_counts.get(bigram)
+        if count is None:
+            count = self._bigram_counts[bigram] = self._all_texts().joined.count(bigram)
+        return count
 
 
 _Holders = str | set[str]

@@ -235,6 +235,45 @@ def test_index_search_validates_the_query(tmp_path: Path) -> None:
 # --- refresh ------------------------------------------------------------------------------------
 
 
+# Texts and terms over two letters: every text shares bigrams with many others, so a term's
+# rarest bigram, its bucket and the haystack of all texts are each shared and each go stale.
+two_letter_texts = st.text(alphabet="ab", min_size=1, max_size=6)
+
+
+# Slow: each example writes and re-reads seed files between its searches.
+@pytest.mark.slow
+@settings(max_examples=40)
+@given(
+    first=st.lists(st.lists(two_letter_texts, max_size=3), min_size=1, max_size=4),
+    steps=st.lists(
+        st.tuples(st.integers(0, 3), st.lists(two_letter_texts, max_size=3), st.lists(two_letter_texts)),
+        max_size=6,
+    ),
+)
+def test_search_by_substring_follows_every_text_change(
+    first: list[list[str]], steps: list[tuple[int, list[str], list[str]]]
+) -> None:
+    """Searches (which build haystacks and bigram counts) between writes that add and drop texts."""
+    with tempfile.TemporaryDirectory() as temp:
+        root = Path(temp) / "capabilities"
+        paths = [root / "voice" / f"s{number}.yml" for number in range(len(first))]
+        for number, aliases in enumerate(first):
+            write(paths[number], dump_seed(make_seed(id=f"s{number}", aliases=tuple(aliases))))
+        seed_store = SeedStore(root)
+        seed_index = SeedIndex(seed_store)
+        seed_index.refresh()
+        for target, aliases, terms in steps:
+            for term in [*terms, "a", "ab"]:
+                query = ranking.SearchQuery(term)
+                assert seed_index.search(query) == reference(seed_store, query)
+            number = target % len(paths)
+            write(paths[number], dump_seed(make_seed(id=f"s{number}", aliases=tuple(aliases))))
+            seed_index.refresh_paths([str(paths[number])])
+        for term in ["a", "b", "aa", "ab", "ba", "bb", "aab", "abab", "bbbb"]:
+            query = ranking.SearchQuery(term)
+            assert seed_index.search(query) == reference(seed_store, query)
+
+
 def make_seed(**changes: object) -> Seed:
     base = Seed("say", "voice", "cli", command="say", provides=("text_to_speech",))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
