@@ -31,15 +31,17 @@ goes to the linear reference implementation.
 Each indexed seed keeps a `ranking.PreparedSeed` (its canonical forms, computed
 when the file is read), so scoring a match costs set lookups, not canonicalisation.
 
-`start_from_persisted()` fills the index from the persisted index alone (no walk,
-no Seed built: each entry's stored keys feed the search structures, and a seed
-is decoded when an answer shows it, through a bounded cache). Until the next
-whole `refresh()` (the service runs it at once after READY) every entry an
-answer uses is first checked against its file's signature and read again if it
-changed. Files added or removed while the service was stopped are found before
-the start returns: every directory a section was listed from is stat'ed, and a
-section whose directories changed (or changed too close to that listing to
-tell, or that the index does not hold) is listed again (see persisted.py).
+`start_from_persisted()` fills the index from the persisted index alone (no
+walk, no Seed built: each entry's stored keys feed the search structures, and a
+seed is decoded when an answer shows it, through a bounded cache; the postings
+that look a seed up by id or file name are built by the first lookup or the
+sweep, whichever comes first). Until the next whole `refresh()` (the service
+runs it at once after READY) every entry an answer uses is first checked against
+its file's signature and read again if it changed. Files added or removed while
+the service was stopped are found before the start returns: every directory a
+section was listed from is stat'ed, and a section whose directories changed (or
+changed too close to that listing to tell, or that the index does not hold) is
+listed again (see persisted.py).
 
 `refresh_paths()` re-reads named files only: the service calls it for the file it
 has just written, so a write does not pay for a walk of the whole store. For
@@ -210,11 +212,13 @@ class SeedIndex:
         self._walk_problems: tuple[Problem, ...] = ()
         # Search structures, maintained incrementally; keys are seed file paths.
         self._seeds: dict[str, _SeedKeys] = {}
-        # Lookup by id: the files holding each id, and every file by its name's stem.
-        # Postings (these two and the two below) hold one path as a str, more as a set (`_Holders`):
-        # most keys of a large store belong to one seed, and a set apiece would dominate its memory.
-        self._paths_by_id: dict[str, _Holders] = {}
-        self._paths_by_stem: dict[str, _Holders] = {}
+        # Lookup by id: the files holding each id, and every file by its name's stem. None from a
+        # start from the persisted index until a lookup or the sweep needs them (`_lookup_postings`):
+        # READY does not wait for them. Postings (these two and the two below) hold one path as a
+        # str, more as a set (`_Holders`): most keys of a large store belong to one seed, and a set
+        # apiece would dominate its memory.
+        self._paths_by_id: dict[str, _Holders] | None = {}
+        self._paths_by_stem: dict[str, _Holders] | None = {}
         # Files that are a problem, or hold a seed declaring another domain than its directory.
         self._problem_paths: set[str] = set()
         self._by_provides: dict[str, _Holders] = {}
@@ -312,6 +316,7 @@ class SeedIndex:
                 if domain is None:
                     self._swept = True
                     self._checked = set()
+                    self._lookup_postings()
                 walk_changed = domain is None and tuple(walk_problems) != self._walk_problems
                 if walk_changed:
                     self._walk_problems = tuple(walk_problems)
@@ -405,7 +410,7 @@ class SeedIndex:
         for path, entry in fresh.items():
             old = self._entries.get(path)
             self._entries[path] = entry
-            if old is None:
+            if old is None and self._paths_by_stem is not None:
                 _add_holder(self._paths_by_stem, file_stem(path), path)
             if (
                 old is not None
@@ -468,7 +473,8 @@ class SeedIndex:
 
     def _forget_name(self, path: str) -> None:
         self._problem_paths.discard(path)
-        _discard_holder(self._paths_by_stem, file_stem(path), path)
+        if self._paths_by_stem is not None:
+            _discard_holder(self._paths_by_stem, file_stem(path), path)
 
     def _index(self, path: str, stored: StoredSeed, domain_dir: str | None) -> None:
         prepared = ranking.prepare_seed(stored.seed, stored.path)
@@ -480,7 +486,8 @@ class SeedIndex:
 
     def _index_keys(self, path: str, keys: _SeedKeys) -> None:
         self._seeds[path] = keys
-        _add_holder(self._paths_by_id, keys.seed_id, path)
+        if self._paths_by_id is not None:
+            _add_holder(self._paths_by_id, keys.seed_id, path)
         for value in keys.provides:
             _add_holder(self._by_provides, value, path)
         for text in keys.texts:
@@ -492,7 +499,8 @@ class SeedIndex:
         keys = self._seeds.pop(path, None)
         if keys is None:
             return
-        _discard_holder(self._paths_by_id, keys.seed_id, path)
+        if self._paths_by_id is not None:
+            _discard_holder(self._paths_by_id, keys.seed_id, path)
         for value in keys.provides:
             _discard_holder(self._by_provides, value, path)
         for text in keys.texts:
@@ -544,6 +552,7 @@ class SeedIndex:
                 if not self._entries:
                     self._haystacks.clear()
                     self._bigram_counts.clear()
+                    self._paths_by_id = self._paths_by_stem = None
                 # One section at a time: its file's bytes are dropped before the next is read.
                 for section_name, section in saved.open_all_sections():
                     if self._load_section(root, section_name, section, suspect):
@@ -655,11 +664,10 @@ class SeedIndex:
         except ValueError:
             return False
         window = persisted.RACY_WINDOW_NS
+        new_tuple = tuple.__new__  # the named tuples' own constructors add a Python call a row
         prefix = indexfile.section_prefix(root, domain_dir)
         entries = self._entries
         seeds = self._seeds
-        by_stem = self._paths_by_stem
-        by_id = self._paths_by_id
         by_provides = self._by_provides
         by_text = self._by_text
         problem_paths = self._problem_paths
@@ -680,27 +688,19 @@ class SeedIndex:
             path = prefix + name
             if path in entries:
                 continue
-            racy = max(mtime, ctime) + window >= checked
-            entries[path] = _Entry((size, mtime, ctime, ino, dev), domain_dir, None, racy, checked, kept, row)
-            base = name.rpartition(os.sep)[2]
-            stem = base[:-4] if base.endswith(".yml") else base.removesuffix(".yaml")
+            racy = (mtime if mtime > ctime else ctime) + window >= checked
+            entries[path] = new_tuple(
+                _Entry, ((size, mtime, ctime, ino, dev), domain_dir, None, racy, checked, kept, row)
+            )
             if problem is not None:
-                if by_stem.setdefault(stem, path) is not path:
-                    _add_holder(by_stem, stem, path)
                 problem_paths.add(path)
                 suspect.append(path)
                 continue
-            if stem == seed_id:
-                stem = seed_id  # one string for both keys (most files are named after their seed)
-            if by_stem.setdefault(stem, path) is not path:
-                _add_holder(by_stem, stem, path)
             if seed_domain == domain_dir:
                 seed_domain = domain_dir
             provides, texts = keys
-            seeds[path] = _SeedKeys(seed_id, seed_domain, domain_dir, provides, texts, None)
-            # `_index_keys` without the bigram buckets (built on first use) and with most keys new.
-            if by_id.setdefault(seed_id, path) is not path:
-                _add_holder(by_id, seed_id, path)
+            seeds[path] = new_tuple(_SeedKeys, (seed_id, seed_domain, domain_dir, provides, texts, None))
+            # `_index_keys` without the lookup postings (built when needed) and with most keys new.
             for value in provides:
                 if by_provides.setdefault(value, path) is not path:
                     _add_holder(by_provides, value, path)
@@ -794,6 +794,27 @@ class SeedIndex:
         self._remember(path, parsed, prepared)
         return prepared
 
+    def _lookup_postings(self) -> tuple[dict[str, _Holders], dict[str, _Holders]]:
+        """The lookup postings (`_paths_by_id`, `_paths_by_stem`), built from the entries if need be."""
+        by_id, by_stem = self._paths_by_id, self._paths_by_stem
+        if by_id is not None and by_stem is not None:
+            return by_id, by_stem
+        by_id, by_stem = {}, {}
+        seeds = self._seeds
+        for path in self._entries:
+            stem = file_stem(path)
+            keys = seeds.get(path)
+            if keys is not None:
+                seed_id = keys.seed_id
+                if stem == seed_id:
+                    stem = seed_id  # one string for both keys (most files are named after their seed)
+                if by_id.setdefault(seed_id, path) is not path:
+                    _add_holder(by_id, seed_id, path)
+            if by_stem.setdefault(stem, path) is not path:
+                _add_holder(by_stem, stem, path)
+        self._paths_by_id, self._paths_by_stem = by_id, by_stem
+        return by_id, by_stem
+
     # -- reading ---------------------------------------------------------
 
     @contextlib.contextmanager
@@ -843,7 +864,8 @@ class SeedIndex:
         if domain is not None:
             validate_identifier(domain, "domain")
         with self._state_lock:
-            paths = {*_holders(self._paths_by_id, seed_id), *_holders(self._paths_by_stem, seed_id)}
+            by_id, by_stem = self._lookup_postings()
+            paths = {*_holders(by_id, seed_id), *_holders(by_stem, seed_id)}
             return tuple(
                 sorted(path for path in paths if domain is None or self._entries[path].domain_dir == domain)
             )
