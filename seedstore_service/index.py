@@ -19,9 +19,11 @@ but only scores the seeds that can match:
   with one scan of the haystack of all texts and joined into a haystack of
   their own. A bigram's rarity is how often it occurs in the haystack of all
   texts (`str.count`; nought exactly when no text holds it). Haystacks and
-  counts are made on first use and dropped when the texts they cover change:
-  the index keeps no per-bigram set of texts, which at 100,000 seeds would hold
-  millions of entries;
+  counts are made on first use; a text new to the index is added to those that
+  cover it, and a text gone from it stays in them (each text found is looked up
+  again) until they hold more gone texts than held ones, when they are made
+  again. The index keeps no per-bigram set of texts, which at 100,000 seeds
+  would hold millions of entries;
 * alias/evidence, the requested term contains `canonical(text)`: every
   substring of the (short) term looked up in a dict of canonical texts.
 
@@ -180,27 +182,56 @@ def _bigrams(text: str) -> set[str]:
 
 
 class _Haystack:
-    """Texts joined by a separator they never contain, searched with one `str.find` pass."""
+    """Texts joined by a separator they never contain, searched with one `str.find` pass.
 
-    __slots__ = ("joined", "starts", "texts")
+    Texts are only ever added (`add`, joined on the next search), so a text taken from the
+    index stays in its haystacks until they are rebuilt: callers look each text found up again.
+    """
 
-    def __init__(self, texts: Collection[str]) -> None:
-        self.texts = list(texts)
+    __slots__ = ("_joined", "_pending", "_starts", "_texts")
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._texts: list[str] = []
         # array: a haystack of a 100k-seed store's texts has hundreds of thousands of offsets;
         # boxed ints would triple that.
-        widths = [len(text) + len(_SEPARATOR) for text in self.texts[:-1]]
-        self.starts = array("q", accumulate(widths, initial=0) if self.texts else ())
-        self.joined = _SEPARATOR.join(self.texts)
+        self._starts = array("q")
+        self._joined = ""
+        self._pending = list(texts)
+
+    def __len__(self) -> int:
+        return len(self._texts) + len(self._pending)
+
+    def add(self, text: str) -> None:
+        self._pending.append(text)
+
+    def _settled(self) -> str:
+        """The joined texts, the added ones included."""
+        pending = self._pending
+        if pending:
+            start = len(self._joined) + len(_SEPARATOR) if self._texts else 0
+            widths = [len(text) + len(_SEPARATOR) for text in pending[:-1]]
+            self._starts.extend(accumulate(widths, initial=start))
+            joined = _SEPARATOR.join(pending)
+            self._joined = self._joined + _SEPARATOR + joined if self._texts else joined
+            self._texts.extend(pending)
+            self._pending = []
+        return self._joined
+
+    def count(self, needle: str) -> int:
+        """How often `needle` (non-empty, separator-free) occurs, non-overlapping: 0 iff in no text."""
+        return self._settled().count(needle)
 
     def texts_containing(self, needle: str) -> Iterator[str]:
-        """Each text holding `needle` (non-empty, separator-free) once."""
-        position = self.joined.find(needle)
+        """Each text holding `needle` (non-empty, separator-free), once for each time it was added."""
+        joined = self._settled()
+        starts, texts = self._starts, self._texts
+        position = joined.find(needle)
         while position != -1:
-            number = bisect.bisect_right(self.starts, position) - 1
-            yield self.texts[number]
-            if number + 1 >= len(self.starts):
+            number = bisect.bisect_right(starts, position) - 1
+            yield texts[number]
+            if number + 1 >= len(starts):
                 return
-            position = self.joined.find(needle, self.starts[number + 1])
+            position = joined.find(needle, starts[number + 1])
 
 
 class SeedIndex:
@@ -492,7 +523,7 @@ class SeedIndex:
             _add_holder(self._by_provides, value, path)
         for text in keys.texts:
             if _add_holder(self._by_text, text, path):
-                self._forget_haystacks_of(text)
+                self._add_to_haystacks(text)
 
     def _unindex(self, path: str) -> None:
         self._decoded.pop(path, None)
@@ -505,17 +536,32 @@ class SeedIndex:
             _discard_holder(self._by_provides, value, path)
         for text in keys.texts:
             if _discard_holder(self._by_text, text, path):
-                self._forget_haystacks_of(text)
+                self._text_dropped()
 
-    def _forget_haystacks_of(self, text: str) -> None:
-        """Drop the haystacks and counts that cover `text` (one just added to or taken from the texts)."""
+    def _add_to_haystacks(self, text: str) -> None:
+        """Add a text new to the index to the haystacks (and counts) already made that cover it."""
         haystacks = self._haystacks
-        if not haystacks and not self._bigram_counts:
+        if not haystacks:
             return
-        haystacks.pop(_ALL_TEXTS, None)
+        everything = haystacks.get(_ALL_TEXTS)
+        if everything is None:
+            return  # bucket haystacks and counts go with the haystack of all texts
+        everything.add(text)
+        counts = self._bigram_counts
         for bigram in _bigrams(text):
-            haystacks.pop(bigram, None)
-            self._bigram_counts.pop(bigram, None)
+            bucket = haystacks.get(bigram)
+            if bucket is not None:
+                bucket.add(text)
+            if bigram in counts:
+                counts[bigram] += 1
+
+    def _text_dropped(self) -> None:
+        """A text left the index: it stays in the haystacks (searches look texts up again) until
+        they hold more dropped texts than held ones; then they are made again on first use."""
+        everything = self._haystacks.get(_ALL_TEXTS)
+        if everything is not None and len(everything) > 2 * len(self._by_text):
+            self._haystacks.clear()
+            self._bigram_counts.clear()
 
     # -- entries taken from the persisted index ---------------------------
 
@@ -959,22 +1005,26 @@ class SeedIndex:
             return iter(())
         haystack = self._haystacks.get(rarest)
         if haystack is None:
-            # Each text holding the bigram once: a bigram never spans the separator.
-            bucket = list(self._all_texts().texts_containing(rarest))
+            # The texts holding the bigram: a bigram never spans the separator.
+            bucket = self._all_texts().texts_containing(rarest)
             haystack = self._haystacks[rarest] = _Haystack(bucket)
         return haystack.texts_containing(requested)
 
     def _all_texts(self) -> _Haystack:
         haystack = self._haystacks.get(_ALL_TEXTS)
         if haystack is None:
+            # Bucket haystacks and counts are made from this one, and go with it.
+            self._haystacks.clear()
+            self._bigram_counts.clear()
             haystack = self._haystacks[_ALL_TEXTS] = _Haystack(self._by_text.keys())
         return haystack
 
     def _bigram_count(self, bigram: str) -> int:
-        """How rare `bigram` is: its occurrences in the haystack of all texts (0: no text holds it)."""
+        """How rare `bigram` is: its occurrences in the haystack of all texts, plus one for each
+        text added since that holds it (0: no text holds it)."""
         count = self._bigram_counts.get(bigram)
         if count is None:
-            count = self._bigram_counts[bigram] = self._all_texts().joined.count(bigram)
+            count = self._bigram_counts[bigram] = self._all_texts().count(bigram)
         return count
 
 

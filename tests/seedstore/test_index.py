@@ -410,6 +410,30 @@ def test_refresh_rereads_only_changed_files(root: Path, monkeypatch: pytest.Monk
     assert reads == [str(paths[2])]
 
 
+def test_a_write_adds_its_texts_to_the_haystacks_made_so_far(root: Path) -> None:
+    for number in range(5):
+        write(
+            root / "voice" / f"seed{number}.yml",
+            dump_seed(make_seed(id=f"seed{number}", aliases=(f"speech {number}",))),
+        )
+    seed_store = SeedStore(root)
+    seed_index = SeedIndex(seed_store)
+    seed_index.refresh()
+    for term in ["speech_2", "h"]:
+        seed_index.search(ranking.SearchQuery(term))
+    haystacks = dict(seed_index._haystacks)
+
+    added = root / "voice" / "added.yml"
+    write(added, dump_seed(make_seed(id="added", aliases=("speech 22", "narrate"))))
+    seed_index.refresh_paths([str(added)])
+
+    # Kept, not made again: the write's texts were added to them.
+    assert all(seed_index._haystacks[key] is haystack for key, haystack in haystacks.items())
+    for term in ["speech_2", "h", "narrat", "speech_22"]:
+        query = ranking.SearchQuery(term)
+        assert seed_index.search(query) == reference(seed_store, query)
+
+
 def test_refresh_catches_a_same_size_edit_within_one_mtime_tick(root: Path) -> None:
     path = root / "voice" / "say.yml"
     write(path, dump_seed(make_seed(aliases=("aaaa",))))
