@@ -12,12 +12,18 @@ but only scores the seeds that can match:
 
 * direct: a dict from canonical `provides` entry to seed paths;
 * alias/evidence, `canonical(text)` contains the requested term: the distinct
-  canonical alias/evidence texts are bucketed by the two-character strings
-  (bigrams) they contain. A text holding the term holds each of its bigrams, so
-  only the bucket of the term's rarest bigram is searched: its texts joined by
-  "\\x00" into one haystack, scanned with `str.find`, offsets mapped back to
-  texts with `bisect`. A bucket's haystack is built on first use and dropped
-  when its texts change; a one-character term scans a haystack of all texts;
+  canonical alias/evidence texts are joined by "\\x00" into one haystack, scanned
+  with `str.find`, offsets mapped back to texts with `bisect`. A text holding the
+  term holds each of its two-character strings (bigrams), so a longer term only
+  scans the bucket of its rarest bigram: the texts holding that bigram, found
+  with one scan of the haystack of all texts and joined into a haystack of
+  their own. A bigram's rarity is how often it occurs in the haystack of all
+  texts (`str.count`; nought exactly when no text holds it). Haystacks and
+  counts are made on first use; a text new to the index is added to those that
+  cover it, and a text gone from it stays in them (each text found is looked up
+  again) until they hold more gone texts than held ones, when they are made
+  again. The index keeps no per-bigram set of texts, which at 100,000 seeds
+  would hold millions of entries;
 * alias/evidence, the requested term contains `canonical(text)`: every
   substring of the (short) term looked up in a dict of canonical texts.
 
@@ -27,15 +33,17 @@ goes to the linear reference implementation.
 Each indexed seed keeps a `ranking.PreparedSeed` (its canonical forms, computed
 when the file is read), so scoring a match costs set lookups, not canonicalisation.
 
-`start_from_persisted()` fills the index from the persisted index alone (no walk,
-no Seed built: each entry's stored keys feed the search structures, and a seed
-is decoded when an answer shows it, through a bounded cache). Until the next
-whole `refresh()` (the service runs it at once after READY) every entry an
-answer uses is first checked against its file's signature and read again if it
-changed. Files added or removed while the service was stopped are found before
-the start returns: every directory a section was listed from is stat'ed, and a
-section whose directories changed (or changed too close to that listing to
-tell, or that the index does not hold) is listed again (see persisted.py).
+`start_from_persisted()` fills the index from the persisted index alone (no
+walk, no Seed built: each entry's stored keys feed the search structures, and a
+seed is decoded when an answer shows it, through a bounded cache; the postings
+that look a seed up by id or file name are built by the first lookup or the
+sweep, whichever comes first). Until the next whole `refresh()` (the service
+runs it at once after READY) every entry an answer uses is first checked against
+its file's signature and read again if it changed. Files added or removed while
+the service was stopped are found before the start returns: every directory a
+section was listed from is stat'ed, and a section whose directories changed (or
+changed too close to that listing to tell, or that the index does not hold) is
+listed again (see persisted.py).
 
 `refresh_paths()` re-reads named files only: the service calls it for the file it
 has just written, so a write does not pay for a walk of the whole store. For
@@ -56,6 +64,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import NamedTuple
 
 from agentsidecar.seedstore_service import indexfile, persisted, ranking
@@ -173,29 +182,56 @@ def _bigrams(text: str) -> set[str]:
 
 
 class _Haystack:
-    """Texts joined by a separator they never contain, searched with one `str.find` pass."""
+    """Texts joined by a separator they never contain, searched with one `str.find` pass.
 
-    __slots__ = ("joined", "starts", "texts")
+    Texts are only ever added (`add`, joined on the next search), so a text taken from the
+    index stays in its haystacks until they are rebuilt: callers look each text found up again.
+    """
 
-    def __init__(self, texts: Collection[str]) -> None:
-        self.texts = list(texts)
-        # array: a 100k-seed store has millions of offsets across buckets; boxed ints would triple that.
-        self.starts = array("q")
-        offset = 0
-        for text in self.texts:
-            self.starts.append(offset)
-            offset += len(text) + len(_SEPARATOR)
-        self.joined = _SEPARATOR.join(self.texts)
+    __slots__ = ("_joined", "_pending", "_starts", "_texts")
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._texts: list[str] = []
+        # array: a haystack of a 100k-seed store's texts has hundreds of thousands of offsets;
+        # boxed ints would triple that.
+        self._starts = array("q")
+        self._joined = ""
+        self._pending = list(texts)
+
+    def __len__(self) -> int:
+        return len(self._texts) + len(self._pending)
+
+    def add(self, text: str) -> None:
+        self._pending.append(text)
+
+    def _settled(self) -> str:
+        """The joined texts, the added ones included."""
+        pending = self._pending
+        if pending:
+            start = len(self._joined) + len(_SEPARATOR) if self._texts else 0
+            widths = [len(text) + len(_SEPARATOR) for text in pending[:-1]]
+            self._starts.extend(accumulate(widths, initial=start))
+            joined = _SEPARATOR.join(pending)
+            self._joined = self._joined + _SEPARATOR + joined if self._texts else joined
+            self._texts.extend(pending)
+            self._pending = []
+        return self._joined
+
+    def count(self, needle: str) -> int:
+        """How often `needle` (non-empty, separator-free) occurs, non-overlapping: 0 iff in no text."""
+        return self._settled().count(needle)
 
     def texts_containing(self, needle: str) -> Iterator[str]:
-        """Each text holding `needle` (non-empty, separator-free) once."""
-        position = self.joined.find(needle)
+        """Each text holding `needle` (non-empty, separator-free), once for each time it was added."""
+        joined = self._settled()
+        starts, texts = self._starts, self._texts
+        position = joined.find(needle)
         while position != -1:
-            number = bisect.bisect_right(self.starts, position) - 1
-            yield self.texts[number]
-            if number + 1 >= len(self.starts):
+            number = bisect.bisect_right(starts, position) - 1
+            yield texts[number]
+            if number + 1 >= len(starts):
                 return
-            position = self.joined.find(needle, self.starts[number + 1])
+            position = joined.find(needle, starts[number + 1])
 
 
 class SeedIndex:
@@ -207,19 +243,22 @@ class SeedIndex:
         self._walk_problems: tuple[Problem, ...] = ()
         # Search structures, maintained incrementally; keys are seed file paths.
         self._seeds: dict[str, _SeedKeys] = {}
-        # Lookup by id: the files holding each id, and every file by its name's stem.
-        # Postings (these two and the two below) hold one path as a str, more as a set (`_Holders`):
-        # most keys of a large store belong to one seed, and a set apiece would dominate its memory.
-        self._paths_by_id: dict[str, _Holders] = {}
-        self._paths_by_stem: dict[str, _Holders] = {}
+        # Lookup by id: the files holding each id, and every file by its name's stem. None from a
+        # start from the persisted index until a lookup or the sweep needs them (`_lookup_postings`):
+        # READY does not wait for them. Postings (these two and the two below) hold one path as a
+        # str, more as a set (`_Holders`): most keys of a large store belong to one seed, and a set
+        # apiece would dominate its memory.
+        self._paths_by_id: dict[str, _Holders] | None = {}
+        self._paths_by_stem: dict[str, _Holders] | None = {}
         # Files that are a problem, or hold a seed declaring another domain than its directory.
         self._problem_paths: set[str] = set()
         self._by_provides: dict[str, _Holders] = {}
         self._by_text: dict[str, _Holders] = {}
-        # Built on first use (a start from the persisted index need not pay for it).
-        self._texts_by_bigram: dict[str, set[str]] | None = {}
         # Built on first use; dropped when the texts they hold change (keys: bigram or _ALL_TEXTS).
         self._haystacks: dict[str, _Haystack] = {}
+        # Occurrences of each bigram in the haystack of all texts, counted on first use; dropped
+        # with the bigram's haystack.
+        self._bigram_counts: dict[str, int] = {}
         self._scope_cache: dict[str | None, LoadedScope] = {}
         self._problem_cache: dict[str | None, tuple[Problem, ...]] = {}
         # The persisted index is consulted for files this index has not read yet (the first
@@ -308,6 +347,7 @@ class SeedIndex:
                 if domain is None:
                     self._swept = True
                     self._checked = set()
+                    self._lookup_postings()
                 walk_changed = domain is None and tuple(walk_problems) != self._walk_problems
                 if walk_changed:
                     self._walk_problems = tuple(walk_problems)
@@ -401,7 +441,7 @@ class SeedIndex:
         for path, entry in fresh.items():
             old = self._entries.get(path)
             self._entries[path] = entry
-            if old is None:
+            if old is None and self._paths_by_stem is not None:
                 _add_holder(self._paths_by_stem, file_stem(path), path)
             if (
                 old is not None
@@ -464,7 +504,8 @@ class SeedIndex:
 
     def _forget_name(self, path: str) -> None:
         self._problem_paths.discard(path)
-        _discard_holder(self._paths_by_stem, file_stem(path), path)
+        if self._paths_by_stem is not None:
+            _discard_holder(self._paths_by_stem, file_stem(path), path)
 
     def _index(self, path: str, stored: StoredSeed, domain_dir: str | None) -> None:
         prepared = ranking.prepare_seed(stored.seed, stored.path)
@@ -476,38 +517,51 @@ class SeedIndex:
 
     def _index_keys(self, path: str, keys: _SeedKeys) -> None:
         self._seeds[path] = keys
-        _add_holder(self._paths_by_id, keys.seed_id, path)
+        if self._paths_by_id is not None:
+            _add_holder(self._paths_by_id, keys.seed_id, path)
         for value in keys.provides:
             _add_holder(self._by_provides, value, path)
-        buckets = self._texts_by_bigram
         for text in keys.texts:
             if _add_holder(self._by_text, text, path):
-                self._haystacks.pop(_ALL_TEXTS, None)
-                if buckets is not None:
-                    for bigram in _bigrams(text):
-                        buckets.setdefault(bigram, set()).add(text)
-                        self._haystacks.pop(bigram, None)
+                self._add_to_haystacks(text)
 
     def _unindex(self, path: str) -> None:
         self._decoded.pop(path, None)
         keys = self._seeds.pop(path, None)
         if keys is None:
             return
-        _discard_holder(self._paths_by_id, keys.seed_id, path)
+        if self._paths_by_id is not None:
+            _discard_holder(self._paths_by_id, keys.seed_id, path)
         for value in keys.provides:
             _discard_holder(self._by_provides, value, path)
         for text in keys.texts:
             if _discard_holder(self._by_text, text, path):
-                self._haystacks.pop(_ALL_TEXTS, None)
-                buckets = self._texts_by_bigram
-                if buckets is None:
-                    continue
-                for bigram in _bigrams(text):
-                    bucket = buckets[bigram]
-                    bucket.discard(text)
-                    if not bucket:
-                        del buckets[bigram]
-                    self._haystacks.pop(bigram, None)
+                self._text_dropped()
+
+    def _add_to_haystacks(self, text: str) -> None:
+        """Add a text new to the index to the haystacks (and counts) already made that cover it."""
+        haystacks = self._haystacks
+        if not haystacks:
+            return
+        everything = haystacks.get(_ALL_TEXTS)
+        if everything is None:
+            return  # bucket haystacks and counts go with the haystack of all texts
+        everything.add(text)
+        counts = self._bigram_counts
+        for bigram in _bigrams(text):
+            bucket = haystacks.get(bigram)
+            if bucket is not None:
+                bucket.add(text)
+            if bigram in counts:
+                counts[bigram] += 1
+
+    def _text_dropped(self) -> None:
+        """A text left the index: it stays in the haystacks (searches look texts up again) until
+        they hold more dropped texts than held ones; then they are made again on first use."""
+        everything = self._haystacks.get(_ALL_TEXTS)
+        if everything is not None and len(everything) > 2 * len(self._by_text):
+            self._haystacks.clear()
+            self._bigram_counts.clear()
 
     # -- entries taken from the persisted index ---------------------------
 
@@ -542,8 +596,9 @@ class SeedIndex:
             records: dict[str | None, persisted.DirectoryRecord] = {}
             with self._state_lock:
                 if not self._entries:
-                    self._texts_by_bigram = None  # built by the first search that needs it
                     self._haystacks.clear()
+                    self._bigram_counts.clear()
+                    self._paths_by_id = self._paths_by_stem = None
                 # One section at a time: its file's bytes are dropped before the next is read.
                 for section_name, section in saved.open_all_sections():
                     if self._load_section(root, section_name, section, suspect):
@@ -655,11 +710,10 @@ class SeedIndex:
         except ValueError:
             return False
         window = persisted.RACY_WINDOW_NS
+        new_tuple = tuple.__new__  # the named tuples' own constructors add a Python call a row
         prefix = indexfile.section_prefix(root, domain_dir)
         entries = self._entries
         seeds = self._seeds
-        by_stem = self._paths_by_stem
-        by_id = self._paths_by_id
         by_provides = self._by_provides
         by_text = self._by_text
         problem_paths = self._problem_paths
@@ -680,27 +734,19 @@ class SeedIndex:
             path = prefix + name
             if path in entries:
                 continue
-            racy = max(mtime, ctime) + window >= checked
-            entries[path] = _Entry((size, mtime, ctime, ino, dev), domain_dir, None, racy, checked, kept, row)
-            base = name.rpartition(os.sep)[2]
-            stem = base[:-4] if base.endswith(".yml") else base.removesuffix(".yaml")
+            racy = (mtime if mtime > ctime else ctime) + window >= checked
+            entries[path] = new_tuple(
+                _Entry, ((size, mtime, ctime, ino, dev), domain_dir, None, racy, checked, kept, row)
+            )
             if problem is not None:
-                if by_stem.setdefault(stem, path) is not path:
-                    _add_holder(by_stem, stem, path)
                 problem_paths.add(path)
                 suspect.append(path)
                 continue
-            if stem == seed_id:
-                stem = seed_id  # one string for both keys (most files are named after their seed)
-            if by_stem.setdefault(stem, path) is not path:
-                _add_holder(by_stem, stem, path)
             if seed_domain == domain_dir:
                 seed_domain = domain_dir
             provides, texts = keys
-            seeds[path] = _SeedKeys(seed_id, seed_domain, domain_dir, provides, texts, None)
-            # `_index_keys` without the bigram buckets (built on first use) and with most keys new.
-            if by_id.setdefault(seed_id, path) is not path:
-                _add_holder(by_id, seed_id, path)
+            seeds[path] = new_tuple(_SeedKeys, (seed_id, seed_domain, domain_dir, provides, texts, None))
+            # `_index_keys` without the lookup postings (built when needed) and with most keys new.
             for value in provides:
                 if by_provides.setdefault(value, path) is not path:
                     _add_holder(by_provides, value, path)
@@ -794,15 +840,26 @@ class SeedIndex:
         self._remember(path, parsed, prepared)
         return prepared
 
-    def _bigram_buckets(self) -> dict[str, set[str]]:
-        buckets = self._texts_by_bigram
-        if buckets is None:
-            buckets = {}
-            for text in self._by_text:
-                for bigram in _bigrams(text):
-                    buckets.setdefault(bigram, set()).add(text)
-            self._texts_by_bigram = buckets
-        return buckets
+    def _lookup_postings(self) -> tuple[dict[str, _Holders], dict[str, _Holders]]:
+        """The lookup postings (`_paths_by_id`, `_paths_by_stem`), built from the entries if need be."""
+        by_id, by_stem = self._paths_by_id, self._paths_by_stem
+        if by_id is not None and by_stem is not None:
+            return by_id, by_stem
+        by_id, by_stem = {}, {}
+        seeds = self._seeds
+        for path in self._entries:
+            stem = file_stem(path)
+            keys = seeds.get(path)
+            if keys is not None:
+                seed_id = keys.seed_id
+                if stem == seed_id:
+                    stem = seed_id  # one string for both keys (most files are named after their seed)
+                if by_id.setdefault(seed_id, path) is not path:
+                    _add_holder(by_id, seed_id, path)
+            if by_stem.setdefault(stem, path) is not path:
+                _add_holder(by_stem, stem, path)
+        self._paths_by_id, self._paths_by_stem = by_id, by_stem
+        return by_id, by_stem
 
     # -- reading ---------------------------------------------------------
 
@@ -853,7 +910,8 @@ class SeedIndex:
         if domain is not None:
             validate_identifier(domain, "domain")
         with self._state_lock:
-            paths = {*_holders(self._paths_by_id, seed_id), *_holders(self._paths_by_stem, seed_id)}
+            by_id, by_stem = self._lookup_postings()
+            paths = {*_holders(by_id, seed_id), *_holders(by_stem, seed_id)}
             return tuple(
                 sorted(path for path in paths if domain is None or self._entries[path].domain_dir == domain)
             )
@@ -941,19 +999,33 @@ class SeedIndex:
 
     def _texts_containing(self, requested: str) -> Iterator[str]:
         if len(requested) == 1:
-            return self._haystack(_ALL_TEXTS, self._by_text.keys()).texts_containing(requested)
-        buckets = self._bigram_buckets()
-        rarest = min(_bigrams(requested), key=lambda bigram: len(buckets.get(bigram, ())))
-        bucket = buckets.get(rarest)
-        if not bucket:
+            return self._all_texts().texts_containing(requested)
+        rarest = min(_bigrams(requested), key=self._bigram_count)
+        if not self._bigram_count(rarest):
             return iter(())
-        return self._haystack(rarest, bucket).texts_containing(requested)
-
-    def _haystack(self, key: str, texts: Collection[str]) -> _Haystack:
-        haystack = self._haystacks.get(key)
+        haystack = self._haystacks.get(rarest)
         if haystack is None:
-            haystack = self._haystacks[key] = _Haystack(texts)
+            # The texts holding the bigram: a bigram never spans the separator.
+            bucket = self._all_texts().texts_containing(rarest)
+            haystack = self._haystacks[rarest] = _Haystack(bucket)
+        return haystack.texts_containing(requested)
+
+    def _all_texts(self) -> _Haystack:
+        haystack = self._haystacks.get(_ALL_TEXTS)
+        if haystack is None:
+            # Bucket haystacks and counts are made from this one, and go with it.
+            self._haystacks.clear()
+            self._bigram_counts.clear()
+            haystack = self._haystacks[_ALL_TEXTS] = _Haystack(self._by_text.keys())
         return haystack
+
+    def _bigram_count(self, bigram: str) -> int:
+        """How rare `bigram` is: its occurrences in the haystack of all texts, plus one for each
+        text added since that holds it (0: no text holds it)."""
+        count = self._bigram_counts.get(bigram)
+        if count is None:
+            count = self._bigram_counts[bigram] = self._all_texts().count(bigram)
+        return count
 
 
 _Holders = str | set[str]

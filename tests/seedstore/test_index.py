@@ -235,6 +235,45 @@ def test_index_search_validates_the_query(tmp_path: Path) -> None:
 # --- refresh ------------------------------------------------------------------------------------
 
 
+# Texts and terms over two letters: every text shares bigrams with many others, so a term's
+# rarest bigram, its bucket and the haystack of all texts are each shared and each go stale.
+two_letter_texts = st.text(alphabet="ab", min_size=1, max_size=6)
+
+
+# Slow: each example writes and re-reads seed files between its searches.
+@pytest.mark.slow
+@settings(max_examples=40)
+@given(
+    first=st.lists(st.lists(two_letter_texts, max_size=3), min_size=1, max_size=4),
+    steps=st.lists(
+        st.tuples(st.integers(0, 3), st.lists(two_letter_texts, max_size=3), st.lists(two_letter_texts)),
+        max_size=6,
+    ),
+)
+def test_search_by_substring_follows_every_text_change(
+    first: list[list[str]], steps: list[tuple[int, list[str], list[str]]]
+) -> None:
+    """Searches (which build haystacks and bigram counts) between writes that add and drop texts."""
+    with tempfile.TemporaryDirectory() as temp:
+        root = Path(temp) / "capabilities"
+        paths = [root / "voice" / f"s{number}.yml" for number in range(len(first))]
+        for number, aliases in enumerate(first):
+            write(paths[number], dump_seed(make_seed(id=f"s{number}", aliases=tuple(aliases))))
+        seed_store = SeedStore(root)
+        seed_index = SeedIndex(seed_store)
+        seed_index.refresh()
+        for target, aliases, terms in steps:
+            for term in [*terms, "a", "ab"]:
+                query = ranking.SearchQuery(term)
+                assert seed_index.search(query) == reference(seed_store, query)
+            number = target % len(paths)
+            write(paths[number], dump_seed(make_seed(id=f"s{number}", aliases=tuple(aliases))))
+            seed_index.refresh_paths([str(paths[number])])
+        for term in ["a", "b", "aa", "ab", "ba", "bb", "aab", "abab", "bbbb"]:
+            query = ranking.SearchQuery(term)
+            assert seed_index.search(query) == reference(seed_store, query)
+
+
 def make_seed(**changes: object) -> Seed:
     base = Seed("say", "voice", "cli", command="say", provides=("text_to_speech",))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
@@ -369,6 +408,30 @@ def test_refresh_rereads_only_changed_files(root: Path, monkeypatch: pytest.Monk
     age(paths[2], 30)
     assert [event.kind for event in seed_index.refresh()] == ["updated"]
     assert reads == [str(paths[2])]
+
+
+def test_a_write_adds_its_texts_to_the_haystacks_made_so_far(root: Path) -> None:
+    for number in range(5):
+        write(
+            root / "voice" / f"seed{number}.yml",
+            dump_seed(make_seed(id=f"seed{number}", aliases=(f"speech {number}",))),
+        )
+    seed_store = SeedStore(root)
+    seed_index = SeedIndex(seed_store)
+    seed_index.refresh()
+    for term in ["speech_2", "h"]:
+        seed_index.search(ranking.SearchQuery(term))
+    haystacks = dict(seed_index._haystacks)
+
+    added = root / "voice" / "added.yml"
+    write(added, dump_seed(make_seed(id="added", aliases=("speech 22", "narrate"))))
+    seed_index.refresh_paths([str(added)])
+
+    # Kept, not made again: the write's texts were added to them.
+    assert all(seed_index._haystacks[key] is haystack for key, haystack in haystacks.items())
+    for term in ["speech_2", "h", "narrat", "speech_22"]:
+        query = ranking.SearchQuery(term)
+        assert seed_index.search(query) == reference(seed_store, query)
 
 
 def test_refresh_catches_a_same_size_edit_within_one_mtime_tick(root: Path) -> None:

@@ -235,3 +235,31 @@ def test_a_damaged_seed_block_makes_the_start_read_the_section_files(tmp_path: P
     assert section is not None
     assert section.seeds_intact()
     assert_answers_as_the_files(index, root)
+
+
+def test_lookups_after_the_start_and_after_writes_before_the_first_lookup_answer_as_the_files(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "capabilities"
+    write_store(root)
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    # The start leaves the lookup postings (by id, by file name) to the first lookup or the sweep.
+    assert index._paths_by_id is None
+    assert index._paths_by_stem is None
+
+    # Writes the index is told of before any lookup: one more file holding an id already held,
+    # a file named after another id than it holds, and a removal.
+    added = root / "voice" / "espeak.yml"
+    added.write_text(seed_text("espeak", "voice"))
+    misnamed = root / "audio" / "speaker.yml"
+    misnamed.write_text(seed_text("x", "audio"))
+    (root / "voice" / "piper.yml").unlink()
+    index.refresh_paths([str(added), str(misnamed), str(root / "voice" / "piper.yml")])
+    assert_answers_as_the_files(index, root, ids=("piper", "speaker"))
+
+    swept = SeedIndex(SeedStore(root))
+    assert swept.start_from_persisted()
+    swept.refresh()
+    assert swept._paths_by_id is not None  # the sweep builds them, so no answer waits for them
+    assert_answers_as_the_files(swept, root, ids=("piper", "speaker"))
