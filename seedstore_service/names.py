@@ -7,8 +7,6 @@ anything else is imported. seedtext.py builds its validation and re-exports on t
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 # Ids and domains become file and directory names, and the store writes a seed
 # through `.<id>.yaml.tmp-<12 hex digits>` (23 characters around the id): 200
@@ -16,10 +14,8 @@ IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 # each). SkillSpec has no limit; the same one applies to every identifier.
 MAX_IDENTIFIER_LENGTH = 200
 
-# Every ASCII character that is not a letter or a digit becomes `_`; `canonical` then drops empty parts.
-_ASCII_SEPARATORS = MappingProxyType(
-    {code: "_" for code in range(128) if not (chr(code).isascii() and chr(code).isalnum())}
-)
+# A run of chars that are not ASCII letters or digits: one `_` in the canonical form.
+_SEPARATORS = r"[^A-Za-z0-9]+"
 
 
 def identifier_chars_ok(value: str) -> bool:
@@ -38,12 +34,11 @@ def canonical(text: str) -> str:
     Every run of chars that are not ASCII alphanumeric becomes one `_`, leading and
     trailing ones are dropped, then ASCII is lowered. Lowering comes last: lowering
     first would turn some non-ASCII letters into ASCII ones (the Kelvin sign into `k`).
-    ASCII text, nearly every seed's, is mapped by one `str.translate`; other text by a
-    regular expression, imported then (the read commands never meet it: their
-    arguments are identifiers).
+    An identifier (what the read commands are given) needs no regular expression: it is
+    lower-case already and only `.`, `-` and `_` separate; `re` is imported for the rest.
     """
-    if text.isascii():
-        return "_".join(part for part in text.translate(_ASCII_SEPARATORS).split("_") if part).lower()
+    if IDENTIFIER_CHARS.issuperset(text):
+        return "_".join(part for part in text.replace(".", "_").replace("-", "_").split("_") if part)
     import re
 
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()
+    return re.sub(_SEPARATORS, "_", text).strip("_").lower()
