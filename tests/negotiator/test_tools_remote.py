@@ -139,7 +139,7 @@ async def test_cancelling_during_a_tool_call_cancels_the_remote_call(
     with pytest.raises(asyncio.CancelledError):
         await task
     # (Earlier tests' streams, cut off by the negotiator, left CANCELLED lines of their own.)
-    await asyncio.to_thread(example.expect, 'CANCELLED CallWithTools tool:lookup:{"key": "wait"}')
+    await asyncio.to_thread(example.expect, 'CANCELLED CallWithTools tool:lookup:{"key": "wait"}', 15)
 
 
 async def test_conversation_state_goes_out_and_comes_back(remote: RemoteAdapter) -> None:

@@ -375,9 +375,11 @@ async def test_the_sync_client_hands_each_delta_to_on_delta_as_it_arrives(
         ("delta", "Found "),
         ("delta", "it."),
     ]
+    # Each delta reached on_delta before the mock sent the next chunk: handed on as it arrived,
+    # not collected (a bound of the chunk interval holds on a loaded machine too).
     deltas = [when for when, kind, _ in seen if kind == "delta"]
     for arrived, sent in zip(deltas, mock.chunk_times, strict=True):
-        assert arrived - sent < 0.1
+        assert arrived - sent < mock.chunk_interval
 
 
 async def test_the_aio_client_hands_each_delta_to_on_delta(
