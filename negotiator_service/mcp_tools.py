@@ -25,9 +25,10 @@ McpServerUnavailable (UNAVAILABLE); either fails the whole call. A tool
 call's own failure (an `isError` result, a JSON-RPC error, a stdio server
 that went away) is a tool error the model reads; the call goes on.
 
-An HTTP connection that breaks (streamable HTTP: a request that cannot
-connect, a reply stream cut off) fails the whole call with
-McpServerUnavailable naming the server. The SDK's streamable-HTTP client
+A streamable-HTTP connection that breaks (a request that cannot connect, a
+reply stream cut off) fails the whole call with McpServerUnavailable naming
+the server (an sse server's is a tool error, as a stdio server's). The SDK's
+streamable-HTTP client
 cannot go on after one: a request that fails to connect fails its task
 group, which cancels the task the call runs in, and a reply stream cut off
 without an event id is dropped silently, leaving its request unanswered

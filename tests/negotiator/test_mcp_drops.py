@@ -3,9 +3,11 @@
 A real negotiator serves an `openai` adapter pointed at the mock model; the
 MCP server is mcp_drop_server.py (FastMCP over streamable HTTP, its own
 process), which the tests SIGKILL at a moment it marks: while a tools/call
-runs, between two tool calls, while the client closes the session. The
-SDK's streamable-HTTP client runs in anyio task groups, which wrap what
-leaves them in exception groups; these tests see the status the caller gets.
+runs, between two tool calls, while the client closes the session; and
+@modelcontextprotocol/server-everything over streamable HTTP, killed during
+its long-running tool. The SDK's streamable-HTTP client runs in anyio task
+groups, which wrap what leaves them in exception groups; these tests see the
+status the caller gets.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +39,8 @@ KEY_ENV = "NEGOTIATOR_TEST_MCP_DROP_KEY"
 HERE = Path(__file__).parent
 DROP_SERVER = HERE / "mcp_drop_server.py"
 STDIO_SERVER = HERE / "mcp_test_server.py"
+PEERS = HERE.parent / "peers" / "node"
+EVERYTHING = PEERS / "node_modules" / ".bin" / "mcp-server-everything"
 
 
 @pytest.fixture
@@ -281,3 +287,59 @@ async def test_a_caller_that_cancels_during_a_tool_call_ends_the_call_as_cancell
     assert (record.operation, record.outcome, record.error_reason) == ("invoke", "failed", "CANCELLED")
     assert (server.marks / "delete").exists()
     assert server.process.poll() is None, "the server died; only the call was to end"
+
+
+# --- @modelcontextprotocol/server-everything (npm) over streamable HTTP ----------------------------
+
+
+@pytest.fixture
+def everything_http() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    if not EVERYTHING.exists():
+        if shutil.which("npm") is None:
+            pytest.skip("npm is not installed, so @modelcontextprotocol/server-everything cannot be")
+        pytest.fail(f"{EVERYTHING} is missing: run `npm ci` in {PEERS} (scripts/test.sh does)")
+    port = _closed_port()
+    process = subprocess.Popen(
+        ["node", str(EVERYTHING), "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert time.monotonic() < deadline, "server-everything never listened"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp", process
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.mark.slow
+async def test_server_everything_killed_during_its_long_running_tool_fails_the_call_unavailable(
+    stub: Stub, mock: MockOpenAI, everything_http: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    url, process = everything_http
+    operation = {"name": "ev__trigger-long-running-operation", "arguments": {"duration": 20, "steps": 20}}
+    mock.tool_rounds = [[operation]]
+    server = pb.McpServer(name="ev", transport="streamable-http", url=url)
+    call = stub.Invoke(invoke(mcp_servers=[server]), timeout=60)
+    # The model is asked once the server has listed its tools; the 20 s operation starts then.
+    deadline = time.monotonic() + 20
+    while not mock.requests:
+        assert time.monotonic() < deadline, "the call never reached the model"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    process.kill()
+    killed = time.monotonic()
+    error = await call_error(call)
+    assert error.code is grpc.StatusCode.UNAVAILABLE, error.message
+    assert error.reason == "MCP_SERVER_UNAVAILABLE"
+    assert error.metadata["server"] == "ev"
+    assert 'MCP server "ev": the connection broke' in error.message
+    assert time.monotonic() - killed < 10
