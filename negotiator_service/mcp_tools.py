@@ -22,8 +22,27 @@ START_TIMEOUT_SECONDS, within the call's own deadline. Failing that is
 McpServerTimeout (DEADLINE_EXCEEDED); a server that cannot be started or
 reached, or that answers initialize or tools/list with an error, is
 McpServerUnavailable (UNAVAILABLE); either fails the whole call. A tool
-call's own failure (an `isError` result, a JSON-RPC error, a connection that
-broke) is a tool error the model reads; the call goes on.
+call's own failure (an `isError` result, a JSON-RPC error, a stdio server
+that went away) is a tool error the model reads; the call goes on.
+
+A streamable-HTTP connection that breaks (a request that cannot connect, a
+reply stream cut off) fails the whole call with McpServerUnavailable naming
+the server (an sse server's is a tool error, as a stdio server's). The SDK's
+streamable-HTTP client
+cannot go on after one: a request that fails to connect fails its task
+group, which cancels the task the call runs in, and a reply stream cut off
+without an event id is dropped silently, leaving its request unanswered
+for ever. So the negotiator watches every request of the server's HTTP
+client, and a tools/call, initialize or tools/list waiting on a server
+whose connection broke ends at once instead of waiting out the deadline.
+
+The SDK's transports run in anyio task groups, which wrap whatever leaves
+them in an ExceptionGroup, the call's own errors included: leaving a
+server, an error of the call (an adapter error, a cancellation) goes on as
+it was raised, and a group whose every leaf is a transport failure (httpx,
+anyio stream or OS errors) is McpServerUnavailable. Closing a streamable-HTTP
+session (its DELETE) has CLOSE_TIMEOUT_SECONDS, so a server that never
+answers it cannot hold a finished or cancelled call.
 
 `notifications/tools/list_changed` marks the server's listing stale; the
 tool loop re-lists it before its next request to the model (`refresh`).
@@ -39,10 +58,10 @@ import functools
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from agentsidecar.negotiator_service import mcp_policy
 from agentsidecar.negotiator_service.errors import McpServerTimeout, McpServerUnavailable
@@ -61,7 +80,10 @@ if TYPE_CHECKING:
     ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
     WriteStream = MemoryObjectSendStream[SessionMessage]
 
+_T = TypeVar("_T")
+
 START_TIMEOUT_SECONDS = 10.0
+CLOSE_TIMEOUT_SECONDS = 2.0
 MAX_LIST_PAGES = 64
 MAX_TOOLS_PER_SERVER = 512
 MAX_STDIO_LINE_BYTES = 8 * 1024 * 1024
@@ -75,6 +97,28 @@ def _http_timeout() -> httpx.Timeout:
     import httpx
 
     return httpx.Timeout(30.0, read=300.0)
+
+
+@functools.cache
+def _close_timeout() -> httpx.Timeout:
+    import httpx
+
+    return httpx.Timeout(CLOSE_TIMEOUT_SECONDS)
+
+
+@functools.cache
+def _transport_failures() -> tuple[type[BaseException], ...]:
+    """What a transport raises when its server went away or broke the exchange."""
+    import anyio
+    import httpx
+
+    return (
+        httpx.HTTPError,
+        anyio.ClosedResourceError,
+        anyio.BrokenResourceError,
+        anyio.EndOfStream,
+        OSError,
+    )
 
 
 @functools.cache
@@ -95,9 +139,23 @@ class McpTool:
 
 
 @dataclass(slots=True)
+class _Watch:
+    """The first transport error of one server's HTTP client, set by its transport (`_watching`)."""
+
+    failure: BaseException | None = None
+    broken: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def broke(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+        self.broken.set()
+
+
+@dataclass(slots=True)
 class _Connection:
     server: McpServer
     session: ClientSession
+    watch: _Watch | None  # None: not an HTTP client the negotiator watches (stdio, sse)
     stale: bool = False
     tools: dict[str, McpTool] = field(default_factory=dict)  # by function name
 
@@ -139,10 +197,14 @@ class McpTools:
             return ToolOutcome(error=f'there is no tool named "{name}" in this call')
         if not isinstance(arguments, dict):
             return ToolOutcome(error=f'the arguments of "{name}" must be a JSON object; the tool did not run')
-        session = self._connections[found.server].session
+        connection = self._connections[found.server]
         where = f'MCP server "{found.server}"'
         try:
-            result = await session.call_tool(found.tool, arguments)
+            result = await self._unless_broken(
+                connection, connection.session.call_tool(found.tool, arguments), f'tools/call "{found.tool}"'
+            )
+        except McpServerUnavailable:
+            raise
         except McpError as exc:
             return ToolOutcome(error=f"{where} answered tools/call with an error: {exc.error.message}")
         except Exception as exc:  # a broken connection, a malformed answer
@@ -156,7 +218,7 @@ class McpTools:
         return ToolOutcome(result=_content_json(result.content))
 
     async def _connect(self, stack: contextlib.AsyncExitStack, server: McpServer) -> None:
-        from mcp import ClientSession, types
+        from mcp import types
         from mcp.shared.exceptions import McpError
 
         connection: _Connection | None = None
@@ -169,14 +231,12 @@ class McpTools:
             ):
                 connection.stale = True
 
+        guard = _Guarded(self._adapter, server.name, _session(server, stack, on_message))
         try:
             async with asyncio.timeout(START_TIMEOUT_SECONDS):
-                read, write = await stack.enter_async_context(_transport(server, stack))
-                session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=on_message, client_info=_client_info())
-                )
-                connection = _Connection(server, session)
-                await session.initialize()
+                session, watch = await stack.enter_async_context(guard)
+                connection = _Connection(server, session, watch)
+                await self._unless_broken(connection, session.initialize(), "initialize")
                 await self._list(connection)
         except TimeoutError as exc:
             raise McpServerTimeout(
@@ -194,7 +254,41 @@ class McpTools:
             raise McpServerUnavailable(
                 self._adapter, f"cannot start: {_describe(exc)}", server=server.name
             ) from exc
+        guard.started = True
         self._connections[server.name] = connection
+
+    async def _unless_broken(self, connection: _Connection, work: Coroutine[Any, Any, _T], what: str) -> _T:
+        """`work`'s result or error, unless the server's HTTP connection breaks first.
+
+        The SDK leaves a request whose reply stream was cut off unanswered, so
+        the wait ends on the watch's break too: McpServerUnavailable.
+        """
+        watch = connection.watch
+        if watch is None:
+            return await work
+        if watch.broken.is_set():
+            work.close()
+            raise self._broken(connection.server.name, what, watch)
+        task = asyncio.ensure_future(work)
+        broken = asyncio.ensure_future(watch.broken.wait())
+        try:
+            await asyncio.wait((task, broken), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            broken.cancel()
+            if not task.done():
+                task.cancel()
+                # Ended before this returns, so nothing of the request outlives the wait.
+                await asyncio.wait((task,))
+        # A request's own error while its connection broke is the break's doing.
+        if not task.cancelled() and (task.exception() is None or watch.failure is None):
+            return task.result()
+        raise self._broken(connection.server.name, what, watch)
+
+    def _broken(self, server: str, what: str, watch: _Watch) -> McpServerUnavailable:
+        cause = _describe(watch.failure) if watch.failure is not None else "no error recorded"
+        return McpServerUnavailable(
+            self._adapter, f"the connection broke during {what}: {cause}", server=server
+        )
 
     async def _list(self, connection: _Connection) -> None:
         from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
@@ -206,7 +300,9 @@ class McpTools:
         cursor: str | None = None
         for _ in range(MAX_LIST_PAGES):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor is not None else None
-            page = await connection.session.list_tools(params=params)
+            page = await self._unless_broken(
+                connection, connection.session.list_tools(params=params), "tools/list"
+            )
             listed.extend(page.tools)
             if len(listed) > MAX_TOOLS_PER_SERVER:
                 raise McpServerUnavailable(
@@ -277,25 +373,107 @@ async def open_servers(
         yield tools
 
 
+class _Guarded(Generic[_T]):
+    """A server's session and transport, leaving by the errors its task groups' exception groups hold.
+
+    anyio task groups wrap every exception that leaves them, the one their
+    body raised included. On the way out: the body's own error, or an outside
+    cancellation, goes on as it was raised; a group of transport failures
+    only is McpServerUnavailable naming the server; anything else goes on.
+    """
+
+    def __init__(
+        self,
+        adapter: str,
+        server: str,
+        inner: contextlib.AbstractAsyncContextManager[_T],
+    ) -> None:
+        self._adapter = adapter
+        self._server = server
+        self._inner = inner
+        self.started = False  # initialize and tools/list answered
+
+    async def __aenter__(self) -> _T:
+        return await self._inner.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        try:
+            return bool(await self._inner.__aexit__(exc_type, exc, traceback))
+        except BaseException as raised:
+            if raised is exc:
+                raise
+            leaves = list(_leaves(raised))
+            if exc is not None and (_cancelled_from_outside(exc) or any(leaf is exc for leaf in leaves)):
+                return False
+            if leaves and all(isinstance(leaf, _transport_failures()) for leaf in leaves):
+                phase = "the connection broke" if self.started else "cannot start"
+                raise McpServerUnavailable(
+                    self._adapter, f"{phase}: {_describe(raised)}", server=self._server
+                ) from raised
+            raise
+
+
+def _cancelled_from_outside(exc: BaseException) -> bool:
+    """A cancellation of the task itself, not one the transport's task group made and took back."""
+    task = asyncio.current_task()
+    return isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+@contextlib.asynccontextmanager
+async def _session(
+    server: McpServer, stack: contextlib.AsyncExitStack, on_message: Any
+) -> AsyncIterator[tuple[ClientSession, _Watch | None]]:
+    from mcp import ClientSession
+
+    async with (
+        _transport(server, stack) as (read, write, watch),
+        ClientSession(read, write, message_handler=on_message, client_info=_client_info()) as session,
+    ):
+        yield session, watch
+
+
 @contextlib.asynccontextmanager
 async def _transport(
     server: McpServer, stack: contextlib.AsyncExitStack
-) -> AsyncIterator[tuple[ReadStream, WriteStream]]:
+) -> AsyncIterator[tuple[ReadStream, WriteStream, _Watch | None]]:
     transport = normalize_transport(server.transport)
     if transport == "stdio":
-        async with _stdio(server) as streams:
-            yield streams
+        async with _stdio(server) as (read, write):
+            yield read, write, None
         return
     import httpx
     from mcp.client.sse import sse_client
     from mcp.client.streamable_http import streamable_http_client
 
-    client = await stack.enter_async_context(
-        httpx.AsyncClient(headers=dict(server.headers), timeout=_http_timeout(), follow_redirects=False)
-    )
     if transport == "http":
+        watch = _Watch()
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(
+                headers=dict(server.headers),
+                timeout=_http_timeout(),
+                follow_redirects=False,
+                transport=_watching(watch),
+            )
+        )
         async with streamable_http_client(server.url, http_client=client) as (read, write, _):
-            yield read, write
+            try:
+                yield read, write, watch
+            finally:
+                # What is left is the session's DELETE, sent as the SDK's client closes.
+                client.timeout = _close_timeout()
         return
 
     def factory(
@@ -311,7 +489,55 @@ async def _transport(
         read,
         write,
     ):
-        yield read, write
+        yield read, write, None
+
+
+def _watching(watch: _Watch) -> httpx.AsyncBaseTransport:
+    """httpx's transport, telling `watch` of every request that fails and every POST reply cut off."""
+    return _watching_class()(watch)
+
+
+@functools.cache
+def _watching_class() -> Callable[[_Watch], httpx.AsyncBaseTransport]:
+    import httpx
+
+    class WatchedReply(httpx.AsyncByteStream):
+        def __init__(self, inner: httpx.AsyncByteStream, watch: _Watch) -> None:
+            self._inner = inner
+            self._watch = watch
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            try:
+                async for chunk in self._inner:
+                    yield chunk
+            except httpx.TransportError as exc:
+                self._watch.broke(exc)
+                raise
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    class WatchingTransport(httpx.AsyncBaseTransport):
+        def __init__(self, watch: _Watch) -> None:
+            # What httpx.AsyncClient builds when given no transport.
+            self._inner = httpx.AsyncHTTPTransport()
+            self._watch = watch
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            try:
+                response = await self._inner.handle_async_request(request)
+            except httpx.TransportError as exc:
+                self._watch.broke(exc)
+                raise
+            # A POST's reply carries the answers; the GET stream the SDK reopens by itself.
+            if request.method == "POST" and isinstance(response.stream, httpx.AsyncByteStream):
+                response.stream = WatchedReply(response.stream, self._watch)
+            return response
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    return WatchingTransport
 
 
 @contextlib.asynccontextmanager

@@ -198,6 +198,80 @@ function wrapMethods(rawClient, methods, defaultUnaryTimeoutMs) {
   return wrapped;
 }
 
+// --- paged listings (ListSeeds, ListAdapters: AIP-158) -----------------------------
+
+/**
+ * A server sent a `nextPageToken` it had sent before (or the one the walk
+ * started from): following it would fetch the same pages for ever.
+ */
+export class PageTokenRepeatedError extends Error {
+  constructor(method, token, pages) {
+    super(
+      `${method}: the server sent the page token ${JSON.stringify(token)} again after ${pages} ` +
+        'page(s); the walk stops instead of fetching the same pages for ever',
+    );
+    this.name = 'PageTokenRepeatedError';
+    this.method = method;
+    this.token = token;
+    this.pages = pages;
+  }
+}
+
+/**
+ * Every page of a paged listing, in order, as an async iterator: calls
+ * `listPage({...request, pageToken}, opts)` (a client's `listSeeds` or
+ * `listAdapters`), starting from `request.pageToken` (empty: the first page),
+ * each time with the `nextPageToken` of the page before, and ends after a
+ * page whose `nextPageToken` is empty. Each page is its own call, with its own
+ * deadline from `opts.timeoutMs`. A token the walk has already used throws
+ * PageTokenRepeatedError (named after `method`); a failed page rejects with its
+ * ServiceError. `request` is not modified.
+ */
+export async function* walkPages(listPage, request = {}, opts = {}, method = 'List') {
+  let token = request.pageToken ?? '';
+  const used = new Set([token]);
+  for (let pages = 1; ; pages += 1) {
+    const page = await listPage({ ...request, pageToken: token }, opts);
+    yield page;
+    const next = page.nextPageToken ?? '';
+    if (next === '') return;
+    if (used.has(next)) throw new PageTokenRepeatedError(method, next, pages);
+    used.add(next);
+    token = next;
+  }
+}
+
+async function collectPages(listPage, request, opts, method) {
+  const pages = [];
+  for await (const page of walkPages(listPage, request, opts, method)) pages.push(page);
+  return pages;
+}
+
+/** One ListSeeds reply holding every page's seeds and problems, in order; `nextPageToken` empty. */
+export function mergeSeedPages(pages) {
+  return {
+    ...(pages[0] ?? { seedStore: '' }),
+    seeds: pages.flatMap((page) => page.seeds),
+    problems: pages.flatMap((page) => page.problems),
+    nextPageToken: '',
+  };
+}
+
+function pagingMethods(service, methods) {
+  if (service === 'seedstore') {
+    return {
+      listAllSeeds: async (request = {}, opts = {}) =>
+        mergeSeedPages(await collectPages(methods.listSeeds, request, opts, 'ListSeeds')),
+    };
+  }
+  return {
+    listAllAdapters: async (request = {}, opts = {}) => {
+      const pages = await collectPages(methods.listAdapters, request, opts, 'ListAdapters');
+      return { adapters: pages.flatMap((page) => page.adapters), nextPageToken: '' };
+    },
+  };
+}
+
 /**
  * Connect to a sidecar. `service` is "seedstore" or "negotiator".
  *
@@ -205,8 +279,10 @@ function wrapMethods(rawClient, methods, defaultUnaryTimeoutMs) {
  * return promises (default deadline 30 s, override per call with
  * `{timeoutMs}`; `null` for none), server-streaming RPCs (VerifySeeds,
  * WatchSeeds, WatchAdapters, InvokeStream, ProduceStream) return async
- * iterators; leaving the loop early cancels the call. Also `waitForReady(ms)`,
- * `close()`, `raw` (the grpc-js client) and `target`.
+ * iterators; leaving the loop early cancels the call. The paged listings also
+ * have a method that walks every page (`listAllSeeds`, `listAllAdapters`;
+ * `walkPages`). Also `waitForReady(ms)`, `close()`, `raw` (the grpc-js client)
+ * and `target`.
  */
 export function connect(target, { service, credentials, channelOptions, defaultUnaryTimeoutMs } = {}) {
   const Constructor = serviceConstructor(service);
@@ -215,8 +291,10 @@ export function connect(target, { service, credentials, channelOptions, defaultU
     credentials ?? grpc.credentials.createInsecure(),
     channelOptions ?? {},
   );
+  const methods = wrapMethods(raw, Constructor.service, defaultUnaryTimeoutMs ?? DEFAULT_UNARY_TIMEOUT_MS);
   return {
-    ...wrapMethods(raw, Constructor.service, defaultUnaryTimeoutMs ?? DEFAULT_UNARY_TIMEOUT_MS),
+    ...methods,
+    ...pagingMethods(service, methods),
     service: SERVICE_NAMES[service],
     target,
     raw,
