@@ -713,7 +713,7 @@ class _HttpSetup:
     default_headers: Mapping[str, str]
     authorization: str | None  # Basic auth from credentials in base_url, in place of the key
     proxy: URL | None
-    ssl: ssl.SSLContext | None  # None: the endpoint and its proxy are plain http
+    tls_context: ssl.SSLContext | None  # None: the endpoint and its proxy are plain http
     timeout: aiohttp.ClientTimeout
 
     @classmethod
@@ -756,7 +756,7 @@ class _HttpSetup:
             default_headers=MappingProxyType(headers),
             authorization=authorization,
             proxy=proxy,
-            ssl=_trust_store() if tls else None,
+            tls_context=_trust_store() if tls else None,
             # No aiohttp timeouts: each exchange is bounded by one asyncio.timeout, its
             # deadline; a phase timer given the same budget could never fire first.
             timeout=aiohttp.ClientTimeout(),
@@ -1192,7 +1192,7 @@ class OpenAIAdapter:
             connector=aiohttp.TCPConnector(
                 limit=HTTP_MAX_CONNECTIONS,
                 keepalive_timeout=HTTP_KEEPALIVE_SECONDS,
-                ssl=http.ssl if http.ssl is not None else True,
+                ssl=http.tls_context if http.tls_context is not None else True,
             ),
             headers=http.default_headers,
             # unsafe: cookies from a provider addressed by IP are kept too, as httpx keeps them;
