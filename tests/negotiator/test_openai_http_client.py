@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,12 +101,14 @@ class RawServer:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Callable[[bytes], bytes]], Any]]:
+async def serve() -> AsyncIterator[Callable[..., Any]]:
     servers: list[asyncio.Server] = []
 
-    async def start(answer: Callable[[bytes], bytes], *, keep_alive: bool = True) -> RawServer:
+    async def start(
+        answer: Callable[[bytes], bytes], *, keep_alive: bool = True, tls: ssl.SSLContext | None = None
+    ) -> RawServer:
         raw = RawServer(answer, keep_alive)
-        server = await asyncio.start_server(raw.serve, "127.0.0.1", 0)
+        server = await asyncio.start_server(raw.serve, "127.0.0.1", 0, ssl=tls)
         raw.port = server.sockets[0].getsockname()[1]
         servers.append(server)
         return raw
@@ -244,6 +248,58 @@ async def test_a_broken_stream_is_unavailable(serve: Any) -> None:
             await adapter.invoke(call)
     finally:
         await adapter.close()
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    result = subprocess.run(["openssl", *args], cwd=directory, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA (ca.pem) and a server certificate for 127.0.0.1 it signed (server.pem, server.key)."""
+    directory = tmp_path_factory.mktemp("pki")
+    _openssl(directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
+    _openssl(
+        directory, "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=test-ca", "-days", "1",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
+        "-out", "ca.pem",
+    )  # fmt: skip
+    _openssl(directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "server.key")
+    _openssl(directory, "req", "-new", "-key", "server.key", "-subj", "/CN=127.0.0.1", "-out", "server.csr")
+    (directory / "server.ext").write_text("basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\n")
+    _openssl(
+        directory, "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "server.ext", "-out", "server.pem",
+    )  # fmt: skip
+    return directory
+
+
+def _server_tls(pki: Path) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki / "server.pem", pki / "server.key")
+    return context
+
+
+async def test_https_trusts_the_bundle_ssl_cert_file_names(
+    serve: Any, pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki / "ca.pem"))
+    upstream = await serve(lambda head: response(completion("over tls")), tls=_server_tls(pki))
+    assert await invoke(adapter_for(f"https://127.0.0.1:{upstream.port}/v1")) == "over tls"
+
+
+async def test_https_to_a_certificate_no_trusted_ca_signed_is_unavailable(
+    serve: Any, pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    upstream = await serve(lambda head: response(completion("over tls")), tls=_server_tls(pki))
+    with pytest.raises(
+        errors.AdapterUnavailable, match=r"cannot reach https://127\.0\.0\.1:.*certificate verify failed"
+    ):
+        await invoke(adapter_for(f"https://127.0.0.1:{upstream.port}/v1"))
+    assert upstream.requests == []
 
 
 async def test_closing_the_adapter_closes_its_pooled_connection(serve: Any) -> None:
