@@ -4,7 +4,8 @@ Each server here is an asyncio TCP server on loopback that records the raw
 request and answers with scripted raw bytes, so a test can pin the request
 bytes the adapter sends (its JSON body, the proxy's credentials), answer with
 something no well-behaved server sends (a cut-off body, a broken head, a body
-that does not decode), and see the connection the adapter holds close.
+that does not decode), serve https with a certificate of a CA made for the
+test, and see the connection the adapter holds close.
 `environment_proxy`, the adapter's reading of the proxy variables, is checked
 case by case against what httpx's client does for the same variables.
 """
