@@ -63,11 +63,24 @@ Options:
                      as a stream and reading stops at the cap: the call fails
                      with ADAPTER_REPLY_TOO_LARGE and the connection is dropped,
                      so one huge reply never holds more than the cap in memory.
+
+HTTP goes through one aiohttp session per adapter (opened at the first
+request, closed with the adapter), set up so that a provider sees what
+httpx's AsyncClient sends: its default headers and JSON body bytes, the
+proxy the environment names (read when the adapter is built, by httpx's
+rules for HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY), its trust store
+for https (certifi, or SSL_CERT_FILE / SSL_CERT_DIR), URL credentials as
+Basic auth, the cookies a provider set, and no redirect followed. An
+unreachable server, a dropped connection or an answer that is not HTTP is
+ADAPTER_UNAVAILABLE ("cannot reach URL: ..."), the call's deadline its
+timeout, and any other HTTP failure (a body that does not decode)
+ADAPTER_INTERNAL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import contextlib
 import email.utils
@@ -75,12 +88,10 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Collection, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, TypeVar
-
-import httpx
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentsidecar.negotiator_service import errors, mcp_tools
 from agentsidecar.negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
@@ -114,6 +125,14 @@ from agentsidecar.negotiator_service.model import (
 from agentsidecar.negotiator_service.probes import ProbeEvidence, ProbeRequest, settle
 from agentsidecar.negotiator_service.tools import CallToolBox
 from agentsidecar.sidecar_runtime.tracing import trace_metadata
+
+# aiohttp (and yarl, which it brings) is imported when an adapter is built, not with this
+# module: its pure parts (request bodies, replies, SSE) serve without it.
+if TYPE_CHECKING:
+    import ssl
+
+    import aiohttp
+    from yarl import URL
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -242,12 +261,14 @@ def _model_options(reader: OptionReader, base: ModelOptions) -> ModelOptions:
 
 def read_options(spec: AdapterSpec) -> OpenAIOptions:
     reader = OptionReader(spec, spec.options)
+    from yarl import URL
+
     base_url = reader.required_string("base_url").rstrip("/")
     try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL as exc:
+        url = URL(base_url)
+    except ValueError as exc:
         reader.fail("base_url", f"is not a URL: {exc}")
-    if url.scheme not in ("http", "https") or not url.host:
+    if url.scheme not in ("http", "https") or not url.raw_host:
         reader.fail("base_url", f'must be an http:// or https:// URL with a host, not "{base_url}"')
     api_key_env = reader.required_string("api_key_env")
     model = reader.required_string("model")
@@ -534,8 +555,221 @@ def _quote(body: bytes) -> str:
     return body.decode("utf-8", errors="replace")[:_QUOTE_LIMIT]
 
 
+_DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
+
+
+@dataclass(frozen=True, slots=True)
+class _ProxyRule:
+    """One entry of httpx's proxy routing: a URL pattern and the proxy it names (None: direct)."""
+
+    scheme: str  # "" for any
+    host: str  # "" for any; a leading "*" matches subdomains ("*." only them)
+    port: int | None
+    proxy: str | None
+
+    def matches(self, scheme: str, host: str, port: int | None) -> bool:
+        if self.scheme and self.scheme != scheme:
+            return False
+        if self.port is not None and self.port != port:
+            return False
+        if not self.host or self.host == "*":
+            return True
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:]) and len(host) > len(self.host) - 1
+        if self.host.startswith("*"):
+            domain = self.host[1:]
+            return host == domain or (host.endswith(f".{domain}") and len(host) > len(domain) + 1)
+        return host == self.host
+
+    @property
+    def priority(self) -> tuple[int, int, int]:
+        """httpx's order: a pattern with a port first, then the longer host, then the longer scheme."""
+        return (0 if self.port is not None else 1, -len(self.host), -len(self.scheme))
+
+
+def _proxy_rule(pattern: str, proxy: str | None) -> _ProxyRule | None:
+    """The rule of one httpx mount pattern (`all://*example.com`, `https://`); None if it parses as none."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(pattern)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = "" if parts.scheme == "all" else parts.scheme
+    if port is not None and _DEFAULT_PORTS.get(scheme) == port:
+        port = None  # as httpx normalises a scheme's default port away
+    return _ProxyRule(scheme, (parts.hostname or "").lower(), port, proxy)
+
+
+def environment_proxy(scheme: str, host: str, port: int | None, proxies: Mapping[str, str]) -> str | None:
+    """The proxy httpx's client picks from the environment for a URL; None: connect directly. Pure.
+
+    `proxies` is `urllib.request.getproxies()` (HTTP_PROXY, HTTPS_PROXY,
+    ALL_PROXY, NO_PROXY, lower- or upper-case); `port` is None for the
+    scheme's default port. As httpx reads them: each of http, https and all
+    names a proxy for that scheme (`http://` assumed when the value has no
+    scheme), and each NO_PROXY entry a destination reached directly: `*`
+    disables every proxy, an IP address or `localhost` is that host,
+    `.example.com` its subdomains, `example.com` the domain and its
+    subdomains, an entry with `://` a pattern of its own. The most specific
+    matching rule decides.
+    """
+    rules: list[_ProxyRule] = []
+    for name in ("http", "https", "all"):
+        value = proxies.get(name)
+        if value:
+            rule = _proxy_rule(f"{name}://", value if "://" in value else f"http://{value}")
+            if rule is not None:
+                rules.append(rule)
+    for entry in (item.strip() for item in proxies.get("no", "").split(",")):
+        if entry == "*":
+            return None
+        if not entry:
+            continue
+        if "://" in entry:
+            pattern = entry
+        elif _is_ip_address(entry, 4) or entry.lower() == "localhost":
+            pattern = f"all://{entry}"
+        elif _is_ip_address(entry, 6):
+            pattern = f"all://[{entry}]"
+        else:
+            pattern = f"all://*{entry}"
+        rule = _proxy_rule(pattern, None)
+        if rule is not None:
+            rules.append(rule)
+    host = host.lower()
+    for rule in sorted(rules, key=lambda rule: rule.priority):
+        if rule.matches(scheme, host, port):
+            return rule.proxy
+    return None
+
+
+def _is_ip_address(text: str, version: int) -> bool:
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(text.split("/")[0])
+    except ValueError:
+        return False
+    return address.version == version
+
+
+def _trust_store() -> ssl.SSLContext:
+    """httpx's default verification: SSL_CERT_FILE, else SSL_CERT_DIR, else certifi's bundle."""
+    import ssl
+
+    if os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    if os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _json_bytes(body: JsonValue) -> bytes:
+    """A request body as httpx's client encodes `json=`: compact, UTF-8, no NaN."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _http_failure(adapter: str, url: URL, exc: Exception) -> errors.AdapterFailure | None:
+    """The adapter error an exception of the HTTP exchange stands for; None for one that is not HTTP's.
+
+    Unreachable, dropped, cut short or answered with something that is not
+    HTTP: ADAPTER_UNAVAILABLE, as for httpx's transport errors. A body whose
+    content encoding does not decode: ADAPTER_INTERNAL, as httpx's
+    DecodingError. The exception is quoted as `Name('message')`, never its
+    arguments (a connection key holds the proxy's credentials).
+    """
+    import aiohttp
+    from aiohttp.http_exceptions import ContentEncodingError
+
+    if isinstance(exc, errors.NegotiatorError):
+        return None
+    quoted = f"{type(exc).__name__}({str(exc)!r})"
+    if isinstance(exc, aiohttp.ClientPayloadError) and isinstance(exc.__cause__, ContentEncodingError):
+        return errors.AdapterInternal(adapter, f"HTTP exchange with {url} failed: {quoted}")
+    if isinstance(
+        exc,
+        aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | aiohttp.ClientResponseError | OSError,
+    ):
+        return errors.AdapterUnavailable(adapter, f"cannot reach {url}: {quoted}")
+    if isinstance(exc, aiohttp.ClientError):
+        return errors.AdapterInternal(adapter, f"HTTP exchange with {url} failed: {quoted}")
+    return None
+
+
+# httpx's pool limits and keep-alive expiry, which the adapter's session keeps.
+HTTP_MAX_CONNECTIONS = 100
+HTTP_KEEPALIVE_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _HttpSetup:
+    """How an adapter's requests are sent, decided once from its base_url and the environment."""
+
+    base: str  # base_url without its credentials
+    default_headers: Mapping[str, str]
+    authorization: str | None  # Basic auth from credentials in base_url, in place of the key
+    proxy: URL | None
+    tls_context: ssl.SSLContext | None  # None: the endpoint and its proxy are plain http
+    timeout: aiohttp.ClientTimeout
+
+    @classmethod
+    def for_base_url(cls, base_url: str, shortname: str) -> _HttpSetup:
+        import importlib.metadata
+        from urllib.request import getproxies
+
+        import aiohttp
+        from yarl import URL
+
+        parsed = URL(base_url)
+        authorization = None
+        if parsed.user or parsed.password:
+            userpass = f"{parsed.user or ''}:{parsed.password or ''}".encode()
+            authorization = f"Basic {base64.b64encode(userpass).decode('ascii')}"
+        base = (
+            str(parsed.with_user(None))
+            if parsed.user is not None or parsed.password is not None
+            else base_url
+        )
+        port = parsed.explicit_port
+        if port is not None and _DEFAULT_PORTS.get(parsed.scheme) == port:
+            port = None
+        named = environment_proxy(parsed.scheme, parsed.raw_host or "", port, getproxies())
+        proxy = URL(named) if named is not None else None
+        if proxy is not None and proxy.scheme not in ("http", "https"):
+            raise errors.ConfigError(
+                f'adapter "{shortname}": the proxy the environment names for {base} ({proxy.scheme}://...) '
+                "is not an http:// or https:// proxy"
+            )
+        tls = parsed.scheme == "https" or (proxy is not None and proxy.scheme == "https")
+        headers = {
+            # httpx's defaults that aiohttp's differ from (both send Accept: */* and the
+            # Accept-Encoding of the codings they decode).
+            "User-Agent": f"python-httpx/{importlib.metadata.version('httpx')}",
+            "Connection": "keep-alive",
+        }
+        return cls(
+            base=base,
+            default_headers=MappingProxyType(headers),
+            authorization=authorization,
+            proxy=proxy,
+            tls_context=_trust_store() if tls else None,
+            # No aiohttp timeouts: each exchange is bounded by one asyncio.timeout, its
+            # deadline; a phase timer given the same budget could never fire first.
+            timeout=aiohttp.ClientTimeout(),
+        )
+
+    def url(self, path: str) -> URL:
+        from yarl import URL
+
+        return URL(f"{self.base}{path}")
+
+
 class OpenAIAdapter:
-    """Chat completions over one pooled HTTP client; see the module docstring for the options."""
+    """Chat completions over one pooled HTTP session; see the module docstring for the options."""
 
     implementation = "openai"
 
@@ -550,14 +784,11 @@ class OpenAIAdapter:
         )
         self._declaration = self._base_declaration
         self._evidence: dict[str, tuple[ProbeEvidence, ...]] = {}
-        self._url = f"{self._options.base_url}/chat/completions"
-        # Parsed once: httpx parses a string URL again on every request.
-        self._endpoint = httpx.URL(self._url)
-        # No httpx timeouts: `_post` bounds the whole exchange with one asyncio.timeout.
-        # httpx would give each phase (pool, connect, write, read) that same budget,
-        # so a phase timer could never fire first; it would only cost a timer per
-        # phase per request.
-        self._client = httpx.AsyncClient(follow_redirects=False, timeout=None)
+        self._http = _HttpSetup.for_base_url(self._options.base_url, spec.shortname)
+        # Parsed once: a string URL would be parsed again on every request.
+        self._endpoint = self._http.url("/chat/completions")
+        # Opened at the first request: a session belongs to the event loop it starts in.
+        self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
     @property
@@ -585,7 +816,7 @@ class OpenAIAdapter:
         shortname = self._declaration.shortname
         if self._closed:
             raise errors.AdapterUnavailable(shortname, "the adapter is closed")
-        url = httpx.URL(f"{self._options.base_url}{request.path}")
+        url = self._http.url(request.path)
         body = dict(request.body) if request.body is not None else None
         deadline = call_deadline(shortname, None, self._options.timeout_seconds)
         status, _, content = await self._exchange(request.method, url, body, self._headers(), deadline)
@@ -700,11 +931,11 @@ class OpenAIAdapter:
             response = await _until(self._send("POST", url, body, headers, identity=True), when)
             try:
                 content_type = response.headers.get("content-type", "")
-                if response.status_code != 200 or not content_type.startswith("text/event-stream"):
+                if response.status != 200 or not content_type.startswith("text/event-stream"):
                     # An error, or a server that answered the whole completion at once.
                     content = await _until(self._read_capped(response), when)
                     answer = read_response(
-                        shortname, response.status_code, response.headers, content, produce=produce
+                        shortname, response.status, response.headers, content, produce=produce
                     )
                     assembly.whole(answer)
                     if isinstance(answer, AdapterReply) and answer.text:
@@ -712,13 +943,12 @@ class OpenAIAdapter:
                     return
                 received = 0
                 # Identity was asked for, so the raw body is the events; a body encoded anyway is decoded.
-                chunks = _body_chunks(response)
+                body_stream = response.content
                 events = SseReader()
                 done = False
                 while not done:
-                    try:
-                        chunk = await _until(anext(chunks), when)
-                    except StopAsyncIteration:
+                    chunk = await _until(body_stream.readany(), when)
+                    if not chunk:
                         payloads = events.finish()
                         done = True
                     else:
@@ -735,19 +965,20 @@ class OpenAIAdapter:
                         if delta:
                             yield delta
             finally:
-                await response.aclose()
+                response.close()
         except TimeoutError as exc:
             raise budget.expired(shortname) from exc
-        except httpx.TimeoutException as exc:
-            raise budget.expired(shortname) from exc
-        except httpx.TransportError as exc:
-            raise errors.AdapterUnavailable(shortname, f"cannot reach {url}: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise errors.AdapterInternal(shortname, f"HTTP exchange with {url} failed: {exc!r}") from exc
+        except Exception as exc:
+            failure = _http_failure(shortname, url, exc)
+            if failure is None:
+                raise
+            raise failure from exc
 
     async def close(self) -> None:
         self._closed = True
-        await self._client.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     def setting_problems(
         self, options: CallOptions, tool_names: Collection[str] | None
@@ -894,7 +1125,7 @@ class OpenAIAdapter:
     async def _exchange(
         self,
         method: str,
-        url: httpx.URL,
+        url: URL,
         body: JsonValue,
         headers: dict[str, str],
         deadline: Deadline,
@@ -907,56 +1138,75 @@ class OpenAIAdapter:
                 try:
                     content = await self._read_capped(response)
                 finally:
-                    await response.aclose()
-        except (TimeoutError, httpx.TimeoutException) as exc:
+                    response.close()
+        except TimeoutError as exc:
             raise deadline.expired(shortname) from exc
-        except httpx.TransportError as exc:
-            raise errors.AdapterUnavailable(shortname, f"cannot reach {url}: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise errors.AdapterInternal(shortname, f"HTTP exchange with {url} failed: {exc!r}") from exc
-        return response.status_code, response.headers, content
+        except Exception as exc:
+            failure = _http_failure(shortname, url, exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        return response.status, response.headers, content
 
     async def _send(
         self,
         method: str,
-        url: httpx.URL,
+        url: URL,
         body: JsonValue,
         headers: dict[str, str],
         *,
         identity: bool = False,
-    ) -> httpx.Response:
-        """Send one request (unary, streamed or probe) as the client would; the response, body unread.
+    ) -> aiohttp.ClientResponse:
+        """Send one request (unary, streamed or probe); the response, its body unread.
 
-        The request carries the client's default headers with the call's
+        The request carries the session's default headers with the call's
         `headers` in place of any of the same name (`identity`: with
-        `Accept-Encoding: identity` too), as the client's own merge gives. It
-        goes to the transport the client picks for the URL (a proxy's when
-        the environment names one), without the client's per-request layers:
-        with no auth, no event hooks, no redirects followed and no cookie
-        held, they change nothing but cost more than the exchange's HTTP
-        parsing. Cookies a provider sets are kept, as the client keeps them;
-        once the client holds any, or the URL carries credentials, the
-        request goes through the client's own `send`, which merges them in.
+        `Accept-Encoding: identity` too), the body as httpx encodes JSON,
+        URL credentials as Basic auth, the cookies the session holds, and
+        goes through the proxy the environment named; a redirect is returned,
+        not followed.
         """
         if self._closed:
-            # Checked here, not left to the client: its transport's pool takes requests even closed.
+            # Checked here, not left to the session: a call may outlive the adapter's close.
             raise errors.AdapterUnavailable(self._declaration.shortname, "the adapter is closed")
-        client = self._client
-        own = {**headers, "Accept-Encoding": "identity"} if identity else headers
-        if client.cookies or url.userinfo:
-            return await client.send(client.build_request(method, url, json=body, headers=own), stream=True)
-        replaced = {name.lower().encode("ascii") for name in own}
-        merged = [(name, value) for name, value in client.headers.raw if name.lower() not in replaced]
-        merged.extend((name.encode("ascii"), value.encode("ascii")) for name, value in own.items())
-        request = httpx.Request(method, url, json=body, headers=merged)
-        response = await client._transport_for_url(url).handle_async_request(request)
-        response.request = request
-        if "set-cookie" in response.headers:
-            client.cookies.extract_cookies(response)
-        return response
+        session = self._session if self._session is not None else self._open_session()
+        http = self._http
+        own = dict(headers)
+        if http.authorization is not None:
+            own["Authorization"] = http.authorization
+        if identity:
+            own["Accept-Encoding"] = "identity"
+        data = None
+        if body is not None:
+            data = _json_bytes(body)
+            own["Content-Type"] = "application/json"
+        return await session.request(
+            method, url, data=data, headers=own, allow_redirects=False, proxy=http.proxy
+        )
 
-    async def _read_capped(self, response: httpx.Response) -> bytes:
-        """The body, read chunk by chunk; past max_response_bytes, ADAPTER_REPLY_TOO_LARGE.
+    def _open_session(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        http = self._http
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=HTTP_MAX_CONNECTIONS,
+                keepalive_timeout=HTTP_KEEPALIVE_SECONDS,
+                ssl=http.tls_context if http.tls_context is not None else True,
+            ),
+            headers=http.default_headers,
+            # unsafe: cookies from a provider addressed by IP are kept too, as httpx keeps them;
+            # values are sent back as they were set.
+            cookie_jar=aiohttp.CookieJar(unsafe=True, quote_cookie=False),
+            timeout=http.timeout,
+            # The proxy was read from the environment with the adapter; trust_env would also
+            # read ~/.netrc and look the proxy up again on every request.
+            trust_env=False,
+        )
+        return self._session
+
+    async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
+        """The decoded body, read chunk by chunk; past max_response_bytes, ADAPTER_REPLY_TOO_LARGE.
 
         Closing a response that was not read to its end drops its connection,
         so the rest of the body is never received.
@@ -967,7 +1217,8 @@ class OpenAIAdapter:
             raise self._too_large(f"declares a {declared}-byte body")
         chunks: list[bytes] = []
         received = 0
-        async for chunk in _body_chunks(response):
+        content = response.content
+        while chunk := await content.readany():
             received += len(chunk)
             if received > cap:
                 raise self._too_large(f"sent more than {cap} bytes")
@@ -999,15 +1250,6 @@ async def collect_stream(items: AsyncGenerator[StreamItem, None]) -> AdapterRepl
                     text=item.text, events=tuple(events), conversation_state=item.conversation_state
                 )
     raise AssertionError("OpenAIAdapter.stream ends with its reply")
-
-
-def _body_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body's bytes after content decoding: as received when it is not encoded, else decoded."""
-    encoding = response.headers.get("content-encoding", "identity").strip().lower()
-    stream = response.stream
-    if encoding in ("", "identity") and isinstance(stream, httpx.AsyncByteStream):
-        return aiter(stream)
-    return response.aiter_bytes()
 
 
 async def _until(awaitable: Awaitable[_T], when: float | None) -> _T:

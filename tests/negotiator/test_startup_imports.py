@@ -58,7 +58,7 @@ def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
 def test_the_embedded_default_config_starts_without_the_sdks_or_the_unused_adapters(tmp_path: Path) -> None:
     modules = modules_at_ready(tmp_path)
     assert {f"{ADAPTERS}.scripted", f"{ADAPTERS}.command"} <= modules  # the default config's two
-    assert loaded(modules, (*UNUSED, f"{ADAPTERS}.openai", "httpx", "anyio")) == []
+    assert loaded(modules, (*UNUSED, f"{ADAPTERS}.openai", "aiohttp", "httpx", "anyio")) == []
 
 
 def test_an_openai_adapter_brings_its_module_but_not_the_mcp_sdk(tmp_path: Path) -> None:
@@ -68,8 +68,9 @@ def test_an_openai_adapter_brings_its_module_but_not_the_mcp_sdk(tmp_path: Path)
         json.dumps({"adapters": [{"shortname": "o", "implementation": "openai", "options": adapter}]})
     )
     modules = modules_at_ready(tmp_path, "--config", str(config), env={"STARTUP_TEST_KEY": "not-a-secret"})
-    assert f"{ADAPTERS}.openai" in modules
-    assert loaded(modules, (*UNUSED, f"{ADAPTERS}.scripted")) == []
+    assert {f"{ADAPTERS}.openai", "aiohttp"} <= modules
+    # Its HTTP client is aiohttp; httpx (and the anyio under it) come only with the MCP SDK.
+    assert loaded(modules, (*UNUSED, f"{ADAPTERS}.scripted", "httpx", "anyio")) == []
 
 
 def test_a_seedstore_brings_the_clients_package(tmp_path: Path) -> None:
