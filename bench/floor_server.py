@@ -62,7 +62,10 @@ async def _answer_with_prompt(
 
 # The openai adapter's default headers; Accept and Accept-Encoding are aiohttp's own.
 DEFAULT_HEADERS = {
-    "User-Agent": f"python-httpx/{importlib.metadata.version('httpx')}",
+    "User-Agent": (
+        f"agentsidecar/{importlib.metadata.version('agentsidecar')} "
+        f"aiohttp/{importlib.metadata.version('aiohttp')}"
+    ),
     "Connection": "keep-alive",
 }
 UNARY_HEADERS = {"Authorization": "Bearer floor", "Content-Type": "application/json"}

@@ -23,8 +23,9 @@ from agentsidecar.negotiator_service.errors import ConfigError
 from agentsidecar.negotiator_service.model import Adapter, AdapterSpec
 
 # Each implementation's module is imported when a config first asks for it: the openai one
-# brings httpx and the MCP client, the acp one the ACP SDK's schema models, the remote one the
-# adapter protocol's stubs, and a negotiator pays only for the adapters it runs.
+# brings aiohttp (the MCP SDK waits for a call's first MCP server), the acp one the ACP SDK's
+# schema models, the remote one the adapter protocol's stubs, and a negotiator pays only for
+# the adapters it runs.
 if TYPE_CHECKING:
     from agentsidecar.negotiator_service.adapters.command import CommandAdapter
     from agentsidecar.negotiator_service.adapters.openai import OpenAIAdapter

@@ -746,9 +746,12 @@ class _HttpSetup:
             )
         tls = parsed.scheme == "https" or (proxy is not None and proxy.scheme == "https")
         headers = {
-            # httpx's defaults that aiohttp's differ from (both send Accept: */* and the
-            # Accept-Encoding of the codings they decode).
-            "User-Agent": f"python-httpx/{importlib.metadata.version('httpx')}",
+            # The client names itself and what sends for it; Accept: */* and the
+            # Accept-Encoding of the codings it decodes are aiohttp's own.
+            "User-Agent": (
+                f"agentsidecar/{importlib.metadata.version('agentsidecar')} "
+                f"aiohttp/{importlib.metadata.version('aiohttp')}"
+            ),
             "Connection": "keep-alive",
         }
         return cls(

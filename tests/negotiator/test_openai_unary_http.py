@@ -196,7 +196,7 @@ async def test_a_unary_call_sends_the_clients_default_headers_and_takes_a_compre
     # Unlike a stream, a unary reply may come compressed.
     assert "gzip" in headers["accept-encoding"]
     assert headers["accept"] == "*/*"
-    assert headers["user-agent"].startswith("python-httpx/")
+    assert headers["user-agent"].startswith("agentsidecar/")
     assert headers["connection"] == "keep-alive"
     assert headers["authorization"] == f"Bearer {KEY}"
     assert headers["openai-organization"] == "org-7"
@@ -217,7 +217,7 @@ async def test_cookies_a_provider_sets_are_sent_back_on_later_calls(no_proxy_env
     assert upstream.seen[1].headers["cookie"] == "affinity=node-3"
     # The request still carries every other header the client adds.
     assert upstream.seen[1].headers["authorization"] == f"Bearer {KEY}"
-    assert upstream.seen[1].headers["user-agent"].startswith("python-httpx/")
+    assert upstream.seen[1].headers["user-agent"].startswith("agentsidecar/")
 
 
 async def test_a_redirect_is_not_followed_with_or_without_cookies_held(no_proxy_env: None) -> None:

@@ -88,7 +88,7 @@ async def test_a_streamed_request_asks_for_no_compression_and_keeps_the_clients_
     assert headers["accept-encoding"] == "identity"
     assert headers["authorization"] == "Bearer sk-test-stream-http"
     assert headers["content-type"] == "application/json"
-    assert headers["user-agent"].startswith("python-httpx/")
+    assert headers["user-agent"].startswith("agentsidecar/")
     assert headers["accept"] == "*/*"
     assert request.body["stream"] is True
 
