@@ -301,15 +301,21 @@ class Broker:
         if checked is not None and schema is not None:
             # Before the adapter holds the schema it could change.
             checked = checked.compiled(schema)
+        options = expanded.options
+        # The declaration `_decide` judged by: the target's, as the registry held it (nothing was
+        # awaited since).
+        target = request.adapter if request.adapter is not None else request.agent
+        judged = self.registry.find_declaration(target) if target is not None else None
         adapter_call = AdapterCall(
             prompt=expanded.prompt,
-            options=expanded.options,
+            options=options,
             output_schema=schema,
             time_budget=time_budget,
             delegation_depth=delegation_depth,
             conversation_state=conversation_state,
             tools=tools,
             tool_log=tool_log,
+            judgement=None if judged is None else (decision, judged, request.kind, options, schema, tools),
         )
         return decision, checked, entry.adapter, adapter_call
 

@@ -350,11 +350,14 @@ class Decision:
     # Derived once: a decision is judged once and then read on every call that shares it.
     gaps: tuple[Verdict, ...] = field(init=False, repr=False, compare=False)
     accepted: bool = field(init=False, repr=False, compare=False)
+    # The capabilities the verdicts judged (what an adapter's code must implement to honour the call).
+    capabilities: frozenset[Capability] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         gaps = tuple(v for v in self.verdicts if not v.accepted)
         object.__setattr__(self, "gaps", gaps)
         object.__setattr__(self, "accepted", not gaps)
+        object.__setattr__(self, "capabilities", frozenset(v.requirement.capability for v in self.verdicts))
 
     @property
     def allowed_unknowns(self) -> tuple[Verdict, ...]:
@@ -411,6 +414,16 @@ class ToolBox(Protocol):
     async def call(self, name: str, arguments: JsonValue) -> ToolOutcome: ...
 
 
+# The broker's judgement of the call it dispatches: the decision, and the very
+# objects it judged (the declaration, the call's kind, options, parsed output
+# schema and ToolBox). An adapter whose own check finds these same objects in
+# the call it receives reads the decision instead of judging the call again
+# (adapters/_calls.check_call); any other call is judged afresh.
+BrokerJudgement = tuple[
+    Decision, Declaration, CallKind, CallOptions, Mapping[str, JsonValue] | None, ToolBox | None
+]
+
+
 @dataclass(frozen=True, slots=True)
 class AdapterCall:
     """What an adapter receives, only after the decision accepted the call."""
@@ -427,6 +440,8 @@ class AdapterCall:
     # Where the call's tool calls are recorded for its audit record (the broker sets it);
     # a ToolBox an adapter builds itself (MCP tools) records there too.
     tool_log: ToolCallLog | None = field(default=None, compare=False)  # a sink, not part of the call
+    # Set only by the broker, for the call it judged (BrokerJudgement); None: judged by the adapter alone.
+    judgement: BrokerJudgement | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
