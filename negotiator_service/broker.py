@@ -284,8 +284,10 @@ class Broker:
         """Judge a brokered call and hold it to the rules that refuse before dispatch; what to run."""
         decision, schema, expanded, checked = self._decide(request, operation=operation, dispatch=True)
         audit.decision = decision
-        # Before the capability verdict: no adapter could serve a call this deep.
-        check_depth(delegation_depth, expanded.options, self.max_depth)
+        # Before the capability verdict: no adapter could serve a call this deep. A top-level call
+        # without a limit of its own is within any limit that is not negative: nothing to check.
+        if delegation_depth != 0 or expanded.options.max_depth is not None or self.max_depth < 0:
+            check_depth(delegation_depth, expanded.options, self.max_depth)
         if not decision.accepted:
             record_refusals(gap.requirement.capability.value for gap in decision.gaps)
             raise UnsupportedCapability(decision)

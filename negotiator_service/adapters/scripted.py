@@ -325,30 +325,23 @@ def scripted_declaration(override: DeclarationOverride, shortname: str) -> Decla
     return declaration_from_override(completed, shortname=shortname, scripted=True)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Received:
-    """What a call's record (`_record_json`) reads of it, kept as the call brought it (nothing copied)."""
-
-    kind: CallKind
-    prompt: str
-    output_schema: Mapping[str, JsonValue] | None
-    options: CallOptions
-    tools: tuple[str, ...]
+# What a call's record (`_record_json`) reads of it, kept as the call brought it (nothing copied):
+# its kind, prompt, parsed output schema, options and tool names. A plain tuple: one is kept per call.
+_Received = tuple[CallKind, str, "Mapping[str, JsonValue] | None", CallOptions, tuple[str, ...]]
 
 
 def _received_of(kind: CallKind, call: AdapterCall) -> _Received:
     tools = tuple(spec.name for spec in call.tools.specs) if call.tools is not None else ()
-    return _Received(kind, call.prompt, call.output_schema, call.options, tools)
+    return (kind, call.prompt, call.output_schema, call.options, tools)
 
 
 def _record_json(received: _Received) -> dict[str, JsonValue]:
     """What one call brought the double, as JSON: every field it can carry, set or not."""
-    options = received.options
+    kind, prompt, schema, options, tools = received
     tool_filter = options.tool_filter
-    schema = received.output_schema
     return {
-        "kind": received.kind.value,
-        "prompt": received.prompt,
+        "kind": kind.value,
+        "prompt": prompt,
         "output_schema": plain_json(schema) if schema is not None else None,
         "model": options.model,
         "effort": options.effort,
@@ -362,7 +355,7 @@ def _record_json(received: _Received) -> dict[str, JsonValue]:
             if tool_filter is None
             else {"allow": list(tool_filter.allow), "deny": list(tool_filter.deny)}
         ),
-        "tools": list(received.tools),
+        "tools": list(tools),
         "requires": list(options.requires),
     }
 
