@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -488,27 +488,16 @@ class Broker:
         if time_budget is not None and time_budget <= 0:
             raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded before dispatch")
         method = adapter.produce if kind is CallKind.PRODUCE else adapter.invoke
-        # No deadline to enforce: no timeout object and none of its bookkeeping.
-        deadline = asyncio.timeout(time_budget) if time_budget is not None else None
-        try:
-            if deadline is None:
+        if time_budget is None:
+            # No deadline to enforce: no timer and none of its bookkeeping.
+            try:
                 reply = await method(adapter_call)
-            else:
-                async with deadline:
-                    reply = await method(adapter_call)
-        except TimeoutError as exc:
-            # Only our own deadline is a timeout; a TimeoutError the adapter
-            # raised by itself is an unmapped adapter failure.
-            if deadline is not None and deadline.expired():
-                raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded") from exc
-            raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
-        except NegotiatorError:
-            raise
-        except Exception as exc:
-            raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
-        if deadline is not None and deadline.expired():
-            # The adapter swallowed the cancellation and answered late anyway.
-            raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded")
+            except NegotiatorError:
+                raise
+            except Exception as exc:  # a TimeoutError too: only our own deadline is a timeout
+                raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
+        else:
+            reply = await _within(time_budget, shortname, method, adapter_call)
         if not isinstance(reply, AdapterReply):
             raise AdapterInternal(shortname, f"returned {type(reply).__name__}, not an AdapterReply")
         return reply
@@ -530,6 +519,70 @@ class Broker:
             sink(line)
         else:
             self._logger.info(line)
+
+
+class _Expiry:
+    """The timer of one adapter call's deadline: when it fires, the call's task is cancelled."""
+
+    __slots__ = ("fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.fired = False
+
+    def fire(self) -> None:
+        self.fired = True
+        self.task.cancel()
+
+
+async def _within(
+    seconds: float,
+    shortname: str,
+    method: Callable[[AdapterCall], Awaitable[AdapterReply]],
+    call: AdapterCall,
+) -> AdapterReply:
+    """`method(call)` awaited for at most `seconds`, its failures mapped as `Broker._run` says.
+
+    What `async with asyncio.timeout(seconds)` around it does, with one timer
+    and no context manager: when the timer fires the task is cancelled; the
+    cancellation that timer caused (no other pending: `Task.uncancel`) becomes
+    AdapterTimeout, as does a TimeoutError raised after it fired, and a reply
+    that arrives although the timer fired (the adapter swallowed the
+    cancellation). A TimeoutError the adapter raised by itself before then is
+    an unmapped adapter failure; a cancellation from anyone else passes on.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("an adapter call's deadline needs a task")
+    cancelling = task.cancelling()
+    loop = asyncio.get_running_loop()
+    expiry = _Expiry(task)
+    timer = loop.call_at(loop.time() + seconds, expiry.fire)
+    exceeded = f"deadline of {seconds:g}s exceeded"
+    try:
+        reply = await method(call)
+    except asyncio.CancelledError as exc:
+        timer.cancel()
+        if expiry.fired and task.uncancel() <= cancelling:
+            raise AdapterTimeout(shortname, exceeded) from exc
+        raise
+    except NegotiatorError:
+        timer.cancel()
+        if expiry.fired:
+            task.uncancel()
+        raise
+    except Exception as exc:
+        timer.cancel()
+        if expiry.fired:
+            task.uncancel()
+            if isinstance(exc, TimeoutError):
+                raise AdapterTimeout(shortname, exceeded) from exc
+        raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
+    timer.cancel()
+    if expiry.fired:
+        task.uncancel()
+        raise AdapterTimeout(shortname, exceeded)
+    return reply
 
 
 def _own_schema(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -103,3 +104,118 @@ def test_a_default_factory_makes_a_value_per_call() -> None:
     )
     assert first.options == CallOptions()
     assert first.options is not second.options
+
+
+class Behaving:
+    """An adapter whose invoke runs `behaviour` (the deadline tests' adapter)."""
+
+    implementation = "behaving"
+
+    def __init__(self, behaviour: Any) -> None:
+        self.declaration = DECLARATION
+        self._behaviour = behaviour
+
+    async def invoke(self, call: AdapterCall) -> AdapterReply:
+        return await self._behaviour()  # type: ignore[no-any-return]
+
+    async def produce(self, call: AdapterCall) -> AdapterReply:
+        raise AssertionError("not called here")
+
+    async def close(self) -> None:
+        return None
+
+
+async def run_behaving(behaviour: Any, budget: float | None = 0.05) -> AdapterReply:
+    registry = AdapterRegistry()
+    registry.add(RegisteredAdapter(adapter=Behaving(behaviour), source="config"))
+    reply, _ = await Broker(registry).call(invoke(), time_budget=budget)
+    return reply
+
+
+async def test_a_reply_within_the_budget_leaves_no_timer_behind() -> None:
+    async def quick() -> AdapterReply:
+        return AdapterReply(text="ok")
+
+    assert (await run_behaving(quick)).text == "ok"
+    await asyncio.sleep(0.1)  # past the budget: a timer left armed would cancel this task now
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+
+
+async def test_a_timeout_error_of_the_adapters_own_is_an_adapter_failure() -> None:
+    async def own_timeout() -> AdapterReply:
+        raise TimeoutError("upstream read timed out")
+
+    with pytest.raises(errors.AdapterInternal, match="TimeoutError: upstream read timed out"):
+        await run_behaving(own_timeout, budget=5.0)
+    with pytest.raises(errors.AdapterInternal, match="TimeoutError: upstream read timed out"):
+        await run_behaving(own_timeout, budget=None)
+
+
+@pytest.mark.parametrize(
+    ("turned_into", "expected"),
+    [
+        (TimeoutError("gave up"), errors.AdapterTimeout),
+        (errors.AdapterUnavailable("fake", "went away"), errors.AdapterUnavailable),
+        (ValueError("broken"), errors.AdapterInternal),
+    ],
+)
+async def test_a_cancellation_the_adapter_turns_into_an_error_after_the_deadline(
+    turned_into: Exception, expected: type[Exception]
+) -> None:
+    async def converting() -> AdapterReply:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise turned_into from None
+        raise AssertionError("not reached")
+
+    with pytest.raises(expected):
+        await run_behaving(converting)
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0  # the deadline's own cancel was taken back
+    await asyncio.sleep(0)  # and nothing is left pending on this task
+
+
+async def test_the_deadline_is_a_timeout_and_takes_its_cancel_back() -> None:
+    async def slow() -> AdapterReply:
+        await asyncio.sleep(10)
+        raise AssertionError("not reached")
+
+    with pytest.raises(errors.AdapterTimeout, match=r"deadline of 0\.05s exceeded"):
+        await run_behaving(slow)
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+
+
+async def test_a_callers_cancel_is_not_a_timeout() -> None:
+    started = asyncio.Event()
+
+    async def slow() -> AdapterReply:
+        started.set()
+        await asyncio.sleep(10)
+        raise AssertionError("not reached")
+
+    call = asyncio.ensure_future(run_behaving(slow, budget=5.0))
+    await started.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+async def test_a_caller_cancel_on_top_of_the_deadline_stays_a_cancel() -> None:
+    async def stubborn() -> AdapterReply:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # a second cancel, as a caller going away at the same moment would
+            await asyncio.sleep(0)
+        raise AssertionError("not reached")
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.ensure_future(run_behaving(stubborn))
