@@ -124,6 +124,21 @@ def test_an_identity_cache_tells_equal_objects_apart_and_starts_over_when_full()
     assert (len(cache), cache.get((first,), "extra", None)) == (1, None)
 
 
+@pytest.mark.parametrize("count", [0, 1, 2, 3])
+def test_an_identity_cache_keys_on_every_object_in_order_and_the_extra(count: int) -> None:
+    cache: IdentityCache[str] = IdentityCache(max_entries=100)
+    objects = tuple([index] for index in range(count))
+    cache.put(objects, "extra", "kept")
+    assert cache.get(objects, "extra", None) == "kept"
+    assert cache.get(tuple(list(o) for o in objects), "extra", None) == (None if count else "kept")
+    assert cache.get(objects, "other", None) is None
+    if count >= 2:
+        assert cache.get(objects[::-1], "extra", None) is None
+    if count:
+        assert cache.get(objects[:-1], "extra", None) is None
+        assert cache.get((*objects, [9]), "extra", None) is None
+
+
 # --- the broker's judgement per (options, declaration) ------------------------------------------
 
 DRAFT_PROFILE = Profile(name="draft", model="profile-model")
