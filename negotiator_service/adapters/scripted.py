@@ -412,7 +412,8 @@ class ScriptedAdapter:
                     await asyncio.sleep(self._options.delay_seconds)
             except TimeoutError as exc:
                 raise deadline.expired(shortname) from exc
-        prompts = [*_committed_prompts(shortname, call.conversation_state), call.prompt]
+        state = call.conversation_state
+        prompts = [call.prompt] if state is None else [*_committed_prompts(shortname, state), call.prompt]
         outcomes: list[tuple[str, ToolOutcome]] = []
         if call.tools is not None:
             for tool_call in self._options.tool_calls:
@@ -421,13 +422,13 @@ class ScriptedAdapter:
             text = tool_results_reply(outcomes, call.options.persona)
         else:
             text = reply.answer(shortname, call.prompt, prompts, lambda: _record_json(received))
-        state: JsonValue = None
+        next_state: JsonValue = None
         if call.options.conversation_id is not None:
-            state = {"turns": len(prompts), "prompts": prompts}
+            next_state = {"turns": len(prompts), "prompts": prompts}
         return AdapterReply(
             text=text,
             events=self._options.events if call.options.stream_events else (),
-            conversation_state=state,
+            conversation_state=next_state,
         )
 
 
