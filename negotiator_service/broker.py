@@ -69,6 +69,11 @@ _LOGGER = logging.getLogger("agentsidecar.negotiator_service.broker")
 # its profile expanded, and the schema's CheckedSchema (None for an Invoke).
 _Judged = tuple[Decision, Mapping[str, Any] | None, CallRequest, CheckedSchema | None]
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_PRODUCE = CallKind.PRODUCE
+_SUCCEEDED = AuditOutcome.SUCCEEDED
+
 
 class Broker:
     def __init__(
@@ -136,10 +141,10 @@ class Broker:
 
     def _negotiate(self, request: CallRequest) -> Decision:
         decision, _, expanded, _ = self._decide(request, operation="negotiate", dispatch=False)
-        if decision.accepted:
-            # The admission applies to what dispatch would start, so only to an accepted call
-            # (a refused one is refused by its gaps first, in Produce as here).
-            # Negotiate's field paths start at the call (`invoke.`/`produce.`).
+        # The admission applies to what dispatch would start, so only to an accepted call
+        # (a refused one is refused by its gaps first, in Produce as here), and only to the
+        # servers it brings. Negotiate's field paths start at the call (`invoke.`/`produce.`).
+        if decision.accepted and expanded.options.mcp_servers:
             self._admit_mcp_servers(expanded, f"{request.kind.value}.options")
         return decision
 
@@ -198,7 +203,7 @@ class Broker:
         except BaseException as error:
             audit.ended(error, dispatched=dispatched)
             raise
-        audit.emit(AuditOutcome.SUCCEEDED)
+        audit.emit(_SUCCEEDED)
         return reply, decision
 
     async def stream(
@@ -426,7 +431,7 @@ class Broker:
             return self._judge_afresh(request, dispatch)  # raises, naming what is missing
         options = request.options
         # The kind as a bool: hashing an enum member runs Python code, hashing a bool does not.
-        produce = request.kind is CallKind.PRODUCE
+        produce = request.kind is _PRODUCE
         shape = (produce, request.adapter, request.agent, request.output_schema, request.prompt == "")
         judgements = self.caches.judgements
         known = judgements.get((options, declaration), shape, None)
@@ -487,7 +492,7 @@ class Broker:
         time_budget = adapter_call.time_budget
         if time_budget is not None and time_budget <= 0:
             raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded before dispatch")
-        method = adapter.produce if kind is CallKind.PRODUCE else adapter.invoke
+        method = adapter.produce if kind is _PRODUCE else adapter.invoke
         if time_budget is None:
             # No deadline to enforce: no timer and none of its bookkeeping.
             try:

@@ -257,10 +257,16 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     async def Negotiate(
         self, request: negotiator_pb2.NegotiateRequest, context: Context
     ) -> negotiator_pb2.NegotiateResponse:
-        # The call is nested in the request: its field paths are pointed at from the top.
-        with _prefixed(request.WhichOneof("call")):
+        # The call is nested in the request: its field paths are pointed at from the top
+        # (`_prefixed`, spelled out: a generator context manager per call costs more than the call).
+        try:
             call = with_conversation_id(self._calls.negotiate_request(request))
             decision = self._broker.negotiate(call, caller=self._caller(context))
+        except InvalidRequest as error:
+            field = request.WhichOneof("call")
+            if field is None:
+                raise
+            raise InvalidRequest([(f"{field}.{f}", d) for f, d in error.violations]) from error
         return self._calls.negotiate_response(decision)
 
     @_unary

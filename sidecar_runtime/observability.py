@@ -72,6 +72,10 @@ FLUSH_INTERVAL_SECONDS = 0.05
 DEADLINE_TOLERANCE_SECONDS = 0.1
 UNKNOWN_METHOD_LABEL = "unknown"  # unknown methods share one label: clients choose their names
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_OK = grpc.StatusCode.OK
+
 
 class CallLog:
     """JSON lines written by a daemon thread; `write` never blocks and never serializes.
@@ -266,7 +270,7 @@ def _call_line(record: _CallRecord) -> str:
         f'"duration_ms":{_milliseconds_text(duration_s)},'
         f'"peer":{_json_text(peer)},"request_id":{_request_id_text(metadata)}'
     )
-    if code is not grpc.StatusCode.OK:
+    if code is not _OK:
         line += f',"error_reason":{_json_text(reason)}'
     return line + "}"
 
@@ -315,7 +319,7 @@ def final_status(context: Any, error: BaseException | None) -> grpc.StatusCode:
     if code is not None:
         return code
     if error is None or isinstance(error, grpc.aio.AbortError):
-        return grpc.StatusCode.OK
+        return _OK
     return grpc.StatusCode.UNKNOWN  # grpc sends UNKNOWN for an exception that escapes a handler
 
 

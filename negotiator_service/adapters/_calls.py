@@ -36,6 +36,11 @@ from agentsidecar.negotiator_service.negotiation import derive_requirements, jud
 
 ALL_CAPABILITIES = frozenset(Capability)
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_PRODUCE = CallKind.PRODUCE
+_INVOKE = CallKind.INVOKE
+
 
 def check_call(
     declaration: Declaration,
@@ -50,9 +55,9 @@ def check_call(
     or UNKNOWN and allowed by the caller) and the adapter's code implements it.
     """
     shortname = declaration.shortname
-    if kind is CallKind.PRODUCE and call.output_schema is None:
+    if kind is _PRODUCE and call.output_schema is None:
         raise AdapterRefused(shortname, "Produce needs an output schema")
-    if kind is CallKind.INVOKE and call.output_schema is not None:
+    if kind is _INVOKE and call.output_schema is not None:
         raise AdapterRefused(shortname, "Invoke returns plain text; it takes no output schema")
     if _judged_honoured(declaration, call, kind, implemented):
         return

@@ -103,6 +103,11 @@ IMPLEMENTED = BEHAVIOUR | RECORDED
 # The records `ScriptedAdapter.received` keeps, newest last; older ones are dropped.
 MAX_RECEIVED_RECORDS = 256
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_PRODUCE = CallKind.PRODUCE
+_INVOKE = CallKind.INVOKE
+
 ERROR_KINDS: Mapping[str, Callable[[str, str], errors.AdapterFailure]] = MappingProxyType(
     {
         "unavailable": errors.AdapterUnavailable,
@@ -387,16 +392,16 @@ class ScriptedAdapter:
         return [_record_json(received) for received in self._received]
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
-        return await self._reply(self._options.invoke, call, CallKind.INVOKE)
+        check_call(self._declaration, call, _INVOKE, implemented=IMPLEMENTED)
+        return await self._reply(self._options.invoke, call, _INVOKE)
 
     async def produce(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.PRODUCE, implemented=IMPLEMENTED)
+        check_call(self._declaration, call, _PRODUCE, implemented=IMPLEMENTED)
         if self._options.produce is None:
             raise errors.AdapterRefused(
                 self._declaration.shortname, "no scripted produce reply is configured"
             )
-        return await self._reply(self._options.produce, call, CallKind.PRODUCE)
+        return await self._reply(self._options.produce, call, _PRODUCE)
 
     async def close(self) -> None:
         return None

@@ -6,9 +6,13 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import grpc
 import pytest
 from fakes import FakeAdapter, make_declaration
+from negotiator_testkit import call_error
 
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from agentsidecar.negotiator_service import errors
 from agentsidecar.negotiator_service.broker import Broker
 from agentsidecar.negotiator_service.model import (
@@ -219,3 +223,17 @@ async def test_a_caller_cancel_on_top_of_the_deadline_stays_a_cancel() -> None:
 
     with pytest.raises(asyncio.CancelledError):
         await asyncio.ensure_future(run_behaving(stubborn))
+
+
+async def test_negotiate_points_its_field_violations_at_the_nested_call(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub,
+) -> None:
+    missing = await call_error(stub.Negotiate(pb.NegotiateRequest(), timeout=5))
+    assert missing.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert [f for f, _ in missing.field_violations] == ["call"]
+    bad = pb.InvokeRequest(adapter="scripted-fw", prompt="p", options=pb.CallOptions(effort=""))
+    nested = await call_error(stub.Negotiate(pb.NegotiateRequest(invoke=bad), timeout=5))
+    assert nested.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert [f for f, _ in nested.field_violations] == ["invoke.options.effort"]
+    direct = await call_error(stub.Invoke(bad, timeout=5))
+    assert [f for f, _ in direct.field_violations] == ["options.effort"]
