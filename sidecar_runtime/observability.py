@@ -264,11 +264,17 @@ def _call_line(record: _CallRecord) -> str:
     second of the timestamp) is made once.
     """
     ts, fields, code, duration_s, peer, metadata, reason = record
+    # `_json_text(peer)` and `_request_id_text(metadata)`, spelled out: a line is made per call.
+    peer_text = "null" if peer is None else encode_basestring(peer if isinstance(peer, str) else str(peer))
+    given = _callers_request_id(metadata) if metadata else None
+    request_id = (
+        encode_basestring(given) if given is not None else f'"{_REQUEST_ID_PREFIX}-{next(_request_numbers)}"'
+    )
     line = (
         # `_name_` is what the `name` property reads, minus the enum machinery's descriptor call.
         f'{{"ts":"{_timestamp(ts)}",{fields},"status":"{code._name_}",'
         f'"duration_ms":{_milliseconds_text(duration_s)},'
-        f'"peer":{_json_text(peer)},"request_id":{_request_id_text(metadata)}'
+        f'"peer":{peer_text},"request_id":{request_id}'
     )
     if code is not _OK:
         line += f',"error_reason":{_json_text(reason)}'
@@ -367,7 +373,13 @@ class CallObserver:
                 raise
             finally:
                 duration = time.perf_counter() - started
-                code = final_status(context, error)
+                if error is None:
+                    # `final_status` of a call that returned: the code the handler set, else OK.
+                    code = context.code()
+                    if code is None:
+                        code = ok
+                else:
+                    code = final_status(context, error)
                 if method_calls is not None:
                     method_calls.record(code.name, duration)
                 if log is not None:
