@@ -9,8 +9,10 @@ through the runtime's batched stderr writer, which costs less), then:
 
 * times the server-side per-call work piece by piece, without gRPC
   (convert, validate_request, profile expansion, derive/judge, the decision
-  log, the audit record, the adapter's own check, response conversion),
-  each as µs per call;
+  log, the audit record, the adapter's own check judged afresh and read off
+  the broker's judgement, response conversion with and without the
+  server's caches, the reply's size bound, the brokered call with and
+  without a time budget), each as µs per call;
 * with --cprofile, profiles this process (the server) while a client
   process makes N Negotiate and then N Invoke calls, and prints the
   functions with the most own time, then the negotiator's (and logging's)
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -60,6 +63,10 @@ async def breakdown(running: object, calls: int) -> None:
     adapter = running.registry.get("bench-scripted").adapter
     declaration = adapter.declaration
     adapter_call = AdapterCall(prompt=expanded.prompt, options=expanded.options, output_schema=schema)
+    # What the broker hands the adapter: the same call with its judgement (AdapterCall.judgement).
+    judged_call = replace(
+        adapter_call, judgement=(decision, declaration, CallKind.INVOKE, expanded.options, schema, None)
+    )
     reply = AdapterReply(text=expanded.prompt)
     requirements = negotiation.derive_requirements(expanded, schema)
 
@@ -92,21 +99,39 @@ async def breakdown(running: object, calls: int) -> None:
     per_call_us("audit draft + emit (no watchers, no file)", audit_emit, calls)
     per_call_us("broker.negotiate (judge + log + audit)", lambda: broker.negotiate(request), calls)
     per_call_us(
-        "adapters._calls.check_call",
+        "adapters._calls.check_call (judged afresh)",
         lambda: check_call(declaration, adapter_call, CallKind.INVOKE, implemented=ALL_CAPABILITIES),
+        calls,
+    )
+    per_call_us(
+        "adapters._calls.check_call (broker's judgement)",
+        lambda: check_call(declaration, judged_call, CallKind.INVOKE, implemented=ALL_CAPABILITIES),
         calls,
     )
     per_call_us("convert.decision_to_proto", lambda: convert.decision_to_proto(decision), calls)
     per_call_us("convert.invoke_response", lambda: convert.invoke_response(reply, decision), calls)
+    caches = broker.caches
+    per_call_us("caches.invoke_request (options kept)", lambda: caches.invoke_request(invoke_message), calls)
+    per_call_us(
+        "caches.invoke_response (decision kept)", lambda: caches.invoke_response(reply, decision), calls
+    )
+    per_call_us("caches.reply_size_bound", lambda: caches.reply_size_bound(reply, decision, None), calls)
 
     async def brokered() -> None:
         await broker.call(request, time_budget=None, caller="unix:")
 
-    started = time.perf_counter()
-    for _ in range(calls):
-        await brokered()
-    per_call = (time.perf_counter() - started) / calls
-    print(f"  {'broker.call (await, scripted adapter)':<46} {per_call * 1e6:8.1f} µs")
+    async def brokered_with_budget() -> None:
+        await broker.call(request, time_budget=60.0, caller="unix:")
+
+    for label, work in (
+        ("broker.call (await, scripted adapter)", brokered),
+        ("broker.call (await, with a time budget)", brokered_with_budget),
+    ):
+        started = time.perf_counter()
+        for _ in range(calls):
+            await work()
+        per_call = (time.perf_counter() - started) / calls
+        print(f"  {label:<46} {per_call * 1e6:8.1f} µs")
 
 
 async def client(target: str, calls: int, method: str) -> None:

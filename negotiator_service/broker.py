@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -68,6 +68,11 @@ _LOGGER = logging.getLogger("agentsidecar.negotiator_service.broker")
 # A judged call: the decision, the schema parsed for this call, the call with
 # its profile expanded, and the schema's CheckedSchema (None for an Invoke).
 _Judged = tuple[Decision, Mapping[str, Any] | None, CallRequest, CheckedSchema | None]
+
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_PRODUCE = CallKind.PRODUCE
+_SUCCEEDED = AuditOutcome.SUCCEEDED
 
 
 class Broker:
@@ -136,10 +141,10 @@ class Broker:
 
     def _negotiate(self, request: CallRequest) -> Decision:
         decision, _, expanded, _ = self._decide(request, operation="negotiate", dispatch=False)
-        if decision.accepted:
-            # The admission applies to what dispatch would start, so only to an accepted call
-            # (a refused one is refused by its gaps first, in Produce as here).
-            # Negotiate's field paths start at the call (`invoke.`/`produce.`).
+        # The admission applies to what dispatch would start, so only to an accepted call
+        # (a refused one is refused by its gaps first, in Produce as here), and only to the
+        # servers it brings. Negotiate's field paths start at the call (`invoke.`/`produce.`).
+        if decision.accepted and expanded.options.mcp_servers:
             self._admit_mcp_servers(expanded, f"{request.kind.value}.options")
         return decision
 
@@ -198,7 +203,7 @@ class Broker:
         except BaseException as error:
             audit.ended(error, dispatched=dispatched)
             raise
-        audit.emit(AuditOutcome.SUCCEEDED)
+        audit.emit(_SUCCEEDED)
         return reply, decision
 
     async def stream(
@@ -284,8 +289,10 @@ class Broker:
         """Judge a brokered call and hold it to the rules that refuse before dispatch; what to run."""
         decision, schema, expanded, checked = self._decide(request, operation=operation, dispatch=True)
         audit.decision = decision
-        # Before the capability verdict: no adapter could serve a call this deep.
-        check_depth(delegation_depth, expanded.options, self.max_depth)
+        # Before the capability verdict: no adapter could serve a call this deep. A top-level call
+        # without a limit of its own is within any limit that is not negative: nothing to check.
+        if delegation_depth != 0 or expanded.options.max_depth is not None or self.max_depth < 0:
+            check_depth(delegation_depth, expanded.options, self.max_depth)
         if not decision.accepted:
             record_refusals(gap.requirement.capability.value for gap in decision.gaps)
             raise UnsupportedCapability(decision)
@@ -301,15 +308,21 @@ class Broker:
         if checked is not None and schema is not None:
             # Before the adapter holds the schema it could change.
             checked = checked.compiled(schema)
+        options = expanded.options
+        # The declaration `_decide` judged by: the target's, as the registry held it (nothing was
+        # awaited since).
+        target = request.adapter if request.adapter is not None else request.agent
+        judged = self.registry.find_declaration(target) if target is not None else None
         adapter_call = AdapterCall(
             prompt=expanded.prompt,
-            options=expanded.options,
+            options=options,
             output_schema=schema,
             time_budget=time_budget,
             delegation_depth=delegation_depth,
             conversation_state=conversation_state,
             tools=tools,
             tool_log=tool_log,
+            judgement=None if judged is None else (decision, judged, request.kind, options, schema, tools),
         )
         return decision, checked, entry.adapter, adapter_call
 
@@ -418,7 +431,7 @@ class Broker:
             return self._judge_afresh(request, dispatch)  # raises, naming what is missing
         options = request.options
         # The kind as a bool: hashing an enum member runs Python code, hashing a bool does not.
-        produce = request.kind is CallKind.PRODUCE
+        produce = request.kind is _PRODUCE
         shape = (produce, request.adapter, request.agent, request.output_schema, request.prompt == "")
         judgements = self.caches.judgements
         known = judgements.get((options, declaration), shape, None)
@@ -479,28 +492,17 @@ class Broker:
         time_budget = adapter_call.time_budget
         if time_budget is not None and time_budget <= 0:
             raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded before dispatch")
-        method = adapter.produce if kind is CallKind.PRODUCE else adapter.invoke
-        # No deadline to enforce: no timeout object and none of its bookkeeping.
-        deadline = asyncio.timeout(time_budget) if time_budget is not None else None
-        try:
-            if deadline is None:
+        method = adapter.produce if kind is _PRODUCE else adapter.invoke
+        if time_budget is None:
+            # No deadline to enforce: no timer and none of its bookkeeping.
+            try:
                 reply = await method(adapter_call)
-            else:
-                async with deadline:
-                    reply = await method(adapter_call)
-        except TimeoutError as exc:
-            # Only our own deadline is a timeout; a TimeoutError the adapter
-            # raised by itself is an unmapped adapter failure.
-            if deadline is not None and deadline.expired():
-                raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded") from exc
-            raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
-        except NegotiatorError:
-            raise
-        except Exception as exc:
-            raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
-        if deadline is not None and deadline.expired():
-            # The adapter swallowed the cancellation and answered late anyway.
-            raise AdapterTimeout(shortname, f"deadline of {time_budget:g}s exceeded")
+            except NegotiatorError:
+                raise
+            except Exception as exc:  # a TimeoutError too: only our own deadline is a timeout
+                raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
+        else:
+            reply = await _within(time_budget, shortname, method, adapter_call)
         if not isinstance(reply, AdapterReply):
             raise AdapterInternal(shortname, f"returned {type(reply).__name__}, not an AdapterReply")
         return reply
@@ -522,6 +524,70 @@ class Broker:
             sink(line)
         else:
             self._logger.info(line)
+
+
+class _Expiry:
+    """The timer of one adapter call's deadline: when it fires, the call's task is cancelled."""
+
+    __slots__ = ("fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.fired = False
+
+    def fire(self) -> None:
+        self.fired = True
+        self.task.cancel()
+
+
+async def _within(
+    seconds: float,
+    shortname: str,
+    method: Callable[[AdapterCall], Awaitable[AdapterReply]],
+    call: AdapterCall,
+) -> AdapterReply:
+    """`method(call)` awaited for at most `seconds`, its failures mapped as `Broker._run` says.
+
+    What `async with asyncio.timeout(seconds)` around it does, with one timer
+    and no context manager: when the timer fires the task is cancelled; the
+    cancellation that timer caused (no other pending: `Task.uncancel`) becomes
+    AdapterTimeout, as does a TimeoutError raised after it fired, and a reply
+    that arrives although the timer fired (the adapter swallowed the
+    cancellation). A TimeoutError the adapter raised by itself before then is
+    an unmapped adapter failure; a cancellation from anyone else passes on.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("an adapter call's deadline needs a task")
+    cancelling = task.cancelling()
+    loop = asyncio.get_running_loop()
+    expiry = _Expiry(task)
+    timer = loop.call_at(loop.time() + seconds, expiry.fire)
+    exceeded = f"deadline of {seconds:g}s exceeded"
+    try:
+        reply = await method(call)
+    except asyncio.CancelledError as exc:
+        timer.cancel()
+        if expiry.fired and task.uncancel() <= cancelling:
+            raise AdapterTimeout(shortname, exceeded) from exc
+        raise
+    except NegotiatorError:
+        timer.cancel()
+        if expiry.fired:
+            task.uncancel()
+        raise
+    except Exception as exc:
+        timer.cancel()
+        if expiry.fired:
+            task.uncancel()
+            if isinstance(exc, TimeoutError):
+                raise AdapterTimeout(shortname, exceeded) from exc
+        raise AdapterInternal(shortname, f"{type(exc).__name__}: {exc}") from exc
+    timer.cancel()
+    if expiry.fired:
+        task.uncancel()
+        raise AdapterTimeout(shortname, exceeded)
+    return reply
 
 
 def _own_schema(

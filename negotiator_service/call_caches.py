@@ -36,10 +36,11 @@ decision_lines (Broker._log_decision)
     Key: the decision object, with the operation and allow_unknown. Value:
     the decision's JSON log line, a pure function of the three.
 
-decision_protos, negotiate_responses
-    Key: the decision object. Value: its proto, and a dry run's whole
-    response. Shared between calls: replies copy the proto in, and the
-    response is only serialized by grpc, so neither is ever changed.
+decision_protos, negotiate_responses, decision_sizes
+    Key: the decision object. Value: its proto, a dry run's whole
+    response, and the proto's encoded size. Shared between calls: replies
+    copy the proto in, and the response is only serialized by grpc, so
+    neither is ever changed.
 
 Identity keys hold their objects (IdentityCache), so no other object can
 take their id()s while an entry lives. Every cache is bounded by
@@ -63,6 +64,12 @@ MAX_OPTIONS_BYTES = 4096
 # weighs several times its text.
 MAX_SCHEMA_BYTES = 32 * 1024
 MAX_SCHEMA_ENTRIES = 256
+# reply_size_bound's figures: a field's tag and length prefix, a character's UTF-8 bytes, an int64's
+# varint bytes, and the number of Usage fields.
+_FIELD = 1 + 5
+_TEXT = 4
+_INT64 = 10
+_USAGE_FIELDS = 4
 
 
 class CallCaches:
@@ -73,6 +80,7 @@ class CallCaches:
         "_schemas",
         "decision_lines",
         "decision_protos",
+        "decision_sizes",
         "judgements",
         "negotiate_responses",
     )
@@ -86,6 +94,7 @@ class CallCaches:
         self.decision_lines: IdentityCache[str] = IdentityCache(max_entries)
         self.decision_protos: IdentityCache[negotiator_pb2.Decision] = IdentityCache(max_entries)
         self.negotiate_responses: IdentityCache[negotiator_pb2.NegotiateResponse] = IdentityCache(max_entries)
+        self.decision_sizes: IdentityCache[int] = IdentityCache(max_entries)
 
     # -- requests: convert's, with shared options ------------------------
 
@@ -154,3 +163,25 @@ class CallCaches:
 
     def invoke_response(self, reply: AdapterReply, decision: Decision) -> negotiator_pb2.InvokeResponse:
         return convert.invoke_response(reply, decision, self.decision_proto)
+
+    def reply_size_bound(self, reply: AdapterReply, decision: Decision, conversation_id: str | None) -> int:
+        """At least the encoded size of `produce_response` or `invoke_response` of `reply` with
+        `conversation_id` set (a bound, not the size: the servicer measures a reply only when its
+        bound is over the limit).
+
+        Each field of those messages has a one-byte tag (numbers up to 15) and a
+        length of at most five bytes; text is at most four bytes per character
+        (UTF-8), an int64 at most ten.
+        """
+        size = self.decision_sizes.get((decision,), None, None)
+        if size is None:
+            size = self.decision_proto(decision).ByteSize()
+            self.decision_sizes.put((decision,), None, size)
+        bound = _FIELD + size + _FIELD + _TEXT * len(reply.text)
+        for event in reply.events:
+            bound += _FIELD + _FIELD + _TEXT * len(event.type) + _FIELD + _TEXT * len(event.text)
+        if conversation_id is not None:
+            bound += _FIELD + _TEXT * len(conversation_id)
+        if reply.usage is not None:
+            bound += _FIELD + _USAGE_FIELDS * (1 + _INT64)
+        return bound

@@ -72,6 +72,11 @@ from agentsidecar.sidecar_runtime.wire_names import Gate, GateValue, Risk, RiskV
 # double is already rounded, so it stays a float rather than pretend precision.
 _MAX_EXACT_INT = 2**53
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_PRODUCE = CallKind.PRODUCE
+_INVOKE = CallKind.INVOKE
+
 CAPABILITY_TO_PROTO: Mapping[Capability, common_pb2.Capability.ValueType] = MappingProxyType(
     {c: common_pb2.Capability.Value(f"CAPABILITY_{c.name}") for c in Capability}
 )
@@ -116,7 +121,7 @@ def produce_request(
 ) -> CallRequest:
     adapter, agent = _target(message)
     return CallRequest(
-        kind=CallKind.PRODUCE,
+        kind=_PRODUCE,
         prompt=message.prompt,
         adapter=adapter,
         agent=agent,
@@ -130,7 +135,7 @@ def invoke_request(
 ) -> CallRequest:
     adapter, agent = _target(message)
     return CallRequest(
-        kind=CallKind.INVOKE,
+        kind=_INVOKE,
         prompt=message.prompt,
         adapter=adapter,
         agent=agent,

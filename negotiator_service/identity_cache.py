@@ -24,17 +24,29 @@ class IdentityCache(Generic[_Value]):
 
     def __init__(self, max_entries: int) -> None:
         self._max_entries = max_entries
-        self._entries: dict[tuple[tuple[int, ...], Hashable], tuple[tuple[object, ...], _Value]] = {}
+        self._entries: dict[tuple[Hashable, ...], tuple[tuple[object, ...], _Value]] = {}
 
     def get(self, objects: tuple[object, ...], extra: Hashable, default: _Default) -> _Value | _Default:
         """The value kept for these very objects (and `extra`, compared by equality), else `default`."""
-        entry = self._entries.get((tuple(map(id, objects)), extra))
+        entry = self._entries.get(_key(objects, extra))
         return default if entry is None else entry[1]
 
     def put(self, objects: tuple[object, ...], extra: Hashable, value: _Value) -> None:
         if len(self._entries) >= self._max_entries:
             self._entries.clear()
-        self._entries[(tuple(map(id, objects)), extra)] = (objects, value)
+        self._entries[_key(objects, extra)] = (objects, value)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _key(objects: tuple[object, ...], extra: Hashable) -> tuple[Hashable, ...]:
+    """`extra` and the objects' ids, one flat tuple; spelled out for the counts the caches use."""
+    count = len(objects)
+    if count == 1:
+        return (extra, id(objects[0]))
+    if count == 2:
+        return (extra, id(objects[0]), id(objects[1]))
+    if count == 0:
+        return (extra,)
+    return (extra, *map(id, objects))

@@ -7,6 +7,7 @@ and adapters receive an `AdapterCall` only after the judgement accepted it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -14,11 +15,51 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agentsidecar.sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
 
 JsonValue = Any  # a value that json.dumps accepts
+
+_Slotted = TypeVar("_Slotted")
+_NO_VALUE = object()  # an omitted argument whose field has a default factory
+
+
+def _stored_through_slots(cls: type[_Slotted]) -> type[_Slotted]:
+    """`cls`, a frozen slotted dataclass, with an `__init__` storing each field through its slot.
+
+    For the value types made on every call. The dataclass's own `__init__`
+    stores each field with `object.__setattr__`, which finds the field's slot
+    in the type by name every time; this one holds each slot's descriptor and
+    stores through it. The signature, defaults and default factories are the
+    dataclass's; it has no `__post_init__` to call and every field is an
+    `__init__` argument.
+    """
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if hasattr(cls, "__post_init__") or not all(f.init for f in fields):
+        raise TypeError(f"{cls.__name__}: every field an __init__ argument, no __post_init__")
+    namespace: dict[str, Any] = {"_NO_VALUE": _NO_VALUE}
+    parameters: list[str] = []
+    body: list[str] = []
+    for index, item in enumerate(fields):
+        store, name = f"_store{index}", item.name
+        namespace[store] = cls.__dict__[name].__set__
+        value = name
+        if item.default is not dataclasses.MISSING:
+            namespace[f"_default{index}"] = item.default
+            parameters.append(f"{name}=_default{index}")
+        elif item.default_factory is not dataclasses.MISSING:
+            namespace[f"_factory{index}"] = item.default_factory
+            parameters.append(f"{name}=_NO_VALUE")
+            value = f"_factory{index}() if {name} is _NO_VALUE else {name}"
+        else:
+            parameters.append(name)
+        body.append(f"    {store}(self, {value})")
+    exec(f"def __init__(self, {', '.join(parameters)}):\n" + "\n".join(body), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
 
 
 def _not_a_json_number(name: str) -> JsonValue:
@@ -301,6 +342,7 @@ class CallKind(enum.Enum):
     INVOKE = "invoke"
 
 
+@_stored_through_slots
 @dataclass(frozen=True, slots=True)
 class CallRequest:
     """A Produce or Invoke call as the caller sent it."""
@@ -350,11 +392,14 @@ class Decision:
     # Derived once: a decision is judged once and then read on every call that shares it.
     gaps: tuple[Verdict, ...] = field(init=False, repr=False, compare=False)
     accepted: bool = field(init=False, repr=False, compare=False)
+    # The capabilities the verdicts judged (what an adapter's code must implement to honour the call).
+    capabilities: frozenset[Capability] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         gaps = tuple(v for v in self.verdicts if not v.accepted)
         object.__setattr__(self, "gaps", gaps)
         object.__setattr__(self, "accepted", not gaps)
+        object.__setattr__(self, "capabilities", frozenset(v.requirement.capability for v in self.verdicts))
 
     @property
     def allowed_unknowns(self) -> tuple[Verdict, ...]:
@@ -411,6 +456,17 @@ class ToolBox(Protocol):
     async def call(self, name: str, arguments: JsonValue) -> ToolOutcome: ...
 
 
+# The broker's judgement of the call it dispatches: the decision, and the very
+# objects it judged (the declaration, the call's kind, options, parsed output
+# schema and ToolBox). An adapter whose own check finds these same objects in
+# the call it receives reads the decision instead of judging the call again
+# (adapters/_calls.check_call); any other call is judged afresh.
+BrokerJudgement = tuple[
+    Decision, Declaration, CallKind, CallOptions, Mapping[str, JsonValue] | None, ToolBox | None
+]
+
+
+@_stored_through_slots
 @dataclass(frozen=True, slots=True)
 class AdapterCall:
     """What an adapter receives, only after the decision accepted the call."""
@@ -427,6 +483,8 @@ class AdapterCall:
     # Where the call's tool calls are recorded for its audit record (the broker sets it);
     # a ToolBox an adapter builds itself (MCP tools) records there too.
     tool_log: ToolCallLog | None = field(default=None, compare=False)  # a sink, not part of the call
+    # Set only by the broker, for the call it judged (BrokerJudgement); None: judged by the adapter alone.
+    judgement: BrokerJudgement | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +514,7 @@ class Usage:
         )
 
 
+@_stored_through_slots
 @dataclass(frozen=True, slots=True)
 class AdapterReply:
     """An adapter's answer: `text` for Invoke, JSON text for Produce."""

@@ -257,10 +257,16 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
     async def Negotiate(
         self, request: negotiator_pb2.NegotiateRequest, context: Context
     ) -> negotiator_pb2.NegotiateResponse:
-        # The call is nested in the request: its field paths are pointed at from the top.
-        with _prefixed(request.WhichOneof("call")):
+        # The call is nested in the request: its field paths are pointed at from the top
+        # (`_prefixed`, spelled out: a generator context manager per call costs more than the call).
+        try:
             call = with_conversation_id(self._calls.negotiate_request(request))
             decision = self._broker.negotiate(call, caller=self._caller(context))
+        except InvalidRequest as error:
+            field = request.WhichOneof("call")
+            if field is None:
+                raise
+            raise InvalidRequest([(f"{field}.{f}", d) for f, d in error.violations]) from error
         return self._calls.negotiate_response(decision)
 
     @_unary
@@ -440,7 +446,7 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         before the conversation commits: a reply too large to send fails the
         call whole.
         """
-        sized = _sized(respond, call, self._max_reply_bytes)
+        sized = _sized(respond, call, self._max_reply_bytes, bound=self._calls.reply_size_bound)
         depth = _delegation_depth(context)
         if call.options.conversation_id is None:
             # What the conversation manager does with such a call, without its turn and callbacks.
@@ -470,7 +476,9 @@ class NegotiatorServicer(negotiator_pb2_grpc.NegotiatorServiceServicer):
         size checked inside the broker stream, and sent only after the
         conversation (if any) committed, as for the unary calls.
         """
-        sized = _sized(respond, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES)
+        sized = _sized(
+            respond, call, self._max_reply_bytes, _FIELD_FRAMING_BYTES, bound=self._calls.reply_size_bound
+        )
         depth = _delegation_depth(context)
 
         async def dispatch(turn: Turn) -> tuple[AdapterReply, Decision]:
@@ -659,17 +667,28 @@ def _with_generated_id(message: CallerMessage) -> CallerMessage:
     return message
 
 
+# At least the size of the response `convert` builds from a reply, its decision and conversation id
+# (CallCaches.reply_size_bound).
+SizeBound = Callable[[AdapterReply, Decision, str | None], int]
+
+
 def _sized(
     respond: Callable[[AdapterReply, Decision], _Message],
     call: CallRequest,
     limit: int | None,
     framing: int = 0,
+    *,
+    bound: SizeBound | None = None,
 ) -> _SizedReply[_Message]:
-    """The response builder of `call`: its size checked, its conversation id (if any) set."""
+    """The response builder of `call`: its size checked, its conversation id (if any) set.
+
+    `bound`, for a `respond` that is convert's Produce or Invoke response: a reply
+    whose bound fits the limit is not measured.
+    """
     conversation_id = call.options.conversation_id
     if conversation_id is not None:
         respond = _naming_conversation(respond, conversation_id)
-    return _SizedReply(respond, limit, framing=framing)
+    return _SizedReply(respond, limit, framing=framing, bound=bound, conversation_id=conversation_id)
 
 
 def _naming_conversation(
@@ -691,7 +710,7 @@ _Message = TypeVar("_Message", negotiator_pb2.ProduceResponse, negotiator_pb2.In
 class _SizedReply(Generic[_Message]):
     """Builds a call's response from the broker's reply, refusing one larger than the server sends."""
 
-    __slots__ = ("_built", "_framing", "_limit", "_respond")
+    __slots__ = ("_bound", "_built", "_conversation_id", "_framing", "_limit", "_respond")
 
     def __init__(
         self,
@@ -699,18 +718,25 @@ class _SizedReply(Generic[_Message]):
         limit: int | None,
         *,
         framing: int = 0,
+        bound: SizeBound | None = None,
+        conversation_id: str | None = None,
     ) -> None:
         self._respond: Callable[[AdapterReply, Decision], _Message] = respond
         self._limit = limit
         self._framing = framing
+        self._bound = bound
+        self._conversation_id = conversation_id
         self._built: _Message | None = None
 
     def check(self, reply: AdapterReply, decision: Decision) -> None:
         message = self._respond(reply, decision)
-        if self._limit is not None:
+        limit = self._limit
+        if limit is not None and (
+            self._bound is None or self._bound(reply, decision, self._conversation_id) + self._framing > limit
+        ):
             size = message.ByteSize() + self._framing
-            if size > self._limit:
-                raise ReplyTooLarge(decision.adapter, size, self._limit)
+            if size > limit:
+                raise ReplyTooLarge(decision.adapter, size, limit)
         self._built = message
 
     def message(self) -> _Message:

@@ -72,6 +72,10 @@ FLUSH_INTERVAL_SECONDS = 0.05
 DEADLINE_TOLERANCE_SECONDS = 0.1
 UNKNOWN_METHOD_LABEL = "unknown"  # unknown methods share one label: clients choose their names
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_OK = grpc.StatusCode.OK
+
 
 class CallLog:
     """JSON lines written by a daemon thread; `write` never blocks and never serializes.
@@ -260,13 +264,19 @@ def _call_line(record: _CallRecord) -> str:
     second of the timestamp) is made once.
     """
     ts, fields, code, duration_s, peer, metadata, reason = record
+    # `_json_text(peer)` and `_request_id_text(metadata)`, spelled out: a line is made per call.
+    peer_text = "null" if peer is None else encode_basestring(peer if isinstance(peer, str) else str(peer))
+    given = _callers_request_id(metadata) if metadata else None
+    request_id = (
+        encode_basestring(given) if given is not None else f'"{_REQUEST_ID_PREFIX}-{next(_request_numbers)}"'
+    )
     line = (
         # `_name_` is what the `name` property reads, minus the enum machinery's descriptor call.
         f'{{"ts":"{_timestamp(ts)}",{fields},"status":"{code._name_}",'
         f'"duration_ms":{_milliseconds_text(duration_s)},'
-        f'"peer":{_json_text(peer)},"request_id":{_request_id_text(metadata)}'
+        f'"peer":{peer_text},"request_id":{request_id}'
     )
-    if code is not grpc.StatusCode.OK:
+    if code is not _OK:
         line += f',"error_reason":{_json_text(reason)}'
     return line + "}"
 
@@ -315,7 +325,7 @@ def final_status(context: Any, error: BaseException | None) -> grpc.StatusCode:
     if code is not None:
         return code
     if error is None or isinstance(error, grpc.aio.AbortError):
-        return grpc.StatusCode.OK
+        return _OK
     return grpc.StatusCode.UNKNOWN  # grpc sends UNKNOWN for an exception that escapes a handler
 
 
@@ -363,7 +373,13 @@ class CallObserver:
                 raise
             finally:
                 duration = time.perf_counter() - started
-                code = final_status(context, error)
+                if error is None:
+                    # `final_status` of a call that returned: the code the handler set, else OK.
+                    code = context.code()
+                    if code is None:
+                        code = ok
+                else:
+                    code = final_status(context, error)
                 if method_calls is not None:
                     method_calls.record(code.name, duration)
                 if log is not None:

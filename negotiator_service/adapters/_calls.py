@@ -4,6 +4,18 @@ The broker judges a call before dispatch, but an adapter is the last place a
 field can be silently dropped, so each adapter judges again with the same
 rules (`negotiation.derive_requirements` and `judge`) and additionally refuses
 what its own code does not implement.
+
+A call the broker dispatched carries the broker's judgement
+(`AdapterCall.judgement`): the decision and the very objects it judged. When
+those are the objects the adapter's check would read (its declaration, the
+kind it is asked for, the call's options, parsed schema and ToolBox), judging
+again would derive the same requirements from them (the broker's names a
+profile's fields by their profile, and may add the tools the call's filter
+hides, never fewer) and reach the same verdicts, so the check reads the
+decision's verdicts instead: it passes when every one is accepted and
+implemented. Anything else (no judgement, another object, a verdict the
+decision has not accepted or the code does not implement) is judged afresh
+as before, so every refusal and its message stay what a fresh judgement says.
 """
 
 from __future__ import annotations
@@ -24,6 +36,11 @@ from agentsidecar.negotiator_service.negotiation import derive_requirements, jud
 
 ALL_CAPABILITIES = frozenset(Capability)
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_PRODUCE = CallKind.PRODUCE
+_INVOKE = CallKind.INVOKE
+
 
 def check_call(
     declaration: Declaration,
@@ -38,13 +55,34 @@ def check_call(
     or UNKNOWN and allowed by the caller) and the adapter's code implements it.
     """
     shortname = declaration.shortname
-    if kind is CallKind.PRODUCE and call.output_schema is None:
+    if kind is _PRODUCE and call.output_schema is None:
         raise AdapterRefused(shortname, "Produce needs an output schema")
-    if kind is CallKind.INVOKE and call.output_schema is not None:
+    if kind is _INVOKE and call.output_schema is not None:
         raise AdapterRefused(shortname, "Invoke returns plain text; it takes no output schema")
+    if _judged_honoured(declaration, call, kind, implemented):
+        return
     refusal = _refusal(declaration, call, kind, implemented)
     if refusal:
         raise AdapterRefused(shortname, refusal)
+
+
+def _judged_honoured(
+    declaration: Declaration, call: AdapterCall, kind: CallKind, implemented: frozenset[Capability]
+) -> bool:
+    """Whether the broker's judgement of these very objects accepted every verdict this code implements."""
+    judgement = call.judgement
+    if judgement is None:
+        return False
+    decision, judged_declaration, judged_kind, options, output_schema, tools = judgement
+    if (
+        judged_declaration is not declaration
+        or judged_kind is not kind
+        or options is not call.options
+        or output_schema is not call.output_schema
+        or tools is not call.tools
+    ):
+        return False
+    return decision.accepted and decision.capabilities <= implemented
 
 
 def _refusal(

@@ -103,6 +103,11 @@ IMPLEMENTED = BEHAVIOUR | RECORDED
 # The records `ScriptedAdapter.received` keeps, newest last; older ones are dropped.
 MAX_RECEIVED_RECORDS = 256
 
+# Enum members as module constants: reading one off its class goes through the enum
+# metaclass's __getattr__ hook on every call, a module global does not.
+_PRODUCE = CallKind.PRODUCE
+_INVOKE = CallKind.INVOKE
+
 ERROR_KINDS: Mapping[str, Callable[[str, str], errors.AdapterFailure]] = MappingProxyType(
     {
         "unavailable": errors.AdapterUnavailable,
@@ -325,30 +330,23 @@ def scripted_declaration(override: DeclarationOverride, shortname: str) -> Decla
     return declaration_from_override(completed, shortname=shortname, scripted=True)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Received:
-    """What a call's record (`_record_json`) reads of it, kept as the call brought it (nothing copied)."""
-
-    kind: CallKind
-    prompt: str
-    output_schema: Mapping[str, JsonValue] | None
-    options: CallOptions
-    tools: tuple[str, ...]
+# What a call's record (`_record_json`) reads of it, kept as the call brought it (nothing copied):
+# its kind, prompt, parsed output schema, options and tool names. A plain tuple: one is kept per call.
+_Received = tuple[CallKind, str, "Mapping[str, JsonValue] | None", CallOptions, tuple[str, ...]]
 
 
 def _received_of(kind: CallKind, call: AdapterCall) -> _Received:
     tools = tuple(spec.name for spec in call.tools.specs) if call.tools is not None else ()
-    return _Received(kind, call.prompt, call.output_schema, call.options, tools)
+    return (kind, call.prompt, call.output_schema, call.options, tools)
 
 
 def _record_json(received: _Received) -> dict[str, JsonValue]:
     """What one call brought the double, as JSON: every field it can carry, set or not."""
-    options = received.options
+    kind, prompt, schema, options, tools = received
     tool_filter = options.tool_filter
-    schema = received.output_schema
     return {
-        "kind": received.kind.value,
-        "prompt": received.prompt,
+        "kind": kind.value,
+        "prompt": prompt,
         "output_schema": plain_json(schema) if schema is not None else None,
         "model": options.model,
         "effort": options.effort,
@@ -362,7 +360,7 @@ def _record_json(received: _Received) -> dict[str, JsonValue]:
             if tool_filter is None
             else {"allow": list(tool_filter.allow), "deny": list(tool_filter.deny)}
         ),
-        "tools": list(received.tools),
+        "tools": list(tools),
         "requires": list(options.requires),
     }
 
@@ -394,16 +392,16 @@ class ScriptedAdapter:
         return [_record_json(received) for received in self._received]
 
     async def invoke(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.INVOKE, implemented=IMPLEMENTED)
-        return await self._reply(self._options.invoke, call, CallKind.INVOKE)
+        check_call(self._declaration, call, _INVOKE, implemented=IMPLEMENTED)
+        return await self._reply(self._options.invoke, call, _INVOKE)
 
     async def produce(self, call: AdapterCall) -> AdapterReply:
-        check_call(self._declaration, call, CallKind.PRODUCE, implemented=IMPLEMENTED)
+        check_call(self._declaration, call, _PRODUCE, implemented=IMPLEMENTED)
         if self._options.produce is None:
             raise errors.AdapterRefused(
                 self._declaration.shortname, "no scripted produce reply is configured"
             )
-        return await self._reply(self._options.produce, call, CallKind.PRODUCE)
+        return await self._reply(self._options.produce, call, _PRODUCE)
 
     async def close(self) -> None:
         return None
@@ -419,7 +417,8 @@ class ScriptedAdapter:
                     await asyncio.sleep(self._options.delay_seconds)
             except TimeoutError as exc:
                 raise deadline.expired(shortname) from exc
-        prompts = [*_committed_prompts(shortname, call.conversation_state), call.prompt]
+        state = call.conversation_state
+        prompts = [call.prompt] if state is None else [*_committed_prompts(shortname, state), call.prompt]
         outcomes: list[tuple[str, ToolOutcome]] = []
         if call.tools is not None:
             for tool_call in self._options.tool_calls:
@@ -428,13 +427,13 @@ class ScriptedAdapter:
             text = tool_results_reply(outcomes, call.options.persona)
         else:
             text = reply.answer(shortname, call.prompt, prompts, lambda: _record_json(received))
-        state: JsonValue = None
+        next_state: JsonValue = None
         if call.options.conversation_id is not None:
-            state = {"turns": len(prompts), "prompts": prompts}
+            next_state = {"turns": len(prompts), "prompts": prompts}
         return AdapterReply(
             text=text,
             events=self._options.events if call.options.stream_events else (),
-            conversation_state=state,
+            conversation_state=next_state,
         )
 
 

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from fakes import FakeAdapter, make_declaration
 from google.protobuf import struct_pb2
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
@@ -26,10 +28,12 @@ from agentsidecar.negotiator_service.model import (
     AdapterCall,
     AdapterReply,
     CallKind,
+    CallOptions,
     CallRequest,
     Capability,
     Profile,
     StreamEvent,
+    Usage,
 )
 from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
@@ -122,6 +126,21 @@ def test_an_identity_cache_tells_equal_objects_apart_and_starts_over_when_full()
     assert (len(cache), cache.get((first,), "extra", None)) == (2, "kept")
     cache.put(([3],), None, "third")  # full: starts over
     assert (len(cache), cache.get((first,), "extra", None)) == (1, None)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3])
+def test_an_identity_cache_keys_on_every_object_in_order_and_the_extra(count: int) -> None:
+    cache: IdentityCache[str] = IdentityCache(max_entries=100)
+    objects = tuple([index] for index in range(count))
+    cache.put(objects, "extra", "kept")
+    assert cache.get(objects, "extra", None) == "kept"
+    assert cache.get(tuple(list(o) for o in objects), "extra", None) == (None if count else "kept")
+    assert cache.get(objects, "other", None) is None
+    if count >= 2:
+        assert cache.get(objects[::-1], "extra", None) is None
+    if count:
+        assert cache.get(objects[:-1], "extra", None) is None
+        assert cache.get((*objects, [9]), "extra", None) is None
 
 
 # --- the broker's judgement per (options, declaration) ------------------------------------------
@@ -241,3 +260,56 @@ def test_each_server_keeps_its_own_caches_and_convert_keeps_none() -> None:
     assert one.negotiate(call) is one.negotiate(call)
     assert other.negotiate(call) is not one.negotiate(call)
     assert other.caches is not one.caches
+
+
+# --- the reply size bound ------------------------------------------------------------------------
+
+_BOUND_TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=300)
+_BOUND_INT = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(
+    text=_BOUND_TEXT,
+    events=st.lists(st.tuples(_BOUND_TEXT, _BOUND_TEXT), max_size=4),
+    usage=st.none() | st.tuples(_BOUND_INT, _BOUND_INT, _BOUND_INT, _BOUND_INT),
+    conversation_id=st.none() | _BOUND_TEXT,
+    gaps=st.booleans(),
+)
+def test_the_reply_size_bound_is_never_below_the_encoded_size(
+    text: str,
+    events: list[tuple[str, str]],
+    usage: tuple[int, int, int, int] | None,
+    conversation_id: str | None,
+    gaps: bool,
+) -> None:
+    caches = CallCaches()
+    declaration = make_declaration("bound", supported=[] if gaps else list(Capability))
+    requirements = negotiation.derive_requirements(
+        CallRequest(kind=CallKind.INVOKE, prompt="p", options=CallOptions(model="m", effort="high")), None
+    )
+    decision = negotiation.judge(declaration, requirements, frozenset())
+    reply = AdapterReply(
+        text=text,
+        events=tuple(StreamEvent(type=t, text=x) for t, x in events),
+        usage=Usage(*usage) if usage is not None else None,
+    )
+    bound = caches.reply_size_bound(reply, decision, conversation_id)
+    for response in (caches.invoke_response(reply, decision), caches.produce_response(reply, decision)):
+        if conversation_id is not None:
+            response.conversation_id = conversation_id
+        assert response.ByteSize() <= bound
+
+
+def test_the_reply_size_bound_holds_for_the_widest_characters_and_integers() -> None:
+    caches = CallCaches()
+    decision = negotiation.judge(make_declaration("bound"), (), frozenset())
+    widest = "\U0001f600" * 2000  # four UTF-8 bytes each
+    reply = AdapterReply(
+        text=widest,
+        events=(StreamEvent(type=widest, text=widest),),
+        usage=Usage(-1, -(2**63), -1, -1),  # ten-byte varints
+    )
+    bound = caches.reply_size_bound(reply, decision, widest)
+    response = caches.invoke_response(reply, decision)
+    response.conversation_id = widest
+    assert len(widest.encode()) * 4 < response.ByteSize() <= bound

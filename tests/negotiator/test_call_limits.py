@@ -119,3 +119,27 @@ async def test_a_reply_too_large_without_a_conversation_has_error_info(start: St
         add_fake(negotiator, make_declaration("big"), default="y" * 10_000)
         error = await call_error(stub.Invoke(pb.InvokeRequest(adapter="big", prompt="p"), timeout=5))
     assert (error.code, error.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "REPLY_TOO_LARGE")
+
+
+async def test_a_reply_of_exactly_the_limit_is_sent_and_one_byte_more_is_not(start: Started) -> None:
+    # Multi-byte text: the reply's size bound is well over the limit, so its exact size decides.
+    async with start(max_message_bytes=4096) as (negotiator, stub):
+        fake = add_fake(negotiator, make_declaration("edge"), default="é")
+        decision = (await stub.Invoke(pb.InvokeRequest(adapter="edge", prompt="p"), timeout=5)).decision
+        texts = {
+            pb.InvokeResponse(text=t, decision=decision).ByteSize(): t
+            for t in ("é" * n for n in range(1900, 2100))
+        }
+        texts.update(
+            {
+                pb.InvokeResponse(text=t, decision=decision).ByteSize(): t
+                for t in ("é" * n + "y" for n in range(1900, 2100))
+            }
+        )
+        fake.script(AdapterReply(text=texts[4096]), AdapterReply(text=texts[4097]))
+        assert (await stub.Invoke(pb.InvokeRequest(adapter="edge", prompt="p"), timeout=5)).text == texts[
+            4096
+        ]
+        error = await call_error(stub.Invoke(pb.InvokeRequest(adapter="edge", prompt="p"), timeout=5))
+    assert (error.code, error.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "REPLY_TOO_LARGE")
+    assert error.metadata["replyBytes"] == "4097"

@@ -321,3 +321,17 @@ async def test_an_idle_writer_never_wakes_and_a_queued_line_still_goes_out_withi
         assert len(flushes) == 1  # one wake for the line, none while idle again
     finally:
         await log.close()
+
+
+def test_call_lines_write_any_peer_as_text_and_a_fresh_id_without_metadata() -> None:
+    fields = observability.method_fields("pkg.Service", "Method")
+    # A peer that is not text, as a server other than grpc.aio's could hand over.
+    cases: list[tuple[Any, Any]] = [(b"ipv6:[::1]:5", None), (7, ()), ("unix:", [("user-agent", "x")])]
+    for peer, metadata in cases:
+        line = json.loads(
+            observability._call_line((0.0, fields, grpc.StatusCode.OK, 0.001, peer, metadata, None))
+        )
+        assert line["peer"] == str(peer)
+        prefix, _, number = line["request_id"].rpartition("-")
+        assert prefix == observability._REQUEST_ID_PREFIX
+        assert number.isdigit()
