@@ -38,6 +38,7 @@ from referencing.jsonschema import DRAFT202012
 
 from agentsidecar.negotiator_service.errors import AdapterKindMismatch, InvalidRequest
 from agentsidecar.negotiator_service.model import (
+    MAX_JSON_DEPTH,
     MCP_TRANSPORTS,
     SET_CAPABILITY,
     AdapterKind,
@@ -53,7 +54,6 @@ from agentsidecar.negotiator_service.model import (
     Requirement,
     TypedSet,
     Verdict,
-    json_depth,
     json_problem,
     strict_json,
 )
@@ -164,8 +164,9 @@ def _target_problems(request: CallRequest) -> list[tuple[str, str]]:
 
 # Deeper documents are refused up front: the JSON parser, the metaschema check
 # and the requirement walk all recurse, and a RecursionError would surface as
-# INTERNAL instead of the caller's INVALID_ARGUMENT.
-MAX_SCHEMA_NESTING = 64
+# INTERNAL instead of the caller's INVALID_ARGUMENT. It is the JSON limit, which
+# strict_json applies as it parses ("is nested more than 64 levels deep").
+MAX_SCHEMA_NESTING = MAX_JSON_DEPTH
 
 
 def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, str]]]:
@@ -285,7 +286,7 @@ def check_schema_text(text: str, *, compile: bool = False) -> tuple[CheckedSchem
             validator = schema_validator(parsed)
         except Exception as exc:  # worded by the checks, else by the compiler
             return CheckedSchema(_schema_problems(parsed, refers=False) or _compile_problems(exc)), None
-        return CheckedSchema((), _first_formats(parsed), validator), parsed
+        return CheckedSchema((), _text_formats(parsed, text), validator), parsed
     problems = _schema_problems(parsed, refers=refers)
     if problems:
         return CheckedSchema(problems), None
@@ -294,8 +295,8 @@ def check_schema_text(text: str, *, compile: bool = False) -> tuple[CheckedSchem
             validator = schema_validator(parsed)
         except Exception as exc:  # e.g. a `$dynamicRef` naming no anchor, which the checks leave to it
             return CheckedSchema(_compile_problems(exc)), None
-        return CheckedSchema((), _first_formats(parsed), validator), parsed
-    return CheckedSchema((), _first_formats(parsed)), parsed
+        return CheckedSchema((), _text_formats(parsed, text), validator), parsed
+    return CheckedSchema((), _text_formats(parsed, text)), parsed
 
 
 def _compile_may_refuse(text: str) -> bool:
@@ -325,9 +326,6 @@ def _parsed_schema(text: str) -> tuple[dict[str, Any] | None, tuple[tuple[str, s
         parsed = strict_json(text)
     except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit (nesting, integer digits)
         return None, (("output_schema", json_problem(exc)),)
-    # A document holding fewer brackets than the limit cannot nest past it.
-    if text.count("{") + text.count("[") >= MAX_SCHEMA_NESTING and json_depth(parsed) > MAX_SCHEMA_NESTING:
-        return None, (("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep"),)
     if isinstance(parsed, bool):
         parsed = {} if parsed else {"not": {}}
     if not isinstance(parsed, dict):
@@ -395,7 +393,10 @@ def _check_against_metaschema(schema: Mapping[str, Any]) -> None:
     """
     declared = schema.get("$schema", DRAFT_2020_12)
     if isinstance(declared, str):
-        jsonschema_rs.meta.validate({**schema, "$schema": DRAFT_2020_12})
+        as_2020_12 = {**schema, "$schema": DRAFT_2020_12}
+        # The yes-or-no check does less work than finding the error, which only a refusal needs.
+        if not jsonschema_rs.meta.is_valid(as_2020_12):
+            jsonschema_rs.meta.validate(as_2020_12)
     else:  # not a URI: the metaschema's own error says so
         schema_validator(schema)
 
@@ -740,20 +741,24 @@ def _options_requirements(options: CallOptions) -> tuple[Requirement, ...]:
     return tuple(requirements)
 
 
-def _schema_formats(schema: object, pointer: str) -> Iterator[tuple[str, str]]:
-    """(request field, format) for every `format` keyword, in document order."""
-    found: list[tuple[str, str]] = []
-    if isinstance(schema, Mapping) and _may_hold_format(schema):  # a boolean subschema has no keywords
-        _collect_formats(schema, [pointer], found)
-    return iter(found)
-
-
 def _first_formats(schema: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """(request field, format) of the first `format` keyword naming each format, in document order."""
     first: dict[str, str] = {}
-    for pointer, string_format in _schema_formats(schema, "output_schema"):
-        first.setdefault(string_format, pointer)
+    if _may_hold_format(schema):  # a boolean subschema has no keywords
+        _collect_first_formats(schema, ["output_schema"], first)
     return tuple((pointer, string_format) for string_format, pointer in first.items())
+
+
+def _text_formats(schema: Mapping[str, Any], text: str) -> tuple[tuple[str, str], ...]:
+    """`_first_formats` of a schema parsed from `text`.
+
+    A `format` key is written `"format"` in the text, or with a `\\u`
+    escape (no other JSON escape writes a letter): a text holding neither
+    has no format to walk for.
+    """
+    if '"format"' in text or "\\u" in text:
+        return _first_formats(schema)
+    return ()
 
 
 # Each subschema keyword by how its value holds subschemas (see _SUBSCHEMA_KEYWORDS).
@@ -765,51 +770,45 @@ _SUBSCHEMA_SHAPES: Mapping[str, int] = MappingProxyType(
 )
 
 
-def _collect_formats(schema: Mapping[str, Any], path: list[str], found: list[tuple[str, str]]) -> None:
-    """Append every `format` keyword under `schema` to `found`, in document order.
+def _collect_first_formats(schema: Mapping[str, Any], path: list[str], first: dict[str, str]) -> None:
+    """Record in `first` each format's first `format` keyword under `schema`, in document order.
 
     `path` holds the pointer's tokens as written; they are escaped and
-    joined only for a `format` found, so a walk builds no pointer it does
-    not report. The same subschemas as `_children` yields, in the same order.
+    joined only for a format not met before, so a walk builds no pointer it
+    does not report. The same subschemas as `_children` yields, in the same
+    order, entering only those that hold a keyword the walk reads
+    (`_may_hold_format`, written out in the loops).
     """
     shapes = _SUBSCHEMA_SHAPES
+    walked = _WALKED
     for keyword, value in schema.items():
-        if keyword == "format":
-            if isinstance(value, str):
-                found.append((_pointer(path) + "/format", value))
-            continue
         shape = shapes.get(keyword)
         if shape is None:
+            if keyword == "format" and isinstance(value, str) and value not in first:
+                first[value] = _pointer(path) + "/format"
             continue
-        path.append(keyword)
-        if shape == _ONE:
-            if isinstance(value, list):  # pre-2020 tuple `items`
-                for index, item in enumerate(value):
-                    if _may_hold_format(item):
-                        path.append(str(index))
-                        _collect_formats(item, path, found)
-                        path.pop()
-            elif _may_hold_format(value):
-                _collect_formats(value, path, found)
-        elif shape == _MAP:
-            if _is_mapping(value):
+        if shape == _MAP:
+            if type(value) is dict or isinstance(value, Mapping):
+                path.append(keyword)
                 for name, sub in value.items():
-                    if _may_hold_format(sub):
+                    if (type(sub) is dict or isinstance(sub, Mapping)) and not walked.isdisjoint(sub):
                         path.append(name)
-                        _collect_formats(sub, path, found)
+                        _collect_first_formats(sub, path, first)
                         path.pop()
-        elif isinstance(value, list):
+                path.pop()
+        elif shape == _ONE and not isinstance(value, list):
+            if (type(value) is dict or isinstance(value, Mapping)) and not walked.isdisjoint(value):
+                path.append(keyword)
+                _collect_first_formats(value, path, first)
+                path.pop()
+        elif isinstance(value, list):  # a list keyword, or the pre-2020 tuple `items`
+            path.append(keyword)
             for index, sub in enumerate(value):
-                if _may_hold_format(sub):
+                if (type(sub) is dict or isinstance(sub, Mapping)) and not walked.isdisjoint(sub):
                     path.append(str(index))
-                    _collect_formats(sub, path, found)
+                    _collect_first_formats(sub, path, first)
                     path.pop()
-        path.pop()
-
-
-def _is_mapping(value: object) -> bool:
-    # A parsed schema holds plain dicts: the exact type test spares the Mapping ABC's check.
-    return type(value) is dict or isinstance(value, Mapping)
+            path.pop()
 
 
 # The keys a schema object needs for a walk to find anything in it.
@@ -818,7 +817,7 @@ _WALKED = frozenset(_SUBSCHEMA_SHAPES) | {"format"}
 
 def _may_hold_format(value: object) -> bool:
     """Whether `value` is a schema object holding `format` or a subschema keyword (else nothing to walk)."""
-    return _is_mapping(value) and not _WALKED.isdisjoint(value)  # type: ignore[arg-type]
+    return (type(value) is dict or isinstance(value, Mapping)) and not _WALKED.isdisjoint(value)
 
 
 def _pointer(path: list[str]) -> str:

@@ -255,26 +255,6 @@ def _compile_error(schema: dict[str, Any]) -> jsonschema_rs.ValidationError | No
     return None
 
 
-@given(_SCHEMAS)
-def test_compiling_to_check_refuses_exactly_what_the_separate_checks_and_the_compiler_refuse(
-    schema: dict[str, Any],
-) -> None:
-    text = json.dumps(schema)
-    compiled, compiled_schema = negotiation.check_schema_text(text, compile=True)
-    checked, checked_schema = negotiation.check_schema_text(text, compile=False)
-    # The separate checks' words where they refuse; else the compiler's error, at its place.
-    expected = tuple(negotiation._parse_schema(text)[1])
-    error = None if expected else _compile_error(schema)
-    if error is not None:
-        where = negotiation.json_pointer(error.instance_path) or "/"
-        expected = (
-            ("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {error.message}"),
-        )
-    assert compiled.problems == checked.problems == expected
-    assert compiled.formats == checked.formats
-    assert compiled_schema == checked_schema == (None if expected else json.loads(text))
-
-
 # Every keyword of draft 2020-12's vocabularies (and some of older drafts), with values that
 # exercise what compiling checks beyond the metaschema: references, URIs, regular expressions.
 _ALL_KEYWORDS = (
@@ -301,6 +281,47 @@ _ANY_VALUE = st.recursive(
 )
 
 
+def _metaschema_problems(text: str) -> tuple[tuple[str, str], ...]:
+    """The separate checks, the metaschema found by its own error (meta.validate), as the reference."""
+    parsed, problems = negotiation._parsed_schema(text)
+    if parsed is None:
+        return problems
+    try:
+        if isinstance(parsed.get("$schema", negotiation.DRAFT_2020_12), str):
+            jsonschema_rs.meta.validate({**parsed, "$schema": negotiation.DRAFT_2020_12})
+        else:
+            negotiation.schema_validator(parsed)
+    except jsonschema_rs.ValidationError as error:
+        where = negotiation.json_pointer(error.instance_path) or "/"
+        return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {error.message}"),)
+    return negotiation._schema_problems(parsed, refers=True) if negotiation._may_refer(text) else ()
+
+
+def _assert_checked_as_the_separate_checks_and_the_compiler_refuse(schema: dict[str, Any]) -> None:
+    text = json.dumps(schema)
+    compiled, compiled_schema = negotiation.check_schema_text(text, compile=True)
+    checked, checked_schema = negotiation.check_schema_text(text, compile=False)
+    # The separate checks' words where they refuse; else the compiler's error, at its place.
+    expected = _metaschema_problems(text)
+    assert tuple(negotiation._parse_schema(text)[1]) == expected
+    error = None if expected else _compile_error(schema)
+    if error is not None:
+        where = negotiation.json_pointer(error.instance_path) or "/"
+        expected = (
+            ("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {error.message}"),
+        )
+    assert compiled.problems == checked.problems == expected
+    assert compiled.formats == checked.formats
+    assert compiled_schema == checked_schema == (None if expected else json.loads(text))
+
+
+@given(_SCHEMAS)
+def test_compiling_to_check_refuses_exactly_what_the_separate_checks_and_the_compiler_refuse(
+    schema: dict[str, Any],
+) -> None:
+    _assert_checked_as_the_separate_checks_and_the_compiler_refuse(schema)
+
+
 # More examples than the profile's: the property is a claim about the compiler's checks, and
 # cheap examples (no server) are what tests it.
 @pytest.mark.slow
@@ -309,12 +330,72 @@ _ANY_VALUE = st.recursive(
 def test_a_text_the_metaschema_passes_compiles_unless_it_names_what_only_compiling_checks(
     schema: dict[str, Any],
 ) -> None:
+    _assert_checked_as_the_separate_checks_and_the_compiler_refuse(schema)
     text = json.dumps(schema)
     if negotiation._may_refer(text) or negotiation._compile_may_refuse(text):
         return
     if negotiation._parse_schema(text)[1]:
         return
     assert _compile_error(schema) is None
+
+
+def _every_format(schema: object) -> tuple[tuple[str, str], ...]:
+    """The reference walk: every subschema `_children` names, the first `format` of each value."""
+    found: list[tuple[str, str]] = []
+
+    def walk(node: object, pointer: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for keyword, value in node.items():
+            if keyword == "format" and isinstance(value, str):
+                found.append((f"{pointer}/format", value))
+            for child_pointer, child in negotiation._children(keyword, value, pointer):
+                walk(child, child_pointer)
+
+    walk(schema, "output_schema")
+    first: dict[str, str] = {}
+    for pointer, string_format in found:
+        first.setdefault(string_format, pointer)
+    return tuple((pointer, string_format) for string_format, pointer in first.items())
+
+
+# Schemas thick with `format` keys naming few formats (so most are repeats), under every shape
+# of subschema keyword, in data (`enum`, `const`, not walked) and under names needing escapes.
+_FORMAT_NAMES = st.sampled_from(["email", "date", "uuid"])
+_FORMAT_SCHEMAS = st.recursive(
+    st.one_of(
+        st.booleans(), st.fixed_dictionaries({"format": _FORMAT_NAMES}, optional={"type": st.just("string")})
+    ),
+    lambda sub: st.fixed_dictionaries(
+        {},
+        optional={
+            "format": _FORMAT_NAMES,
+            "properties": st.dictionaries(st.sampled_from(["a", "a/b", "c~d", "format"]), sub, max_size=3),
+            "items": st.one_of(sub, st.lists(sub, max_size=2)),
+            "prefixItems": st.lists(sub, max_size=2),
+            "anyOf": st.lists(sub, max_size=2),
+            "not": sub,
+            "$defs": st.dictionaries(st.sampled_from(["x", "y"]), sub, max_size=2),
+            "dependentSchemas": st.dictionaries(st.sampled_from(["x"]), sub, max_size=1),
+            "enum": st.lists(sub, max_size=2),
+            "const": sub,
+        },
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.mark.slow
+@given(_FORMAT_SCHEMAS.filter(lambda schema: isinstance(schema, dict)))
+def test_the_formats_walk_finds_what_walking_every_subschema_finds(schema: dict[str, Any]) -> None:
+    expected = _every_format(schema)
+    assert negotiation._first_formats(schema) == expected
+    text = json.dumps(schema)
+    assert negotiation._text_formats(schema, text) == expected
+    # The same document with its "format" keys written with an escape.
+    escaped = text.replace('"format"', '"form\\u0061t"')
+    assert json.loads(escaped) == schema
+    assert negotiation._text_formats(schema, escaped) == expected
 
 
 async def test_a_schema_too_large_to_keep_is_applied_to_every_call_all_the_same() -> None:
