@@ -38,6 +38,7 @@ from referencing.jsonschema import DRAFT202012
 
 from agentsidecar.negotiator_service.errors import AdapterKindMismatch, InvalidRequest
 from agentsidecar.negotiator_service.model import (
+    MAX_JSON_DEPTH,
     MCP_TRANSPORTS,
     SET_CAPABILITY,
     AdapterKind,
@@ -53,7 +54,6 @@ from agentsidecar.negotiator_service.model import (
     Requirement,
     TypedSet,
     Verdict,
-    json_depth,
     json_problem,
     strict_json,
 )
@@ -164,8 +164,9 @@ def _target_problems(request: CallRequest) -> list[tuple[str, str]]:
 
 # Deeper documents are refused up front: the JSON parser, the metaschema check
 # and the requirement walk all recurse, and a RecursionError would surface as
-# INTERNAL instead of the caller's INVALID_ARGUMENT.
-MAX_SCHEMA_NESTING = 64
+# INTERNAL instead of the caller's INVALID_ARGUMENT. It is the JSON limit, which
+# strict_json applies as it parses ("is nested more than 64 levels deep").
+MAX_SCHEMA_NESTING = MAX_JSON_DEPTH
 
 
 def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, str]]]:
@@ -173,7 +174,7 @@ def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, 
     parsed, problems = _parsed_schema(text)
     if parsed is None:
         return None, list(problems)
-    problems = _schema_problems(parsed, text)
+    problems = _schema_problems(parsed, refers=_may_refer(text))
     if problems:
         return None, list(problems)
     return parsed, []
@@ -206,7 +207,7 @@ class CheckedSchema:
         each format, in document order (what `derive_checked_requirements` takes).
     """
 
-    __slots__ = ("_compile_error", "_compiled", "_keeps_validator", "_validator", "formats", "problems")
+    __slots__ = ("_keeps_validator", "_validator", "formats", "problems")
 
     def __init__(
         self,
@@ -219,67 +220,104 @@ class CheckedSchema:
         self.problems = problems
         self.formats = formats
         self._validator = validator
-        self._compile_error: Exception | None = None
-        self._compiled = validator is not None
         self._keeps_validator = keeps_validator
 
     def compiled(self, schema: Mapping[str, Any]) -> CheckedSchema:
         """This check with its validator, compiled from `schema` (this text, parsed) unless it is already.
 
         Itself, compiled once; or, for one that keeps no validator
-        (`without_validator`), a copy compiled for one call. A compile error
-        waits for `validator`, which raises it.
+        (`without_validator`), a copy compiled for one call. Called before
+        dispatch, so a schema that does not compile is refused before any
+        adapter code runs: InvalidRequest, worded as `check_schema_text`
+        words it (which compiles every text that might fail here, so this
+        only repeats its verdict).
         """
-        if self._compiled:
+        if self._validator is not None:
             return self
-        target = self if self._keeps_validator else CheckedSchema(self.problems, self.formats)
         try:
-            target._validator = schema_validator(schema)
-        except Exception as exc:  # raised where the output is checked, as compiling there would
-            target._compile_error = exc
-        target._compiled = True
-        return target
+            validator = schema_validator(schema)
+        except Exception as exc:  # whatever the compiler rejects, the caller's schema is at fault
+            raise InvalidRequest(_compile_problems(exc)) from exc
+        if not self._keeps_validator:
+            return CheckedSchema(self.problems, self.formats, validator, keeps_validator=False)
+        self._validator = validator
+        return self
 
     def without_validator(self) -> CheckedSchema:
         """The same findings, holding no validator and compiling one per call (`compiled`)."""
         return CheckedSchema(self.problems, self.formats, keeps_validator=False)
 
     def validator(self) -> jsonschema_rs.Validator:
-        """The schema compiled for draft 2020-12 with format checks; raises what compiling raised."""
-        if self._validator is None:
-            error = self._compile_error
-            assert error is not None, "compiled() runs before validator()"
-            raise error
-        return self._validator
+        """The schema compiled for draft 2020-12 with format checks (`compiled` runs first)."""
+        validator = self._validator
+        assert validator is not None, "compiled() runs before validator()"
+        return validator
 
 
 def check_schema_text(text: str, *, compile: bool = False) -> tuple[CheckedSchema, dict[str, Any] | None]:
     """Check an output schema's text: its CheckedSchema, and (when usable) the schema parsed for this call.
 
-    The text is parsed once. With `compile` (the call will be dispatched,
-    so its output checked), a document that cannot refer (`_may_refer`) is
-    compiled straight away: compiling checks it against the draft 2020-12
-    metaschema (whatever its `$schema` says), so one that compiles has
-    passed that check, and only one that does not goes through the separate
-    checks, which word the refusal. Otherwise the schema is checked (the
-    metaschema; for a document that may refer, references resolved within
-    it, no cycle, bounded in-place applications) and compiled only for the
-    first call that dispatches, so compiling never meets what those refuse.
+    A usable schema is one the negotiator can apply: it passes the draft
+    2020-12 metaschema (whatever its `$schema` says), its references resolve
+    within it without a cycle or too many in-place applications, and it
+    compiles. Compiling is the only check of what the metaschema leaves
+    open, such as whether a `pattern` or `patternProperties` name is a
+    regular expression the validator's engine takes, or an `$id` a URI; so
+    a schema that does not compile is refused here, before dispatch, never
+    found out after the adapter ran.
+
+    The text is parsed once. A document that cannot refer (`_may_refer`) is
+    compiled straight away when the call will be dispatched (`compile`) or
+    when its text may hold what only compiling checks (`_compile_may_refuse`):
+    compiling applies the metaschema, so one that compiles has passed it, and
+    only one that does not goes through the separate checks, which word the
+    refusal (the compiler's own error when they find nothing). A document
+    that may refer is checked first and compiled only once those checks
+    pass, so compiling never meets what they refuse. Any other text is
+    checked against the metaschema alone and compiled for the first call
+    that dispatches (`CheckedSchema.compiled`).
     """
     parsed, problems = _parsed_schema(text)
     if parsed is None:
         return CheckedSchema(problems), None
-    if compile and not _may_refer(text):
+    refers = _may_refer(text)
+    if not refers and (compile or _compile_may_refuse(text)):
         try:
             validator = schema_validator(parsed)
-        except Exception:  # worded by the checks below, or kept for the output check
-            pass
-        else:
-            return CheckedSchema((), _first_formats(parsed), validator), parsed
-    problems = _schema_problems(parsed, text)
+        except Exception as exc:  # worded by the checks, else by the compiler
+            return CheckedSchema(_schema_problems(parsed, refers=False) or _compile_problems(exc)), None
+        return CheckedSchema((), _text_formats(parsed, text), validator), parsed
+    problems = _schema_problems(parsed, refers=refers)
     if problems:
         return CheckedSchema(problems), None
-    return CheckedSchema((), _first_formats(parsed)), parsed
+    if refers:
+        try:
+            validator = schema_validator(parsed)
+        except Exception as exc:  # e.g. a `$dynamicRef` naming no anchor, which the checks leave to it
+            return CheckedSchema(_compile_problems(exc)), None
+        return CheckedSchema((), _text_formats(parsed, text), validator), parsed
+    return CheckedSchema((), _text_formats(parsed, text)), parsed
+
+
+def _compile_may_refuse(text: str) -> bool:
+    """Whether compiling a schema that cannot refer may refuse what the metaschema passes.
+
+    Beyond the metaschema, the compiler checks a `pattern` or
+    `patternProperties` name (a regular expression), an `$id` (a URI) and
+    the references (which `_may_refer` texts are checked for first); a text
+    without those words, spelt out, holds none of them
+    (tests/negotiator/test_schema_checks.py compares the two on generated
+    schemas).
+    """
+    return "pattern" in text or "$id" in text
+
+
+def _compile_problems(error: Exception) -> tuple[tuple[str, str], ...]:
+    """A compile error of a schema the separate checks pass, worded as they word theirs."""
+    if isinstance(error, jsonschema_rs.ValidationError):
+        where = json_pointer(error.instance_path) or "/"
+        return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {error.message}"),)
+    return (("output_schema", f"cannot be applied: {error}"),)
 
 
 def _parsed_schema(text: str) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
@@ -288,24 +326,35 @@ def _parsed_schema(text: str) -> tuple[dict[str, Any] | None, tuple[tuple[str, s
         parsed = strict_json(text)
     except ValueError as exc:  # malformed, NaN / Infinity, or over a JSON limit (nesting, integer digits)
         return None, (("output_schema", json_problem(exc)),)
-    # A document holding fewer brackets than the limit cannot nest past it.
-    if text.count("{") + text.count("[") >= MAX_SCHEMA_NESTING and json_depth(parsed) > MAX_SCHEMA_NESTING:
-        return None, (("output_schema", f"is nested more than {MAX_SCHEMA_NESTING} levels deep"),)
     if isinstance(parsed, bool):
         parsed = {} if parsed else {"not": {}}
     if not isinstance(parsed, dict):
         return None, (("output_schema", f"must be a JSON object or boolean, not {_json_type_name(parsed)}"),)
+    if "\\u" in text:  # only an escape can write a lone surrogate, which no validator can read
+        surrogate = _lone_surrogate(parsed)
+        if surrogate:
+            problem = f"is not valid JSON: {surrogate} is a lone surrogate, not a character"
+            return None, (("output_schema", problem),)
     return parsed, ()
 
 
-def _schema_problems(parsed: dict[str, Any], text: str) -> tuple[tuple[str, str], ...]:
+def _lone_surrogate(value: object) -> str:
+    """The first lone UTF-16 surrogate a parsed JSON value holds, as its escape ("" when none)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"\\u{ord(exc.object[exc.start]):04x}"
+    return ""
+
+
+def _schema_problems(parsed: dict[str, Any], *, refers: bool) -> tuple[tuple[str, str], ...]:
     """What is wrong with a parsed schema object: the metaschema, then its references (when it may refer)."""
     try:
         _check_against_metaschema(parsed)
     except jsonschema_rs.ValidationError as exc:
         where = json_pointer(exc.instance_path) or "/"
         return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {exc.message}"),)
-    if not _may_refer(text):
+    if not refers:
         return ()
     base_uri = parsed["$id"] if isinstance(parsed.get("$id"), str) else ""
     registry: Registry[Any] = Registry().with_resource(base_uri, DRAFT202012.create_resource(parsed))
@@ -344,7 +393,10 @@ def _check_against_metaschema(schema: Mapping[str, Any]) -> None:
     """
     declared = schema.get("$schema", DRAFT_2020_12)
     if isinstance(declared, str):
-        jsonschema_rs.meta.validate({**schema, "$schema": DRAFT_2020_12})
+        as_2020_12 = {**schema, "$schema": DRAFT_2020_12}
+        # The yes-or-no check does less work than finding the error, which only a refusal needs.
+        if not jsonschema_rs.meta.is_valid(as_2020_12):
+            jsonschema_rs.meta.validate(as_2020_12)
     else:  # not a URI: the metaschema's own error says so
         schema_validator(schema)
 
@@ -689,20 +741,24 @@ def _options_requirements(options: CallOptions) -> tuple[Requirement, ...]:
     return tuple(requirements)
 
 
-def _schema_formats(schema: object, pointer: str) -> Iterator[tuple[str, str]]:
-    """(request field, format) for every `format` keyword, in document order."""
-    found: list[tuple[str, str]] = []
-    if isinstance(schema, Mapping) and _may_hold_format(schema):  # a boolean subschema has no keywords
-        _collect_formats(schema, [pointer], found)
-    return iter(found)
-
-
 def _first_formats(schema: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """(request field, format) of the first `format` keyword naming each format, in document order."""
     first: dict[str, str] = {}
-    for pointer, string_format in _schema_formats(schema, "output_schema"):
-        first.setdefault(string_format, pointer)
+    if _may_hold_format(schema):  # a boolean subschema has no keywords
+        _collect_first_formats(schema, ["output_schema"], first)
     return tuple((pointer, string_format) for string_format, pointer in first.items())
+
+
+def _text_formats(schema: Mapping[str, Any], text: str) -> tuple[tuple[str, str], ...]:
+    """`_first_formats` of a schema parsed from `text`.
+
+    A `format` key is written `"format"` in the text, or with a `\\u`
+    escape (no other JSON escape writes a letter): a text holding neither
+    has no format to walk for.
+    """
+    if '"format"' in text or "\\u" in text:
+        return _first_formats(schema)
+    return ()
 
 
 # Each subschema keyword by how its value holds subschemas (see _SUBSCHEMA_KEYWORDS).
@@ -714,51 +770,45 @@ _SUBSCHEMA_SHAPES: Mapping[str, int] = MappingProxyType(
 )
 
 
-def _collect_formats(schema: Mapping[str, Any], path: list[str], found: list[tuple[str, str]]) -> None:
-    """Append every `format` keyword under `schema` to `found`, in document order.
+def _collect_first_formats(schema: Mapping[str, Any], path: list[str], first: dict[str, str]) -> None:
+    """Record in `first` each format's first `format` keyword under `schema`, in document order.
 
     `path` holds the pointer's tokens as written; they are escaped and
-    joined only for a `format` found, so a walk builds no pointer it does
-    not report. The same subschemas as `_children` yields, in the same order.
+    joined only for a format not met before, so a walk builds no pointer it
+    does not report. The same subschemas as `_children` yields, in the same
+    order, entering only those that hold a keyword the walk reads
+    (`_may_hold_format`, written out in the loops).
     """
     shapes = _SUBSCHEMA_SHAPES
+    walked = _WALKED
     for keyword, value in schema.items():
-        if keyword == "format":
-            if isinstance(value, str):
-                found.append((_pointer(path) + "/format", value))
-            continue
         shape = shapes.get(keyword)
         if shape is None:
+            if keyword == "format" and isinstance(value, str) and value not in first:
+                first[value] = _pointer(path) + "/format"
             continue
-        path.append(keyword)
-        if shape == _ONE:
-            if isinstance(value, list):  # pre-2020 tuple `items`
-                for index, item in enumerate(value):
-                    if _may_hold_format(item):
-                        path.append(str(index))
-                        _collect_formats(item, path, found)
-                        path.pop()
-            elif _may_hold_format(value):
-                _collect_formats(value, path, found)
-        elif shape == _MAP:
-            if _is_mapping(value):
+        if shape == _MAP:
+            if type(value) is dict or isinstance(value, Mapping):
+                path.append(keyword)
                 for name, sub in value.items():
-                    if _may_hold_format(sub):
+                    if (type(sub) is dict or isinstance(sub, Mapping)) and not walked.isdisjoint(sub):
                         path.append(name)
-                        _collect_formats(sub, path, found)
+                        _collect_first_formats(sub, path, first)
                         path.pop()
-        elif isinstance(value, list):
+                path.pop()
+        elif shape == _ONE and not isinstance(value, list):
+            if (type(value) is dict or isinstance(value, Mapping)) and not walked.isdisjoint(value):
+                path.append(keyword)
+                _collect_first_formats(value, path, first)
+                path.pop()
+        elif isinstance(value, list):  # a list keyword, or the pre-2020 tuple `items`
+            path.append(keyword)
             for index, sub in enumerate(value):
-                if _may_hold_format(sub):
+                if (type(sub) is dict or isinstance(sub, Mapping)) and not walked.isdisjoint(sub):
                     path.append(str(index))
-                    _collect_formats(sub, path, found)
+                    _collect_first_formats(sub, path, first)
                     path.pop()
-        path.pop()
-
-
-def _is_mapping(value: object) -> bool:
-    # A parsed schema holds plain dicts: the exact type test spares the Mapping ABC's check.
-    return type(value) is dict or isinstance(value, Mapping)
+            path.pop()
 
 
 # The keys a schema object needs for a walk to find anything in it.
@@ -767,7 +817,7 @@ _WALKED = frozenset(_SUBSCHEMA_SHAPES) | {"format"}
 
 def _may_hold_format(value: object) -> bool:
     """Whether `value` is a schema object holding `format` or a subschema keyword (else nothing to walk)."""
-    return _is_mapping(value) and not _WALKED.isdisjoint(value)  # type: ignore[arg-type]
+    return (type(value) is dict or isinstance(value, Mapping)) and not _WALKED.isdisjoint(value)
 
 
 def _pointer(path: list[str]) -> str:

@@ -24,6 +24,7 @@ from agentsidecar.negotiator_service.model import (
     TypedSet,
 )
 from agentsidecar.negotiator_service.negotiation import (
+    check_schema_text,
     derive_requirements,
     judge,
     normalize_transport,
@@ -130,6 +131,75 @@ def test_bad_schemas_are_refused(schema: str, fragment: str) -> None:
     [(field, description)] = violations(produce(schema))
     assert field == "output_schema"
     assert fragment in description
+
+
+# What only compiling the schema finds: each refused before dispatch, naming where it is.
+_UNCOMPILABLE = [
+    (
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "(unclosed"}}},
+        'is not a valid draft 2020-12 JSON Schema at /properties/a/pattern: "(unclosed" is not a "regex"',
+    ),
+    (
+        {"patternProperties": {"^ok$": {}, "a/(b": {"type": "integer"}}},
+        'is not a valid draft 2020-12 JSON Schema at /patternProperties/a~1(b: "a/(b" is not a "regex"',
+    ),
+    # Applied through a reference: compiled once the reference checks pass.
+    (
+        {"$defs": {"p": {"pattern": "a{2,1}"}}, "properties": {"a": {"$ref": "#/$defs/p"}}},
+        'is not a valid draft 2020-12 JSON Schema at /$defs/p/pattern: "a{2,1}" is not a "regex"',
+    ),
+    (
+        {"items": {"pattern": "[z-a]"}},
+        'is not a valid draft 2020-12 JSON Schema at /items/pattern: "[z-a]" is not a "regex"',
+    ),
+    (
+        {"properties": {"a": {"$id": "not a uri"}}},
+        "is not a valid draft 2020-12 JSON Schema at /: Invalid URI reference 'not a uri': "
+        "unexpected character at index 3",
+    ),
+    (
+        {"properties": {"a": {"$dynamicRef": "#nowhere"}}},
+        "is not a valid draft 2020-12 JSON Schema at /: Anchor 'nowhere' does not exist",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "description"), _UNCOMPILABLE)
+def test_a_schema_that_does_not_compile_is_refused_naming_where(
+    schema: dict[str, Any], description: str
+) -> None:
+    assert violations(produce(json.dumps(schema))) == [("output_schema", description)]
+    for compile in (True, False):  # a call to dispatch, a dry run
+        checked, parsed = check_schema_text(json.dumps(schema), compile=compile)
+        assert checked.problems == (("output_schema", description),)
+        assert parsed is None
+
+
+def test_a_metaschema_problem_is_named_before_a_bad_pattern() -> None:
+    schema = {"properties": {"a": {"pattern": "("}, "b": {"type": "banana"}}}
+    [(field, description)] = violations(produce(json.dumps(schema)))
+    assert field == "output_schema"
+    assert description.startswith("is not a valid draft 2020-12 JSON Schema at /properties/b/type: ")
+
+
+@pytest.mark.parametrize("pattern", ["^[a-z]+$", "\\p{L}+", "(?<year>[0-9]{4})-[0-9]{2}", "^\\d{3}(?=x)"])
+def test_patterns_the_validator_compiles_are_accepted(pattern: str) -> None:
+    schema = {"properties": {"a": {"pattern": pattern}}, "patternProperties": {pattern: {}}}
+    assert validate_request(produce(json.dumps(schema))) == schema
+
+
+@pytest.mark.parametrize(
+    ("text", "escape"),
+    [('{"properties": {"\\ud800": {}}}', "\\ud800"), ('{"enum": ["ok", "x\\udc00"]}', "\\udc00")],
+)
+def test_a_lone_surrogate_escape_is_an_invalid_request_not_a_crash(text: str, escape: str) -> None:
+    assert violations(produce(text)) == [
+        ("output_schema", f"is not valid JSON: {escape} is a lone surrogate, not a character")
+    ]
+
+
+def test_a_surrogate_pair_escape_is_one_character() -> None:
+    assert validate_request(produce('{"const": "\\ud83d\\ude00"}')) == {"const": "\U0001f600"}
 
 
 def test_local_refs_including_nested_ids_resolve() -> None:

@@ -9,13 +9,18 @@ the schema the caller sent, whatever the adapter did with its copy.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeAlias
 
+import grpc
+import jsonschema_rs
 import pytest
 from fakes import FakeAdapter, make_declaration
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from negotiator_testkit import add_fake, call_error
 
+from agentsidecar.negotiator.v1 import negotiator_pb2 as pb
+from agentsidecar.negotiator.v1 import negotiator_pb2_grpc
 from agentsidecar.negotiator_service import negotiation
 from agentsidecar.negotiator_service.broker import Broker
 from agentsidecar.negotiator_service.call_caches import MAX_SCHEMA_BYTES, CallCaches
@@ -28,7 +33,10 @@ from agentsidecar.negotiator_service.model import (
     Requirement,
     TypedSet,
 )
+from agentsidecar.negotiator_service.negotiation import CheckedSchema
 from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
+from agentsidecar.negotiator_service.server import RunningNegotiator
+from agentsidecar.sidecar_runtime.richstatus import DecodedError
 
 SCHEMA = {
     "type": "object",
@@ -111,19 +119,55 @@ async def test_a_produce_after_a_dry_run_of_its_schema_checks_the_output() -> No
     assert json.loads(reply.text) == {"n": 2, "when": "2024-02-03"}
 
 
-async def test_a_schema_the_checks_pass_but_that_cannot_compile_fails_at_the_output_check() -> None:
-    # The metaschema does not check `pattern` as a regex; compiling it does.
-    text = json.dumps({"properties": {"a": {"type": "string", "pattern": "(unclosed"}}})
-    adapter = fake(default='{"a": "x"}')
-    broker = broker_with(adapter)
-    assert broker.negotiate(produce(text)).accepted
-    for _ in range(2):
-        with pytest.raises(InvalidRequest) as refused:
-            await broker.call(produce(text), time_budget=None)
-        [(field, description)] = refused.value.violations
-        assert field == "output_schema"
-        assert description.startswith("cannot be applied: ")
-    assert adapter.call_count == 2
+# The metaschema does not check `pattern` as a regex, nor `$id` as a URI; compiling does.
+# Each: the schema, and its refusal's description.
+UNCOMPILABLE = {
+    "pattern": (
+        {"properties": {"a": {"type": "string", "pattern": "(unclosed"}}},
+        'is not a valid draft 2020-12 JSON Schema at /properties/a/pattern: "(unclosed" is not a "regex"',
+    ),
+    "patternProperties": (
+        {"patternProperties": {"x(": {}}},
+        'is not a valid draft 2020-12 JSON Schema at /patternProperties/x(: "x(" is not a "regex"',
+    ),
+    "referenced pattern": (
+        {"$defs": {"p": {"pattern": "a**"}}, "properties": {"a": {"$ref": "#/$defs/p"}}},
+        'is not a valid draft 2020-12 JSON Schema at /$defs/p/pattern: "a**" is not a "regex"',
+    ),
+    "$id": (
+        {"properties": {"a": {"$id": "a b"}}},
+        "is not a valid draft 2020-12 JSON Schema at /: "
+        "Invalid URI reference 'a b': unexpected character at index 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(UNCOMPILABLE))
+async def test_a_schema_that_cannot_compile_is_refused_before_dispatch_every_time(name: str) -> None:
+    schema, expected = UNCOMPILABLE[name]
+    text = json.dumps(schema)
+    for first in ("produce", "negotiate"):
+        adapter = fake(default='{"a": "x"}')
+        broker = broker_with(adapter)
+        for kind in (first, "negotiate" if first == "produce" else "produce", first):
+            with pytest.raises(InvalidRequest) as refused:
+                await judged(broker, kind, produce(text))
+            assert refused.value.violations == (("output_schema", expected),)
+        assert adapter.call_count == 0
+
+
+def test_a_check_kept_without_its_validator_refuses_a_schema_that_does_not_compile() -> None:
+    # The backstop of a call that dispatches: compiling it raises the caller's error, not the compiler's.
+    checked = CheckedSchema((), ()).without_validator()
+    with pytest.raises(InvalidRequest) as refused:
+        checked.compiled({"pattern": "("})
+    assert refused.value.violations == (
+        ("output_schema", 'is not a valid draft 2020-12 JSON Schema at /pattern: "(" is not a "regex"'),
+    )
+    valid = checked.compiled({"pattern": "^a"})
+    assert valid is not checked  # compiled for one call: the kept check still holds none
+    assert not valid.validator().is_valid("b")
+    assert valid.validator().is_valid("a")
 
 
 def test_one_text_is_checked_and_compiled_once_per_server() -> None:
@@ -203,14 +247,155 @@ _VALUES = st.recursive(
 _SCHEMAS = st.dictionaries(st.sampled_from(_KEYWORDS), _VALUES, max_size=4)
 
 
-@given(_SCHEMAS)
-def test_compiling_to_check_refuses_exactly_what_the_separate_checks_refuse(schema: dict[str, Any]) -> None:
+def _compile_error(schema: dict[str, Any]) -> jsonschema_rs.ValidationError | None:
+    try:
+        jsonschema_rs.Draft202012Validator(schema, validate_formats=True, offline=True)
+    except jsonschema_rs.ValidationError as error:
+        return error
+    return None
+
+
+# Every keyword of draft 2020-12's vocabularies (and some of older drafts), with values that
+# exercise what compiling checks beyond the metaschema: references, URIs, regular expressions.
+_ALL_KEYWORDS = (
+    *_KEYWORDS, "$anchor", "$dynamicAnchor", "$comment", "$vocabulary", "allOf", "oneOf", "if", "then",
+    "else", "dependentSchemas", "propertyNames", "contains", "minContains", "maxContains", "uniqueItems",
+    "unevaluatedItems", "unevaluatedProperties", "contentSchema", "contentEncoding", "contentMediaType",
+    "maxItems", "minProperties", "maxProperties", "multipleOf", "maximum", "additionalItems",
+    "$recursiveRef", "$recursiveAnchor", "title", "default", "deprecated", "patternProperties",
+)  # fmt: skip
+_ANY_SCALAR = st.one_of(
+    _SCALARS,
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4),
+    st.sampled_from(["#", "#a", "a b", "http://x/y", "urn:x", "http://[x", "a{2,1}", "[z-a]", "base64"]),
+)
+_ANY_VALUE = st.recursive(
+    _ANY_SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from([*_ALL_KEYWORDS, "a", "b"]), inner, max_size=3),
+    ),
+    max_leaves=10,
+)
+
+
+def _metaschema_problems(text: str) -> tuple[tuple[str, str], ...]:
+    """The separate checks, the metaschema found by its own error (meta.validate), as the reference."""
+    parsed, problems = negotiation._parsed_schema(text)
+    if parsed is None:
+        return problems
+    try:
+        if isinstance(parsed.get("$schema", negotiation.DRAFT_2020_12), str):
+            jsonschema_rs.meta.validate({**parsed, "$schema": negotiation.DRAFT_2020_12})
+        else:
+            negotiation.schema_validator(parsed)
+    except jsonschema_rs.ValidationError as error:
+        where = negotiation.json_pointer(error.instance_path) or "/"
+        return (("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {error.message}"),)
+    return negotiation._schema_problems(parsed, refers=True) if negotiation._may_refer(text) else ()
+
+
+def _assert_checked_as_the_separate_checks_and_the_compiler_refuse(schema: dict[str, Any]) -> None:
     text = json.dumps(schema)
     compiled, compiled_schema = negotiation.check_schema_text(text, compile=True)
     checked, checked_schema = negotiation.check_schema_text(text, compile=False)
-    assert compiled.problems == checked.problems == tuple(negotiation._parse_schema(text)[1])
+    # The separate checks' words where they refuse; else the compiler's error, at its place.
+    expected = _metaschema_problems(text)
+    assert tuple(negotiation._parse_schema(text)[1]) == expected
+    error = None if expected else _compile_error(schema)
+    if error is not None:
+        where = negotiation.json_pointer(error.instance_path) or "/"
+        expected = (
+            ("output_schema", f"is not a valid draft 2020-12 JSON Schema at {where}: {error.message}"),
+        )
+    assert compiled.problems == checked.problems == expected
     assert compiled.formats == checked.formats
-    assert compiled_schema == checked_schema
+    assert compiled_schema == checked_schema == (None if expected else json.loads(text))
+
+
+@given(_SCHEMAS)
+def test_compiling_to_check_refuses_exactly_what_the_separate_checks_and_the_compiler_refuse(
+    schema: dict[str, Any],
+) -> None:
+    _assert_checked_as_the_separate_checks_and_the_compiler_refuse(schema)
+
+
+# More examples than the profile's: the property is a claim about the compiler's checks, and
+# cheap examples (no server) are what tests it.
+@pytest.mark.slow
+@settings(max_examples=2000)
+@given(st.dictionaries(st.sampled_from(_ALL_KEYWORDS), _ANY_VALUE, max_size=5))
+def test_a_text_the_metaschema_passes_compiles_unless_it_names_what_only_compiling_checks(
+    schema: dict[str, Any],
+) -> None:
+    _assert_checked_as_the_separate_checks_and_the_compiler_refuse(schema)
+    text = json.dumps(schema)
+    if negotiation._may_refer(text) or negotiation._compile_may_refuse(text):
+        return
+    if negotiation._parse_schema(text)[1]:
+        return
+    assert _compile_error(schema) is None
+
+
+def _every_format(schema: object) -> tuple[tuple[str, str], ...]:
+    """The reference walk: every subschema `_children` names, the first `format` of each value."""
+    found: list[tuple[str, str]] = []
+
+    def walk(node: object, pointer: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for keyword, value in node.items():
+            if keyword == "format" and isinstance(value, str):
+                found.append((f"{pointer}/format", value))
+            for child_pointer, child in negotiation._children(keyword, value, pointer):
+                walk(child, child_pointer)
+
+    walk(schema, "output_schema")
+    first: dict[str, str] = {}
+    for pointer, string_format in found:
+        first.setdefault(string_format, pointer)
+    return tuple((pointer, string_format) for string_format, pointer in first.items())
+
+
+# Schemas thick with `format` keys naming few formats (so most are repeats), under every shape
+# of subschema keyword, in data (`enum`, `const`, not walked) and under names needing escapes.
+_FORMAT_NAMES = st.sampled_from(["email", "date", "uuid"])
+_FORMAT_SCHEMAS = st.recursive(
+    st.one_of(
+        st.booleans(), st.fixed_dictionaries({"format": _FORMAT_NAMES}, optional={"type": st.just("string")})
+    ),
+    lambda sub: st.fixed_dictionaries(
+        {},
+        optional={
+            "format": _FORMAT_NAMES,
+            "properties": st.dictionaries(st.sampled_from(["a", "a/b", "c~d", "format"]), sub, max_size=3),
+            "items": st.one_of(sub, st.lists(sub, max_size=2)),
+            "prefixItems": st.lists(sub, max_size=2),
+            "anyOf": st.lists(sub, max_size=2),
+            "not": sub,
+            "$defs": st.dictionaries(st.sampled_from(["x", "y"]), sub, max_size=2),
+            "dependentSchemas": st.dictionaries(st.sampled_from(["x"]), sub, max_size=1),
+            "enum": st.lists(sub, max_size=2),
+            "const": sub,
+        },
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.mark.slow
+@given(_FORMAT_SCHEMAS.filter(lambda schema: isinstance(schema, dict)))
+def test_the_formats_walk_finds_what_walking_every_subschema_finds(schema: dict[str, Any]) -> None:
+    expected = _every_format(schema)
+    assert negotiation._first_formats(schema) == expected
+    text = json.dumps(schema)
+    assert negotiation._text_formats(schema, text) == expected
+    # The same document with its "format" keys written with an escape.
+    escaped = text.replace('"format"', '"form\\u0061t"')
+    assert json.loads(escaped) == schema
+    assert negotiation._text_formats(schema, escaped) == expected
 
 
 async def test_a_schema_too_large_to_keep_is_applied_to_every_call_all_the_same() -> None:
@@ -227,3 +412,55 @@ async def test_a_schema_too_large_to_keep_is_applied_to_every_call_all_the_same(
     reply, _ = await broker.call(produce(text), time_budget=None)
     assert json.loads(reply.text) == {"p00000": 3}
     assert broker.caches.dispatch_schema(text)[1] is not None  # checked afresh: never kept
+
+
+Stub: TypeAlias = "negotiator_pb2_grpc.NegotiatorServiceAsyncStub"
+
+
+async def _stream_error(stub: Stub, request: pb.ProduceRequest) -> DecodedError:
+    received: list[pb.ProduceStreamResponse] = []
+
+    async def read() -> None:
+        async for message in stub.ProduceStream(pb.ProduceStreamRequest(produce=request), timeout=5):
+            received.append(message)
+
+    error = await call_error(read())
+    assert received == []  # refused before the decision, so before any message
+    return error
+
+
+@pytest.mark.parametrize("name", ["pattern", "patternProperties", "referenced pattern"])
+async def test_over_grpc_a_bad_pattern_is_refused_by_negotiate_and_produce_before_dispatch(
+    name: str, negotiator: RunningNegotiator, stub: Stub
+) -> None:
+    schema, description = UNCOMPILABLE[name]
+    adapter = add_fake(negotiator, default='{"a": "x"}')
+    request = pb.ProduceRequest(adapter="fake", prompt="p", output_schema=json.dumps(schema))
+    for _ in range(2):  # the text checked afresh, then known to the server
+        refusals = [
+            (await call_error(stub.Negotiate(pb.NegotiateRequest(produce=request), timeout=5)), "produce."),
+            (await call_error(stub.Produce(request, timeout=5)), ""),
+            (await _stream_error(stub, request), "produce."),  # ProduceStreamRequest.produce
+        ]
+        for error, prefix in refusals:
+            assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert error.reason == "INVALID_REQUEST"
+            assert error.field_violations == ((f"{prefix}output_schema", description),)
+    assert adapter.calls == []
+
+
+async def test_over_grpc_a_lone_surrogate_escape_is_an_invalid_argument(
+    negotiator: RunningNegotiator, stub: Stub
+) -> None:
+    adapter = add_fake(negotiator)
+    request = pb.ProduceRequest(adapter="fake", prompt="p", output_schema='{"properties": {"\\ud800": {}}}')
+    for call, field in (
+        (stub.Negotiate(pb.NegotiateRequest(produce=request), timeout=5), "produce.output_schema"),
+        (stub.Produce(request, timeout=5), "output_schema"),
+    ):
+        error = await call_error(call)
+        assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert error.field_violations == (
+            (field, "is not valid JSON: \\ud800 is a lone surrogate, not a character"),
+        )
+    assert adapter.calls == []
