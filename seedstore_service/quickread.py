@@ -36,29 +36,24 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from operator import attrgetter, itemgetter, methodcaller
 
 from agentsidecar.seedstore_service import cli_output, indexfile, render
 from agentsidecar.seedstore_service.indexfile import (
-    CHECKED,
-    CTIME,
-    DEV,
     DOMAIN,
     ID,
-    INO,
     KEYS,
-    MTIME,
     NAME,
     NOTES,
     PROBLEM,
     RANK,
     REVISION,
     ROW,
-    SIZE,
 )
 from agentsidecar.seedstore_service.location import SERVER_ENV, is_normal, spelled_store_root
 from agentsidecar.seedstore_service.names import canonical, is_identifier
 from agentsidecar.seedstore_service.scoring import could_match, rank_key, score, select
-from agentsidecar.seedstore_service.walk import join_path, walk
+from agentsidecar.seedstore_service.walk import join_path, walk_directories
 from agentsidecar.sidecar_runtime import cli_common
 
 TYPE_CHECKING = False
@@ -66,18 +61,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    # A section, its entries' positions by name, its path prefix, then by position: the
-    # signatures, checked_ns, problem, notes and declared domain of its entries.
-    _Held = tuple[
-        indexfile.Section,
-        dict[str, int],
-        str,
-        list[tuple[int, int, int, int, int]],
-        list[int],
-        list[Any],
-        list[Any],
-        list[str],
-    ]
+_name_of = attrgetter("name")
+_stat_of = methodcaller("stat")  # os.stat of the entry's path, following a symlink as os.stat does
+_first = itemgetter(0)
 
 
 # Each command's options: those taking a value, and switches.
@@ -152,13 +138,120 @@ def parse(argv: Sequence[str]) -> _Request | None:
     return _Request(command, options, positional)
 
 
+class _Vouched:
+    """A section of the scope whose entries vouch for the walk's files in it (`vouched_sections`)."""
+
+    __slots__ = ("names", "prefix", "rows", "section")
+
+    def __init__(
+        self, section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None
+    ) -> None:
+        self.section = section
+        self.prefix = prefix  # a file's path is the prefix and its name
+        self.names = names  # the files' names in the section, sorted
+        self.rows = rows  # each file's entry, or None when the files are the entries, in order
+
+    def row(self, k: int) -> int:
+        return k if self.rows is None else self.rows[k]
+
+
+def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
+    """The sections holding the seed files of the scope, when each file has an entry that vouches
+    for it and none has a problem, a note or (with `domain`) another declared domain; else None.
+
+    The trust test is persisted.py's, made for a section at once
+    (`indexfile.Section.signatures_hold`): each entry's signature is its file's now (stat
+    taken after the walk listed the file), and the entry is not racy.
+    """
+    listed, problems = walk_directories(root, domain)
+    if problems:
+        return None
+    by_section: dict[str | None, list[tuple[str, list[os.DirEntry[str]]]]] = {}
+    for prefix, domain_dir, entries in listed:
+        by_section.setdefault(domain_dir, []).append((prefix, entries))
+    index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
+    vouched = []
+    try:
+        for domain_dir, directories in by_section.items():
+            data = indexfile.read_index_file(
+                join_path(index_directory, indexfile.section_file_name(domain_dir))
+            )
+            section = None if data is None else indexfile.open_section(data, root, domain_dir)
+            if section is None:
+                return None
+            prefix = indexfile.section_prefix(root, domain_dir)
+            if len(directories) == 1 and directories[0][0] == prefix:
+                entries = directories[0][1]
+                names = list(map(_name_of, entries))
+            else:
+                named: list[tuple[str, os.DirEntry[str]]] = []
+                for directory, inner_entries in directories:
+                    if not directory.startswith(prefix):
+                        return None  # a path the entries' names do not spell
+                    inner = directory[len(prefix) :]
+                    named.extend((inner + entry.name, entry) for entry in inner_entries)
+                named.sort(key=_first)
+                names = [name for name, _entry in named]
+                entries = [entry for _name, entry in named]
+            held = section.column(NAME)
+            rows: list[int] | None = None
+            if names != held:
+                positions = {name: row for row, name in enumerate(held)}
+                found = [positions.get(name) for name in names]
+                if None in found:
+                    return None  # a file without an entry
+                rows = found  # type: ignore[assignment]  # no None among them
+            if not section.signatures_hold(list(map(_stat_of, entries)), rows):
+                return None
+            if not _clean(section, rows, domain):
+                return None
+            vouched.append(_Vouched(section, prefix, names, rows))
+    except (OSError, ValueError):
+        return None  # a file gone since the walk, or a block or column that is not one
+    return vouched
+
+
+def _clean(section: indexfile.Section, rows: list[int] | None, domain: str | None) -> bool:
+    """Whether no entry at `rows` (None: every entry) has a problem or a note and, with
+    `domain`, each declares it.
+
+    Raises:
+        ValueError: a column is not one.
+    """
+    if rows is None:
+        if not (section.column_holds_only(PROBLEM, b"null") or _all_none(section.column(PROBLEM))):
+            return False
+        if not (section.column_holds_only(NOTES, b"[]") or not any(section.column(NOTES))):
+            return False
+        if domain is None:
+            return True
+        text = cli_common.encode_string(domain).encode()  # an identifier: ASCII
+        return (
+            section.column_holds_only(DOMAIN, text) or section.column(DOMAIN).count(domain) == section.count
+        )
+    problem, notes = section.column(PROBLEM), section.column(NOTES)
+    domains = section.column(DOMAIN) if domain is not None else None
+    return all(
+        problem[row] is None and not notes[row] and (domains is None or domains[row] == domain)
+        for row in rows
+    )
+
+
+def _all_none(values: list[Any]) -> bool:
+    return values.count(None) == len(values)
+
+
 class _Scope:
-    """The seed files of a scope (walk order) with where their entries lie: (path, section, position)."""
+    """The seed files of a scope with where their entries lie: (path, section, position), in no
+    particular order (every answer sorts by a key that ends in the path)."""
 
     __slots__ = ("files",)
 
-    def __init__(self) -> None:
+    def __init__(self, vouched: list[_Vouched]) -> None:
         self.files: list[tuple[str, indexfile.Section, int]] = []
+        for held in vouched:
+            prefix, section = held.prefix, held.section
+            self.files.extend((prefix + name, section, held.row(k)) for k, name in enumerate(held.names))
 
     def values(self, position: int) -> list[Any]:
         """Each file's entry's value at `position`, in the files' order."""
@@ -172,71 +265,36 @@ class _Scope:
         return values
 
 
-def vouched_scope(root: str, domain: str | None) -> _Scope | None:
-    """Every seed file of the scope with its entry, when the index vouches for each and none has a
-    problem, a note or (with `domain`) another declared domain; else None.
-
-    The trust test is persisted.py's: the entry's signature (`indexfile.signature_of`) is the
-    file's now, and the entry is not racy (`indexfile.is_racy`).
-    """
-    refs, problems = walk(root, domain)
-    if problems:
-        return None
-    index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
-    sections: dict[str | None, _Held] = {}
-    scope = _Scope()
-    try:
-        for path, domain_dir in refs:
-            held = sections.get(domain_dir)
-            if held is None:
-                opened = _open(root, index_directory, domain_dir)
-                if opened is None:
-                    return None
-                held = sections[domain_dir] = opened
-            section, positions, prefix, signatures, checked, problem, notes, domains = held
-            index = positions.get(path[len(prefix) :] if path.startswith(prefix) else path)
-            if index is None:
-                return None
-            signature = signatures[index]
-            if signature != indexfile.signature_of(os.stat(path)):
-                return None
-            if indexfile.is_racy(signature[1], signature[2], checked[index]):
-                return None
-            if (
-                problem[index] is not None
-                or notes[index]
-                or (domain is not None and domains[index] != domain)
-            ):
-                return None
-            scope.files.append((path, section, index))
-    except (OSError, ValueError):
-        return None  # a file gone since the walk, or a column that is not one
-    return scope
+_SEEDS_LINE = '\n  "seeds": []'
 
 
-def _open(root: str, index_directory: str, domain_dir: str | None) -> _Held | None:
-    """A section's index file with what the trust test reads of it, or None when it cannot be used.
+def _listed(root: str, domain: str | None, vouched: list[_Vouched]) -> str | None:
+    """The pretty `list` output joined from the sections' listing blocks; None when a section holds
+    none, or entries for files the walk did not find, or the sections' rows interleave.
 
     Raises:
-        ValueError: a column is not one (see `indexfile.Section.column`).
+        ValueError: a listing block is not the one written.
     """
-    data = indexfile.read_index_file(join_path(index_directory, indexfile.section_file_name(domain_dir)))
-    section = None if data is None else indexfile.open_section(data, root, domain_dir)
-    if section is None:
+    spans = []
+    for held in vouched:
+        keys = held.section.listing_keys
+        if keys is None or held.rows is not None:
+            return None
+        (first_domain, first_id, first_name), (last_domain, last_id, last_name) = keys
+        first = (first_domain, first_id, held.prefix + first_name)
+        last = (last_domain, last_id, held.prefix + last_name)
+        spans.append((first, last, held.section))
+    if not spans:
         return None
-    column = section.column
-    positions = {name: index for index, name in enumerate(column(NAME))}
-    signatures = list(zip(column(SIZE), column(MTIME), column(CTIME), column(INO), column(DEV), strict=True))
-    return (
-        section,
-        positions,
-        indexfile.section_prefix(root, domain_dir),
-        signatures,
-        column(CHECKED),
-        column(PROBLEM),
-        column(NOTES),
-        column(DOMAIN),
-    )
+    spans.sort(key=_first)
+    for k in range(1, len(spans)):
+        if not spans[k - 1][1] < spans[k][0]:
+            return None  # the sections' rows interleave: `_list` sorts them
+    head, found, tail = cli_common.pretty(render.listing_json(root, domain, [], ())).partition(_SEEDS_LINE)
+    if not found:
+        return None
+    rows = indexfile.LISTING_SEPARATOR.join([section.listing() or "" for _first_key, _last, section in spans])
+    return f'{head}\n  "seeds": [\n{rows}\n  ]{tail}'
 
 
 def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
@@ -252,14 +310,25 @@ def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
     return render.listing_json(root, domain, rows, ())
 
 
-def _inspect(root: str, seed_id: str, scope: _Scope) -> dict[str, Any] | None:
-    ids = scope.values(ID)
-    matches = [k for k, value in enumerate(ids) if value == seed_id]
-    if len(matches) != 1:
-        return None  # not found or ambiguous: cli.py reports which
-    path, section, index = scope.files[matches[0]]
+def _inspect(root: str, seed_id: str, vouched: list[_Vouched]) -> dict[str, Any] | None:
+    found: tuple[_Vouched, int] | None = None
+    for held in vouched:
+        ids = held.section.column(ID)
+        if held.rows is None:
+            hits = ids.count(seed_id)
+            places = [ids.index(seed_id)] if hits == 1 else list(range(hits))  # past one: ambiguous
+        else:
+            places = [k for k, row in enumerate(held.rows) if ids[row] == seed_id]
+        for k in places:
+            if found is not None:
+                return None  # ambiguous: cli.py reports it
+            found = (held, k)
+    if found is None:
+        return None  # not found: cli.py reports it
+    held, k = found
+    section, index = held.section, held.row(k)
     seed = indexfile.loads(section.seeds()[index])
-    return render.inspect_json(root, path, section.column(REVISION)[index], seed, ())
+    return render.inspect_json(root, held.prefix + held.names[k], section.column(REVISION)[index], seed, ())
 
 
 def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | None:
@@ -316,27 +385,31 @@ def answer(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     root = spelled_store_root(env)
     if root is None or not is_normal(root):
         return None
+    style = request.value("json-style") or cli_common.DEFAULT_JSON_STYLE
     output: dict[str, Any] | None
     if request.command == "store":
         output = render.store_json(root)
     else:
         domain = request.value("domain")
-        scope = vouched_scope(root, domain)
-        if scope is None:
+        vouched = vouched_sections(root, domain)
+        if vouched is None:
             return None
         try:
             if request.command == "list":
-                output = _list(root, domain, scope)
+                listed = _listed(root, domain, vouched) if style == "pretty" else None
+                if listed is not None:
+                    return listed
+                output = _list(root, domain, _Scope(vouched))
             elif request.command == "inspect":
                 assert request.positional is not None
-                output = _inspect(root, request.positional, scope)
+                output = _inspect(root, request.positional, vouched)
             else:
-                output = _search(root, request, scope)
+                output = _search(root, request, _Scope(vouched))
         except ValueError:
-            return None  # a column or the seed texts of a section are not what was written
+            return None  # a column or a block of a section is not what was written
     if output is None:
         return None
-    return cli_output.dumps(output, request.value("json-style") or cli_common.DEFAULT_JSON_STYLE)
+    return cli_output.dumps(output, style)
 
 
 def main() -> int:

@@ -1,19 +1,24 @@
 """Which files of a store are seed files: the directory walk, on plain strings and tuples.
 
-Imports only `os` and `stat`: the read commands that answer from the persisted
-index (quickread.py) walk the store exactly as a load does, through this one
-walk; store.py wraps its results in `SeedFileRef` and `Problem`.
+Imports only `os`, `stat` and `operator`: the read commands that answer from the
+persisted index (quickread.py) walk the store exactly as a load does, through this
+one walk (`walk_directories`, which `walk` flattens); store.py wraps `walk`'s results
+in `SeedFileRef` and `Problem`.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from operator import attrgetter, itemgetter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     # (path, the domain directory of the files in it or None in the root)
     FileRef = tuple[str, str | None]
+    # (a listed directory's path prefix, `join_path(directory, "")`; the domain directory of the
+    # files in it or None in the root; the entries of its seed files, sorted by name)
+    DirectoryFiles = tuple[str, str | None, list[os.DirEntry[str]]]
     # (path, line, reason), a `model.Problem`'s fields
     WalkProblem = tuple[str, int, str]
 
@@ -54,18 +59,33 @@ def walk(
     whole-store walk finds under that domain. A missing directory is an empty
     scope; an unreadable directory is a problem.
     """
+    listed, problems = walk_directories(root, domain, directories)
+    files = [(prefix + entry.name, domain_dir) for prefix, domain_dir, entries in listed for entry in entries]
+    files.sort(key=_path_of)
+    return files, problems
+
+
+def walk_directories(
+    root: str,
+    domain: str | None,
+    directories: dict[str, tuple[str | None, os.stat_result]] | None = None,
+) -> tuple[list[DirectoryFiles], list[WalkProblem]]:
+    """`walk`'s seed files by the directory holding them, each directory's sorted by name, the
+    directories in the order they were listed (those holding none left out); the problems
+    sorted by path. A file's path is its directory's prefix and its entry's name.
+    """
     start_path = root if domain is None else join_path(root, domain)
-    files: list[FileRef] = []
+    listed: list[DirectoryFiles] = []
     problems: list[WalkProblem] = []
     try:
         start_stat = os.stat(start_path)
     except FileNotFoundError:
-        return files, problems
+        return listed, problems
     except OSError as err:
         problems.append((start_path, 0, f"failed to read {start_path}: {os_error_text(err)}"))
-        return files, problems
+        return listed, problems
     if domain is not None and not stat.S_ISDIR(start_stat.st_mode):
-        return files, problems  # a stray file named like the domain: a whole-store walk ignores it too
+        return listed, problems  # a stray file named like the domain: a whole-store walk ignores it too
     ancestors: frozenset[tuple[int, int]] = frozenset({(start_stat.st_dev, start_stat.st_ino)})
     if domain is not None:
         try:
@@ -87,17 +107,17 @@ def walk(
             problems.append((directory, 0, f"failed to read {directory}: {os_error_text(err)}"))
             continue
         prefix = join_path(directory, "")
+        seed_files = []
         for entry in listing:
-            name = entry.name
-            path = prefix + name
             try:
                 is_dir = entry.is_dir()  # follows symlinks
             except OSError:
                 is_dir = False
             if not is_dir:
-                if name.endswith(SEED_SUFFIXES):
-                    files.append((path, domain_dir))
+                if entry.name.endswith(SEED_SUFFIXES):
+                    seed_files.append(entry)
                 continue
+            path = prefix + entry.name
             try:
                 entry_stat = entry.stat()
             except OSError as err:
@@ -110,14 +130,11 @@ def walk(
             pending.append((path, child_domain_dir, chain | {identity}))
             if directories is not None:
                 directories[path] = (child_domain_dir, entry_stat)
-    files.sort(key=_path_of)
+        if seed_files:
+            listed.append((prefix, domain_dir, seed_files))
     problems.sort(key=_path_of)
-    return files, problems
+    return listed, problems
 
 
-def _name_of(entry: os.DirEntry[str]) -> str:
-    return entry.name
-
-
-def _path_of(item: tuple[str, object] | tuple[str, int, str]) -> str:
-    return item[0]
+_name_of = attrgetter("name")
+_path_of = itemgetter(0)
