@@ -32,7 +32,7 @@ import gc
 import os
 import stat
 import zlib
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from struct import error as StructError
 from struct import pack, unpack_from
 
@@ -75,8 +75,14 @@ EMPTY_RECORD: RawRecord = (0, (), ())
 # The positions packed in the signatures block, in order, and each one's struct code: the
 # stat fields a signature compares, then checked_ns.
 SIGNATURE_POSITIONS = ((SIZE, "q"), (MTIME, "q"), (CTIME, "q"), (INO, "Q"), (DEV, "Q"), (CHECKED, "q"))
-_STAT_FIELDS = tuple(
-    attrgetter(field) for field in ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")
+# A signature's fields of a stat result, in SIGNATURE_POSITIONS' order (size, inode and
+# device by their place in the stat tuple).
+_STAT_FIELDS = (
+    itemgetter(6),
+    attrgetter("st_mtime_ns"),
+    attrgetter("st_ctime_ns"),
+    itemgetter(1),
+    itemgetter(2),
 )
 # The body's blocks, in order (the header's "blocks": [length, crc32] each): the directory
 # record, one per column, then these three.
@@ -200,9 +206,10 @@ def _header(
     root: str,
     domain_dir: str | None,
     count: int,
-    blocks: list[list[int]],
+    blocks: list[int],
     listing_keys: list[list[str]] | None,
 ) -> dict[str, Any]:
+    """`blocks`: each block's length and CRC-32, in the body's order, one flat list."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -277,9 +284,8 @@ def encode_section(
     listing, listing_keys = _listing_block(root, domain_dir, rows)
     blocks.append(listing)
     blocks.append(b"\n".join(_seed_bytes(entry[SEED]) for entry in rows))
-    header = _header(
-        root, domain_dir, len(rows), [[len(block), zlib.crc32(block)] for block in blocks], listing_keys
-    )
+    lengths = [number for block in blocks for number in (len(block), zlib.crc32(block))]
+    header = _header(root, domain_dir, len(rows), lengths, listing_keys)
     return _compact(header) + b"\n" + b"".join(blocks)
 
 
@@ -415,18 +421,18 @@ class Section:
     def __init__(
         self,
         record: RawRecord,
-        names: list[str],
+        count: int,
         blocks: list[bytes | memoryview],
         crcs: list[int | None],
         listing_keys: tuple[tuple[str, str, str], tuple[str, str, str]] | None,
     ) -> None:
         self.record = record
-        self.count = len(names)
+        self.count = count
         self.listing_keys = listing_keys
         self._blocks = blocks  # BLOCK_COUNT of them, in the body's order
         self._crcs = crcs  # each block's CRC-32 as written, None once checked
         self._seeds: list[bytes] | None = None
-        self._columns: dict[int, list[Any]] = {NAME: names}
+        self._columns: dict[int, list[Any]] = {}
 
     def block(self, index: int) -> bytes | memoryview:
         """The block at `index` (the body's order).
@@ -456,6 +462,30 @@ class Section:
         """
         written = self.column_block(position)
         expected = b"[" + b",".join([text] * self.count) + b"]"
+        return len(written) == len(expected) and bytes(written) == expected
+
+    def names_are(self, names: list[str]) -> bool:
+        """Whether the entries' names are `names`, in this order, compared as written (the names
+        column is not decoded). False says nothing: the column may spell them otherwise.
+
+        Raises:
+            ValueError: the names' block is not the one written.
+        """
+        if NAME in self._columns:
+            return self._columns[NAME] == names
+        written = self.column_block(NAME)
+        if len(names) != self.count:
+            return False
+        try:
+            from _json import encode_basestring
+        except ImportError:  # an interpreter without the C accelerator
+            return False
+        try:
+            expected = ("[" + ",".join(map(encode_basestring, names)) + "]").encode(
+                "utf-8", "surrogateescape"
+            )
+        except UnicodeEncodeError:
+            return False
         return len(written) == len(expected) and bytes(written) == expected
 
     def seeds(self) -> list[bytes]:
@@ -494,49 +524,52 @@ class Section:
         return str(self.block(LISTING_BLOCK), "utf-8", "surrogatepass")
 
     def signatures_hold(self, stats: list[os.stat_result], rows: list[int] | None) -> bool:
-        """Whether each entry at `rows` (None: every entry, in order) has the signature of the stat
-        result at its place in `stats` and is not racy (`is_racy`): persisted.py's trust test.
+        """Whether the entry at each of `rows` (None: every entry, in order) has the signature of the
+        stat result at the same place in `stats` and is not racy (`is_racy`): persisted.py's trust
+        test, for many files at once.
 
         Raises:
             ValueError: the signatures block or a column is not the one written.
         """
-        count = len(stats)
-        current = [list(map(field, stats)) for field in _STAT_FIELDS]
-        block = bytes(self.block(SIGNATURES_BLOCK))
-        if block and len(block) != 8 * len(SIGNATURE_POSITIONS) * self.count:
+        block = self.block(SIGNATURES_BLOCK)
+        count = self.count
+        if block and len(block) != 8 * len(SIGNATURE_POSITIONS) * count:
             raise ValueError("the signatures block does not hold one signature per entry")
+        current = [list(map(field, stats)) for field in _STAT_FIELDS]
         checked: Sequence[int]
         if rows is None and block:
-            if count != self.count:
+            if len(stats) != count:
                 return False
             sizes, mtimes, ctimes, inodes, devices = current
             try:
                 now = pack(_signatures_format(count, "qqqQQ"), *sizes, *mtimes, *ctimes, *inodes, *devices)
             except StructError:
                 return False  # a value no entry could hold
-            if not block.startswith(now):
+            if not bytes(block).startswith(now):  # a memoryview compares byte by byte
                 return False
-            checked = unpack_from(f"<{count}q", block, 8 * 5 * count)
+            checked = unpack_from(f"<{count}q", block, len(now))
         else:
             stored: list[Sequence[Any]]
             if block:
                 stored = [
-                    unpack_from(f"<{self.count}{code}", block, 8 * k * self.count)
+                    unpack_from(f"<{count}{code}", block, 8 * k * count)
                     for k, (_position, code) in enumerate(SIGNATURE_POSITIONS)
                 ]
             else:
                 stored = [self.column(position) for position, _code in SIGNATURE_POSITIONS]
             try:
-                held = [column if rows is None else [column[row] for row in rows] for column in stored]
+                held = [
+                    list(column) if rows is None else list(map(column.__getitem__, rows)) for column in stored
+                ]
             except IndexError:
                 return False
-            if [list(column) for column in held[:5]] != current:
+            if held[:5] != current:
                 return False
             checked = held[5]
-        if not count:
+        if not stats:
             return True
+        mtimes, ctimes = current[1], current[2]
         try:
-            mtimes, ctimes = current[1], current[2]
             if max(max(mtimes), max(ctimes)) + RACY_WINDOW_NS < min(checked):
                 return True  # each file changed well before every read
             return not any(map(is_racy, mtimes, ctimes, checked))
@@ -547,12 +580,12 @@ class Section:
         """This section holding only the columns at `positions` (and the names and seed texts):
         what a reader keeps for later, in bytes of its own (not the file's), without the
         bytes of the columns it has already taken."""
-        kept = frozenset(_column_block(position) for position in positions) | {SEEDS_BLOCK}
+        kept = frozenset(_column_block(position) for position in (NAME, *positions)) | {SEEDS_BLOCK}
         blocks: list[bytes | memoryview] = [
             bytes(block) if index in kept else b"" for index, block in enumerate(self._blocks)
         ]
         crcs = [crc32 if index in kept else None for index, crc32 in enumerate(self._crcs)]
-        section = Section(self.record, self._columns[NAME], blocks, crcs, None)
+        section = Section(self.record, self.count, blocks, crcs, None)
         section._seeds = self._seeds
         for position, values in self._columns.items():
             if _column_block(position) in kept:
@@ -577,6 +610,8 @@ class Section:
             raise ValueError(str(error)) from None
         if not isinstance(values, list) or len(values) != self.count:
             raise ValueError("a column does not hold one value per entry")
+        if position == NAME and not set(map(type, values)) <= {str}:
+            raise ValueError("a name is not a string")
         self._columns[position] = values
         return values
 
@@ -602,49 +637,43 @@ def _listing_keys_of(value: Any) -> tuple[tuple[str, str, str], tuple[str, str, 
 def open_section(data: bytes, root: str, domain_dir: str | None) -> Section | None:
     """The section an index file holds, or None when it is not a whole index of this section
     (truncated, foreign, corrupt, another version or another store's). The blocks but the
-    record and the names are checked when first used (`Section`)."""
-    head, newline, _body = data.partition(b"\n")
-    if not newline:
+    directory record are checked when first used (`Section`)."""
+    end = data.find(b"\n")
+    if end < 0:
         return None
     try:
-        header = loads(head)
+        header = loads(memoryview(data)[:end])
         if not isinstance(header, dict):
             return None
         count, lengths = header.get("count"), header.get("blocks")
-        if type(count) is not int or not (
-            isinstance(lengths, list)
-            and len(lengths) == BLOCK_COUNT
-            and all(
-                isinstance(block, list)
-                and len(block) == 2
-                and all(type(number) is int and number >= 0 for number in block)
-                for block in lengths
-            )
+        if not (
+            type(count) is int
+            and count >= 0
+            and type(lengths) is list
+            and len(lengths) == 2 * BLOCK_COUNT
+            and set(map(type, lengths)) == {int}
+            and min(lengths) >= 0
         ):
             return None
         if header != _header(root, domain_dir, count, lengths, header.get("listing")):
             return None
         listing_keys = _listing_keys_of(header["listing"])
-        view = memoryview(data)
-        start = len(head) + 1
-        if start + sum(length for length, _crc32 in lengths) != len(data):
+        sizes = lengths[0::2]
+        start = end + 1
+        if start + sum(sizes) != len(data):
             return None
+        view = memoryview(data)
         blocks: list[bytes | memoryview] = []
-        for length, _crc32 in lengths:
-            blocks.append(view[start : start + length])
-            start += length
-        section = Section(EMPTY_RECORD, [], blocks, [crc32 for _length, crc32 in lengths], listing_keys)
+        for size in sizes:
+            blocks.append(view[start : start + size])
+            start += size
+        section = Section(EMPTY_RECORD, count, blocks, lengths[1::2], listing_keys)
         record = _record_of(loads(section.block(0)))
-        names = _decode_json(section.column_block(NAME))
     except (ValueError, TypeError, RecursionError):
         return None
-    if record is None or not isinstance(names, list) or len(names) != count:
-        return None
-    if not set(map(type, names)) <= {str}:
+    if record is None:
         return None
     section.record = record
-    section.count = count
-    section._columns[NAME] = names
     return section
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from operator import attrgetter, itemgetter, methodcaller
+from operator import attrgetter, itemgetter
 
 from agentsidecar.seedstore_service import cli_output, indexfile, render
 from agentsidecar.seedstore_service.indexfile import (
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _name_of = attrgetter("name")
-_stat_of = methodcaller("stat")  # os.stat of the entry's path, following a symlink as os.stat does
+_stat_of = os.DirEntry.stat  # os.stat of the entry's path, following a symlink as os.stat does
 _first = itemgetter(0)
 
 
@@ -141,7 +141,7 @@ def parse(argv: Sequence[str]) -> _Request | None:
 class _Vouched:
     """A section of the scope whose entries vouch for the walk's files in it (`vouched_sections`)."""
 
-    __slots__ = ("names", "prefix", "rows", "section")
+    __slots__ = ("complete", "names", "prefix", "rows", "section")
 
     def __init__(
         self, section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None
@@ -149,10 +149,9 @@ class _Vouched:
         self.section = section
         self.prefix = prefix  # a file's path is the prefix and its name
         self.names = names  # the files' names in the section, sorted
-        self.rows = rows  # each file's entry, or None when the files are the entries, in order
-
-    def row(self, k: int) -> int:
-        return k if self.rows is None else self.rows[k]
+        # Each file's entry (`rows`; None: the files are the entries, in order).
+        self.rows: Sequence[int] = rows if rows is not None else range(section.count)
+        self.complete = rows is None or len(rows) == section.count  # every entry is one of the files'
 
 
 def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
@@ -167,8 +166,8 @@ def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
     if problems:
         return None
     by_section: dict[str | None, list[tuple[str, list[os.DirEntry[str]]]]] = {}
-    for prefix, domain_dir, entries in listed:
-        by_section.setdefault(domain_dir, []).append((prefix, entries))
+    for directory, domain_dir, listed_entries in listed:
+        by_section.setdefault(domain_dir, []).append((directory, listed_entries))
     index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
     vouched = []
     try:
@@ -181,7 +180,7 @@ def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
                 return None
             prefix = indexfile.section_prefix(root, domain_dir)
             if len(directories) == 1 and directories[0][0] == prefix:
-                entries = directories[0][1]
+                entries = sorted(directories[0][1], key=_name_of)
                 names = list(map(_name_of, entries))
             else:
                 named: list[tuple[str, os.DirEntry[str]]] = []
@@ -193,11 +192,11 @@ def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
                 named.sort(key=_first)
                 names = [name for name, _entry in named]
                 entries = [entry for _name, entry in named]
-            held = section.column(NAME)
+            # The entries are sorted by name: when the files are the entries, the names are equal.
             rows: list[int] | None = None
-            if names != held:
-                positions = {name: row for row, name in enumerate(held)}
-                found = [positions.get(name) for name in names]
+            if not section.names_are(names):
+                positions = dict(zip(section.column(NAME), range(section.count), strict=True))
+                found = list(map(positions.get, names))
                 if None in found:
                     return None  # a file without an entry
                 rows = found  # type: ignore[assignment]  # no None among them
@@ -212,13 +211,13 @@ def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
 
 
 def _clean(section: indexfile.Section, rows: list[int] | None, domain: str | None) -> bool:
-    """Whether no entry at `rows` (None: every entry) has a problem or a note and, with
-    `domain`, each declares it.
+    """Whether no entry at `rows` (None: every entry; else each at most once) has a problem or a
+    note and, with `domain`, each declares it.
 
     Raises:
         ValueError: a column is not one.
     """
-    if rows is None:
+    if rows is None or len(rows) == section.count:  # every entry: the columns as a whole
         if not (section.column_holds_only(PROBLEM, b"null") or _all_none(section.column(PROBLEM))):
             return False
         if not (section.column_holds_only(NOTES, b"[]") or not any(section.column(NOTES))):
@@ -251,7 +250,9 @@ class _Scope:
         self.files: list[tuple[str, indexfile.Section, int]] = []
         for held in vouched:
             prefix, section = held.prefix, held.section
-            self.files.extend((prefix + name, section, held.row(k)) for k, name in enumerate(held.names))
+            self.files.extend(
+                (prefix + name, section, row) for name, row in zip(held.names, held.rows, strict=True)
+            )
 
     def values(self, position: int) -> list[Any]:
         """Each file's entry's value at `position`, in the files' order."""
@@ -278,7 +279,7 @@ def _listed(root: str, domain: str | None, vouched: list[_Vouched]) -> str | Non
     spans = []
     for held in vouched:
         keys = held.section.listing_keys
-        if keys is None or held.rows is not None:
+        if keys is None or not held.complete:
             return None
         (first_domain, first_id, first_name), (last_domain, last_id, last_name) = keys
         first = (first_domain, first_id, held.prefix + first_name)
@@ -314,21 +315,22 @@ def _inspect(root: str, seed_id: str, vouched: list[_Vouched]) -> dict[str, Any]
     found: tuple[_Vouched, int] | None = None
     for held in vouched:
         ids = held.section.column(ID)
-        if held.rows is None:
+        if held.complete:
             hits = ids.count(seed_id)
-            places = [ids.index(seed_id)] if hits == 1 else list(range(hits))  # past one: ambiguous
+            rows = [ids.index(seed_id)] if hits == 1 else list(range(hits))  # past one: ambiguous
         else:
-            places = [k for k, row in enumerate(held.rows) if ids[row] == seed_id]
-        for k in places:
+            rows = [row for row in held.rows if ids[row] == seed_id]
+        for row in rows:
             if found is not None:
                 return None  # ambiguous: cli.py reports it
-            found = (held, k)
+            found = (held, row)
     if found is None:
         return None  # not found: cli.py reports it
-    held, k = found
-    section, index = held.section, held.row(k)
-    seed = indexfile.loads(section.seeds()[index])
-    return render.inspect_json(root, held.prefix + held.names[k], section.column(REVISION)[index], seed, ())
+    held, row = found
+    section = held.section
+    path = held.prefix + held.names[held.rows.index(row)]
+    seed = indexfile.loads(section.seeds()[row])
+    return render.inspect_json(root, path, section.column(REVISION)[row], seed, ())
 
 
 def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | None:

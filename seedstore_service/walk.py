@@ -1,6 +1,6 @@
 """Which files of a store are seed files: the directory walk, on plain strings and tuples.
 
-Imports only `os`, `stat` and `operator`: the read commands that answer from the
+Imports only `os`, `stat`, `itertools` and `operator`: the read commands that answer from the
 persisted index (quickread.py) walk the store exactly as a load does, through this
 one walk (`walk_directories`, which `walk` flattens); store.py wraps `walk`'s results
 in `SeedFileRef` and `Problem`.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 
 TYPE_CHECKING = False
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     # (path, the domain directory of the files in it or None in the root)
     FileRef = tuple[str, str | None]
     # (a listed directory's path prefix, `join_path(directory, "")`; the domain directory of the
-    # files in it or None in the root; the entries of its seed files, sorted by name)
+    # files in it or None in the root; the entries of its seed files, in the listing's order)
     DirectoryFiles = tuple[str, str | None, list[os.DirEntry[str]]]
     # (path, line, reason), a `model.Problem`'s fields
     WalkProblem = tuple[str, int, str]
@@ -70,9 +71,9 @@ def walk_directories(
     domain: str | None,
     directories: dict[str, tuple[str | None, os.stat_result]] | None = None,
 ) -> tuple[list[DirectoryFiles], list[WalkProblem]]:
-    """`walk`'s seed files by the directory holding them, each directory's sorted by name, the
-    directories in the order they were listed (those holding none left out); the problems
-    sorted by path. A file's path is its directory's prefix and its entry's name.
+    """`walk`'s seed files by the directory holding them, each directory's in the order the system
+    listed them, the directories in the order they were listed (those holding none left out);
+    the problems sorted by path. A file's path is its directory's prefix and its entry's name.
     """
     start_path = root if domain is None else join_path(root, domain)
     listed: list[DirectoryFiles] = []
@@ -102,39 +103,49 @@ def walk_directories(
         directory, domain_dir, chain = pending.pop()
         try:
             with os.scandir(directory) as entries:
-                listing = sorted(entries, key=_name_of)
+                listing = list(entries)
         except OSError as err:
             problems.append((directory, 0, f"failed to read {directory}: {os_error_text(err)}"))
             continue
         prefix = join_path(directory, "")
-        seed_files = []
-        for entry in listing:
-            try:
-                is_dir = entry.is_dir()  # follows symlinks
-            except OSError:
-                is_dir = False
-            if not is_dir:
-                if entry.name.endswith(SEED_SUFFIXES):
-                    seed_files.append(entry)
-                continue
-            path = prefix + entry.name
-            try:
-                entry_stat = entry.stat()
-            except OSError as err:
-                problems.append((path, 0, f"failed to read {path}: {os_error_text(err)}"))
-                continue
-            identity = (entry_stat.st_dev, entry_stat.st_ino)
-            if identity in chain:
-                continue  # a symlink loop; SkillSpec would recurse forever
-            child_domain_dir = entry.name if domain_dir is None else domain_dir
-            pending.append((path, child_domain_dir, chain | {identity}))
-            if directories is not None:
-                directories[path] = (child_domain_dir, entry_stat)
+        try:
+            kinds = list(map(_is_dir, listing))  # follows symlinks
+        except OSError:
+            kinds = None  # one whose kind cannot be told: the loop below counts it as no directory
+        if kinds is not None and not any(kinds):
+            # Files only (a domain directory, mostly): the seed files are those with a seed suffix.
+            names = map(_name_of, listing)
+            seed_files = list(compress(listing, map(str.endswith, names, repeat(SEED_SUFFIXES))))
+        else:
+            seed_files = []
+            for entry in listing:
+                try:
+                    is_dir = entry.is_dir()  # follows symlinks
+                except OSError:
+                    is_dir = False
+                if not is_dir:
+                    if entry.name.endswith(SEED_SUFFIXES):
+                        seed_files.append(entry)
+                    continue
+                path = prefix + entry.name
+                try:
+                    entry_stat = entry.stat()
+                except OSError as err:
+                    problems.append((path, 0, f"failed to read {path}: {os_error_text(err)}"))
+                    continue
+                identity = (entry_stat.st_dev, entry_stat.st_ino)
+                if identity in chain:
+                    continue  # a symlink loop; SkillSpec would recurse forever
+                child_domain_dir = entry.name if domain_dir is None else domain_dir
+                pending.append((path, child_domain_dir, chain | {identity}))
+                if directories is not None:
+                    directories[path] = (child_domain_dir, entry_stat)
         if seed_files:
             listed.append((prefix, domain_dir, seed_files))
     problems.sort(key=_path_of)
     return listed, problems
 
 
-_name_of = attrgetter("name")
 _path_of = itemgetter(0)
+_name_of = attrgetter("name")
+_is_dir = os.DirEntry.is_dir
