@@ -17,8 +17,10 @@ listing block), then the body: its blocks back to back, each checked when first 
   position's values, one per entry);
 * signatures: each entry's size, mtime_ns, ctime_ns, inode, device and checked_ns,
   packed by column as little-endian 64-bit integers (`SIGNATURE_POSITIONS`), so a
-  reader compares a section's signatures with its files' as one string of bytes;
-  empty when a value does not fit (the columns hold them all the same);
+  reader compares a section's signatures with its files' as one string of bytes,
+  then the least `checked_ns - max(mtime_ns, ctime_ns)` of the entries (none is racy
+  when it exceeds `RACY_WINDOW_NS`); empty when there is no entry or a value does
+  not fit (the columns hold them all the same);
 * listing: every entry's `list` row as the CLI prints it (`list_row_text`), in
   `list` order (declared domain, id, path), joined by `LISTING_SEPARATOR`; the
   header names the (domain, id, name) of the first and the last row. Empty, and no
@@ -294,12 +296,17 @@ def _signatures_format(count: int, codes: str) -> str:
 
 
 def _signatures_block(rows: list[Entry]) -> bytes:
-    """The entries' signatures and checked_ns packed by column; empty when one does not fit."""
+    """The entries' signatures and checked_ns packed by column, then the least time between a
+    file's last change and the read that made its entry (`is_racy`); empty when there is no entry
+    or a value does not fit."""
+    if not rows:
+        return b""
     values = [entry[position] for position, _code in SIGNATURE_POSITIONS for entry in rows]
     codes = "".join(code for _position, code in SIGNATURE_POSITIONS)
     try:
-        return pack(_signatures_format(len(rows), codes), *values)
-    except StructError:  # a value out of range or no int: the columns hold them
+        least = min(entry[CHECKED] - max(entry[MTIME], entry[CTIME]) for entry in rows)
+        return pack(_signatures_format(len(rows), codes) + "q", *values, least)
+    except (StructError, TypeError):  # a value out of range or no int: the columns hold them
         return b""
 
 
@@ -476,17 +483,15 @@ class Section:
         written = self.column_block(NAME)
         if len(names) != self.count:
             return False
-        try:
-            from _json import encode_basestring
-        except ImportError:  # an interpreter without the C accelerator
+        if not names:
+            return bytes(written) == b"[]"
+        # Names without a quote, a backslash or anything unprintable (control characters, lone
+        # surrogates...) are written by json between quotes, as they are; a JSON text spells one
+        # list only, so equal texts are equal lists. Other names: the column is decoded.
+        text = '["' + '","'.join(names) + '"]'
+        if text.count('"') != 2 * len(names) or "\\" in text or not text.isprintable():
             return False
-        try:
-            expected = ("[" + ",".join(map(encode_basestring, names)) + "]").encode(
-                "utf-8", "surrogateescape"
-            )
-        except UnicodeEncodeError:
-            return False
-        return len(written) == len(expected) and bytes(written) == expected
+        return len(written) == len(text) and bytes(written) == text.encode()
 
     def seeds(self) -> list[bytes]:
         """Each entry's seed JSON text (empty for a problem's), in entry order.
@@ -533,10 +538,9 @@ class Section:
         """
         block = self.block(SIGNATURES_BLOCK)
         count = self.count
-        if block and len(block) != 8 * len(SIGNATURE_POSITIONS) * count:
+        if block and len(block) != 8 * (len(SIGNATURE_POSITIONS) * count + 1):
             raise ValueError("the signatures block does not hold one signature per entry")
         current = [list(map(field, stats)) for field in _STAT_FIELDS]
-        checked: Sequence[int]
         if rows is None and block:
             if len(stats) != count:
                 return False
@@ -547,32 +551,27 @@ class Section:
                 return False  # a value no entry could hold
             if not bytes(block).startswith(now):  # a memoryview compares byte by byte
                 return False
-            checked = unpack_from(f"<{count}q", block, len(now))
+            # The signatures are the entries': whether one is racy is the entries' own least time.
+            (least,) = unpack_from("<q", block, len(block) - 8)
+            return bool(least > RACY_WINDOW_NS)
+        stored: list[Sequence[Any]]
+        if block:
+            stored = [
+                unpack_from(f"<{count}{code}", block, 8 * k * count)
+                for k, (_position, code) in enumerate(SIGNATURE_POSITIONS)
+            ]
         else:
-            stored: list[Sequence[Any]]
-            if block:
-                stored = [
-                    unpack_from(f"<{count}{code}", block, 8 * k * count)
-                    for k, (_position, code) in enumerate(SIGNATURE_POSITIONS)
-                ]
-            else:
-                stored = [self.column(position) for position, _code in SIGNATURE_POSITIONS]
-            try:
-                held = [
-                    list(column) if rows is None else list(map(column.__getitem__, rows)) for column in stored
-                ]
-            except IndexError:
-                return False
-            if held[:5] != current:
-                return False
-            checked = held[5]
-        if not stats:
-            return True
-        mtimes, ctimes = current[1], current[2]
+            stored = [self.column(position) for position, _code in SIGNATURE_POSITIONS]
         try:
-            if max(max(mtimes), max(ctimes)) + RACY_WINDOW_NS < min(checked):
-                return True  # each file changed well before every read
-            return not any(map(is_racy, mtimes, ctimes, checked))
+            held = [
+                list(column) if rows is None else list(map(column.__getitem__, rows)) for column in stored
+            ]
+        except IndexError:
+            return False
+        if held[:5] != current:
+            return False
+        try:
+            return not any(map(is_racy, current[1], current[2], held[5]))
         except TypeError:
             raise ValueError("a checked_ns is not a number") from None
 

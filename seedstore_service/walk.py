@@ -1,6 +1,6 @@
 """Which files of a store are seed files: the directory walk, on plain strings and tuples.
 
-Imports only `os`, `stat`, `itertools` and `operator`: the read commands that answer from the
+Imports only `os`, `stat` and `operator`: the read commands that answer from the
 persisted index (quickread.py) walk the store exactly as a load does, through this
 one walk (`walk_directories`, which `walk` flattens); store.py wraps `walk`'s results
 in `SeedFileRef` and `Problem`.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 
 TYPE_CHECKING = False
@@ -114,8 +113,7 @@ def walk_directories(
             kinds = None  # one whose kind cannot be told: the loop below counts it as no directory
         if kinds is not None and not any(kinds):
             # Files only (a domain directory, mostly): the seed files are those with a seed suffix.
-            names = map(_name_of, listing)
-            seed_files = list(compress(listing, map(str.endswith, names, repeat(SEED_SUFFIXES))))
+            seed_files = listing if _all_seed_names(listing) else [e for e in listing if _is_seed_name(e)]
         else:
             seed_files = []
             for entry in listing:
@@ -149,3 +147,15 @@ def walk_directories(
 _path_of = itemgetter(0)
 _name_of = attrgetter("name")
 _is_dir = os.DirEntry.is_dir
+
+
+def _is_seed_name(entry: os.DirEntry[str]) -> bool:
+    return entry.name.endswith(SEED_SUFFIXES)
+
+
+def _all_seed_names(entries: list[os.DirEntry[str]]) -> bool:
+    """Whether every entry's name ends with a seed suffix, counted in one text: a name holds no
+    NUL, so in the names each followed by one, a suffix followed by a NUL ends a name, and a name
+    ends with at most one of the suffixes."""
+    text = "\0".join(map(_name_of, entries)) + "\0"
+    return sum(text.count(suffix + "\0") for suffix in SEED_SUFFIXES) == len(entries)
