@@ -485,13 +485,17 @@ class Section:
             return False
         if not names:
             return bytes(written) == b"[]"
-        # Names without a quote, a backslash or anything unprintable (control characters, lone
-        # surrogates...) are written by json between quotes, as they are; a JSON text spells one
-        # list only, so equal texts are equal lists. Other names: the column is decoded.
+        # json writes a name without a quote or a backslash between quotes as it is (a control
+        # character escaped, so a raw one is never in the column); a JSON text spells one list
+        # only, so equal texts are equal lists. Other names: the column is decoded.
         text = '["' + '","'.join(names) + '"]'
-        if text.count('"') != 2 * len(names) or "\\" in text or not text.isprintable():
+        if text.count('"') != 2 * len(names) or "\\" in text:
             return False
-        return len(written) == len(text) and bytes(written) == text.encode()
+        try:
+            expected = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return False
+        return len(written) == len(expected) and bytes(written) == expected
 
     def seeds(self) -> list[bytes]:
         """Each entry's seed JSON text (empty for a problem's), in entry order.

@@ -36,7 +36,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 
 from agentsidecar.seedstore_service import cli_output, indexfile, render
 from agentsidecar.seedstore_service.indexfile import (
@@ -53,7 +53,7 @@ from agentsidecar.seedstore_service.indexfile import (
 from agentsidecar.seedstore_service.location import SERVER_ENV, is_normal, spelled_store_root
 from agentsidecar.seedstore_service.names import canonical, is_identifier
 from agentsidecar.seedstore_service.scoring import could_match, rank_key, score, select
-from agentsidecar.seedstore_service.walk import join_path, walk_directories
+from agentsidecar.seedstore_service.walk import join_path, walk_stats
 from agentsidecar.sidecar_runtime import cli_common
 
 TYPE_CHECKING = False
@@ -61,8 +61,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-_name_of = attrgetter("name")
-_stat_of = os.DirEntry.stat  # os.stat of the entry's path, following a symlink as os.stat does
 _first = itemgetter(0)
 
 
@@ -158,40 +156,25 @@ def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
     """The sections holding the seed files of the scope, when each file has an entry that vouches
     for it and none has a problem, a note or (with `domain`) another declared domain; else None.
 
-    The trust test is persisted.py's, made for a section at once
-    (`indexfile.Section.signatures_hold`): each entry's signature is its file's now (stat
-    taken after the walk listed the file), and the entry is not racy.
+    The walk finds what every load finds (`walk.walk_stats`); the trust test is persisted.py's, made for a
+    section at once (`indexfile.Section.signatures_hold`): each entry's signature is its
+    file's now (stat taken after the walk listed the file), and the entry is not racy.
     """
-    listed, problems = walk_directories(root, domain)
-    if problems:
+    stated = walk_stats(root, domain)
+    if stated is None:
         return None
-    by_section: dict[str | None, list[tuple[str, list[os.DirEntry[str]]]]] = {}
-    for directory, domain_dir, listed_entries in listed:
-        by_section.setdefault(domain_dir, []).append((directory, listed_entries))
     index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
     vouched = []
     try:
-        for domain_dir, directories in by_section.items():
-            data = indexfile.read_index_file(
-                join_path(index_directory, indexfile.section_file_name(domain_dir))
-            )
+        for domain_dir, names, stats in stated:
+            prefix = indexfile.section_prefix(root, domain_dir)
+            if join_path(root if domain_dir is None else join_path(root, domain_dir), "") != prefix:
+                return None  # the walk spells the section's paths otherwise: no entry names them
+            file_name = indexfile.section_file_name(domain_dir)
+            data = indexfile.read_index_file(join_path(index_directory, file_name))
             section = None if data is None else indexfile.open_section(data, root, domain_dir)
             if section is None:
                 return None
-            prefix = indexfile.section_prefix(root, domain_dir)
-            if len(directories) == 1 and directories[0][0] == prefix:
-                entries = sorted(directories[0][1], key=_name_of)
-                names = list(map(_name_of, entries))
-            else:
-                named: list[tuple[str, os.DirEntry[str]]] = []
-                for directory, inner_entries in directories:
-                    if not directory.startswith(prefix):
-                        return None  # a path the entries' names do not spell
-                    inner = directory[len(prefix) :]
-                    named.extend((inner + entry.name, entry) for entry in inner_entries)
-                named.sort(key=_first)
-                names = [name for name, _entry in named]
-                entries = [entry for _name, entry in named]
             # The entries are sorted by name: when the files are the entries, the names are equal.
             rows: list[int] | None = None
             if not section.names_are(names):
@@ -200,7 +183,7 @@ def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
                 if None in found:
                     return None  # a file without an entry
                 rows = found  # type: ignore[assignment]  # no None among them
-            if not section.signatures_hold(list(map(_stat_of, entries)), rows):
+            if not section.signatures_hold(stats, rows):
                 return None
             if not _clean(section, rows, domain):
                 return None

@@ -14,11 +14,16 @@ from operator import attrgetter, itemgetter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     # (path, the domain directory of the files in it or None in the root)
     FileRef = tuple[str, str | None]
     # (a listed directory's path prefix, `join_path(directory, "")`; the domain directory of the
     # files in it or None in the root; the entries of its seed files, in the listing's order)
     DirectoryFiles = tuple[str, str | None, list[os.DirEntry[str]]]
+    # (the domain directory of a section or None for the root's files; its seed files' names
+    # relative to that directory, sorted; their stat results, in the same order)
+    StatedFiles = tuple[str | None, list[str], list[os.stat_result]]
     # (path, line, reason), a `model.Problem`'s fields
     WalkProblem = tuple[str, int, str]
 
@@ -74,26 +79,13 @@ def walk_directories(
     listed them, the directories in the order they were listed (those holding none left out);
     the problems sorted by path. A file's path is its directory's prefix and its entry's name.
     """
-    start_path = root if domain is None else join_path(root, domain)
     listed: list[DirectoryFiles] = []
     problems: list[WalkProblem] = []
-    try:
-        start_stat = os.stat(start_path)
-    except FileNotFoundError:
+    start_path, start_stat, ancestors, problem = _start(root, domain)
+    if problem is not None:
+        problems.append(problem)
+    if start_stat is None:
         return listed, problems
-    except OSError as err:
-        problems.append((start_path, 0, f"failed to read {start_path}: {os_error_text(err)}"))
-        return listed, problems
-    if domain is not None and not stat.S_ISDIR(start_stat.st_mode):
-        return listed, problems  # a stray file named like the domain: a whole-store walk ignores it too
-    ancestors: frozenset[tuple[int, int]] = frozenset({(start_stat.st_dev, start_stat.st_ino)})
-    if domain is not None:
-        try:
-            root_stat = os.stat(root)
-        except OSError:
-            pass
-        else:
-            ancestors |= {(root_stat.st_dev, root_stat.st_ino)}
     # (directory, the domain directory of the files in it, identities of it and its ancestors)
     pending: list[tuple[str, str | None, frozenset[tuple[int, int]]]] = [(start_path, domain, ancestors)]
     if directories is not None:
@@ -113,7 +105,8 @@ def walk_directories(
             kinds = None  # one whose kind cannot be told: the loop below counts it as no directory
         if kinds is not None and not any(kinds):
             # Files only (a domain directory, mostly): the seed files are those with a seed suffix.
-            seed_files = listing if _all_seed_names(listing) else [e for e in listing if _is_seed_name(e)]
+            all_seeds = _all_seed_names(map(_name_of, listing))
+            seed_files = listing if all_seeds else [e for e in listing if _is_seed_name(e)]
         else:
             seed_files = []
             for entry in listing:
@@ -144,8 +137,122 @@ def walk_directories(
     return listed, problems
 
 
+def _start(
+    root: str, domain: str | None
+) -> tuple[str, os.stat_result | None, frozenset[tuple[int, int]], WalkProblem | None]:
+    """Where a walk starts: its directory, that directory's stat (None when the scope is empty),
+    the identities the loop guard starts from, and the problem when it cannot be read."""
+    start_path = root if domain is None else join_path(root, domain)
+    nothing: frozenset[tuple[int, int]] = frozenset()
+    try:
+        start_stat = os.stat(start_path)
+    except FileNotFoundError:
+        return start_path, None, nothing, None
+    except OSError as err:
+        return (
+            start_path,
+            None,
+            nothing,
+            (start_path, 0, f"failed to read {start_path}: {os_error_text(err)}"),
+        )
+    if domain is not None and not stat.S_ISDIR(start_stat.st_mode):
+        return (
+            start_path,
+            None,
+            nothing,
+            None,
+        )  # a stray file named like the domain: a whole-store walk ignores it too
+    ancestors: frozenset[tuple[int, int]] = frozenset({(start_stat.st_dev, start_stat.st_ino)})
+    if domain is not None:
+        try:
+            root_stat = os.stat(root)
+        except OSError:
+            pass
+        else:
+            ancestors |= {(root_stat.st_dev, root_stat.st_ino)}
+    return start_path, start_stat, ancestors, None
+
+
+def walk_stats(root: str, domain: str | None) -> list[StatedFiles] | None:
+    """The seed files `walk` finds, with each one's stat taken after its directory was listed, by
+    the section holding them (the domain directory, or None for the root's files): each
+    section's files by name relative to its directory, sorted; or None when the walk would
+    report a problem, or a name listed cannot be stat'ed.
+
+    The same walk on names and stat results instead of directory entries: a name is a
+    directory when its stat (following symlinks, as `DirEntry.is_dir` does) says so, and
+    every name is stat'ed (a seed file's stat is what an answer from the index needs).
+    Where a stat fails, `walk` would count the name as a file or try to list it: this
+    walk gives up instead, so it finds exactly `walk`'s files whenever it answers.
+    """
+    start_path, start_stat, ancestors, problem = _start(root, domain)
+    if problem is not None:
+        return None
+    if start_stat is None:
+        return []
+    by_section: dict[str | None, list[tuple[list[str], list[os.stat_result]]]] = {}
+    # (directory, its path relative to its section's directory, the domain directory of the
+    # files in it, identities of it and its ancestors)
+    pending: list[tuple[str, str, str | None, frozenset[tuple[int, int]]]] = [
+        (start_path, "", domain, ancestors)
+    ]
+    try:
+        while pending:
+            directory, inner, domain_dir, chain = pending.pop()
+            prefix = join_path(directory, "")
+            names = os.listdir(directory)
+            listed: list[tuple[str, os.stat_result, bool]] | None = None
+            if _all_seed_names(names):
+                # Seed names only (a domain directory, mostly): every name is stat'ed.
+                names.sort()
+                stats = list(map(os.stat, map(prefix.__add__, names)))
+                if any(map(stat.S_ISDIR, map(_mode_of, stats))):
+                    listed = [(n, r, stat.S_ISDIR(r.st_mode)) for n, r in zip(names, stats, strict=True)]
+            else:
+                # Other names too: each one's kind as the listing tells it, as `walk` takes it.
+                listed = []
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        try:
+                            is_dir = entry.is_dir()  # follows symlinks
+                        except OSError:
+                            is_dir = False
+                        if is_dir or entry.name.endswith(SEED_SUFFIXES):
+                            listed.append((entry.name, entry.stat(), is_dir))
+                listed.sort(key=_path_of)
+            if listed is not None:
+                names, stats = [], []
+                for name, stat_result, is_dir in listed:
+                    if not is_dir:
+                        names.append(name)
+                        stats.append(stat_result)
+                        continue
+                    identity = (stat_result.st_dev, stat_result.st_ino)
+                    if identity in chain:
+                        continue  # a symlink loop; SkillSpec would recurse forever
+                    child_domain_dir = name if domain_dir is None else domain_dir
+                    child_inner = inner + name + os.sep if domain_dir is not None else ""
+                    pending.append((prefix + name, child_inner, child_domain_dir, chain | {identity}))
+            if names:
+                if inner:
+                    names = list(map(inner.__add__, names))
+                by_section.setdefault(domain_dir, []).append((names, stats))
+    except OSError:
+        return None  # a directory `walk` reports, or a name that went or cannot be stat'ed
+    stated: list[StatedFiles] = []
+    for domain_dir, parts in by_section.items():
+        if len(parts) > 1:  # nested directories: their names sorted together
+            pairs = sorted(
+                (pair for names, stats in parts for pair in zip(names, stats, strict=True)), key=_path_of
+            )
+            parts = [([name for name, _stat in pairs], [item for _name, item in pairs])]
+        stated.append((domain_dir, *parts[0]))
+    return stated
+
+
 _path_of = itemgetter(0)
 _name_of = attrgetter("name")
+_mode_of = itemgetter(0)
 _is_dir = os.DirEntry.is_dir
 
 
@@ -153,9 +260,10 @@ def _is_seed_name(entry: os.DirEntry[str]) -> bool:
     return entry.name.endswith(SEED_SUFFIXES)
 
 
-def _all_seed_names(entries: list[os.DirEntry[str]]) -> bool:
-    """Whether every entry's name ends with a seed suffix, counted in one text: a name holds no
-    NUL, so in the names each followed by one, a suffix followed by a NUL ends a name, and a name
-    ends with at most one of the suffixes."""
-    text = "\0".join(map(_name_of, entries)) + "\0"
-    return sum(text.count(suffix + "\0") for suffix in SEED_SUFFIXES) == len(entries)
+def _all_seed_names(names: Iterable[str]) -> bool:
+    """Whether every name ends with a seed suffix, counted in one text: a name holds no NUL, so
+    in the names each followed by one, a suffix followed by a NUL ends a name, and a name ends
+    with at most one of the suffixes."""
+    listed = list(names)
+    text = "\0".join(listed) + "\0"
+    return sum(text.count(suffix + "\0") for suffix in SEED_SUFFIXES) == len(listed)
