@@ -522,15 +522,16 @@ class Section:
             return False
         return not self.count or bytes(block).count(b"\n") + 1 == self.count
 
-    def listing(self) -> str | None:
-        """The listing block (module docstring), or None when the section holds none.
+    def listing(self) -> bytes | None:
+        """The listing block (module docstring), UTF-8 (lone surrogates as such, "surrogatepass"),
+        or None when the section holds none.
 
         Raises:
             ValueError: its bytes are not the ones written.
         """
         if self.listing_keys is None:
             return None
-        return str(self.block(LISTING_BLOCK), "utf-8", "surrogatepass")
+        return bytes(self.block(LISTING_BLOCK))
 
     def signatures_hold(self, stats: list[os.stat_result], rows: list[int] | None) -> bool:
         """Whether the entry at each of `rows` (None: every entry, in order) has the signature of the
@@ -579,17 +580,27 @@ class Section:
         except TypeError:
             raise ValueError("a checked_ns is not a number") from None
 
-    def narrowed(self, positions: Iterable[int]) -> Section:
-        """This section holding only the columns at `positions` (and the names and seed texts):
-        what a reader keeps for later, in bytes of its own (not the file's), without the
-        bytes of the columns it has already taken."""
-        kept = frozenset(_column_block(position) for position in (NAME, *positions)) | {SEEDS_BLOCK}
+    def narrowed(self, positions: Iterable[int], *, seeds: bool = True, listing: bool = False) -> Section:
+        """This section holding only the names, the columns at `positions`, and (as asked) the seed
+        texts and the listing: what a reader keeps for later, in bytes of its own (not the
+        file's), without the bytes of a column it has decoded already."""
+        kept = {_column_block(position) for position in (NAME, *positions)}
+        if seeds:
+            kept.add(SEEDS_BLOCK)
+        if listing:
+            kept.add(LISTING_BLOCK)
+        decoded = {_column_block(position) for position in self._columns if position in (NAME, *positions)}
         blocks: list[bytes | memoryview] = [
-            bytes(block) if index in kept else b"" for index, block in enumerate(self._blocks)
+            bytes(block) if index in kept and index not in decoded else b""
+            for index, block in enumerate(self._blocks)
         ]
-        crcs = [crc32 if index in kept else None for index, crc32 in enumerate(self._crcs)]
-        section = Section(self.record, self.count, blocks, crcs, None)
-        section._seeds = self._seeds
+        crcs = [
+            crc32 if index in kept and index not in decoded else None
+            for index, crc32 in enumerate(self._crcs)
+        ]
+        section = Section(self.record, self.count, blocks, crcs, self.listing_keys if listing else None)
+        if seeds:
+            section._seeds = self._seeds
         for position, values in self._columns.items():
             if _column_block(position) in kept:
                 section._columns[position] = values

@@ -58,7 +58,7 @@ from agentsidecar.sidecar_runtime import cli_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
 _first = itemgetter(0)
@@ -152,13 +152,17 @@ class _Vouched:
         self.complete = rows is None or len(rows) == section.count  # every entry is one of the files'
 
 
-def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
+def vouched_sections(
+    root: str, domain: str | None, narrow: Callable[[indexfile.Section], indexfile.Section]
+) -> list[_Vouched] | None:
     """The sections holding the seed files of the scope, when each file has an entry that vouches
     for it and none has a problem, a note or (with `domain`) another declared domain; else None.
 
     The walk finds what every load finds (`walk.walk_stats`); the trust test is persisted.py's, made for a
     section at once (`indexfile.Section.signatures_hold`): each entry's signature is its
     file's now (stat taken after the walk listed the file), and the entry is not racy.
+    `narrow` gives what the command keeps of a section once it vouches (`Section.narrowed`),
+    so that the file's bytes are let go before the next is read.
     """
     stated = walk_stats(root, domain)
     if stated is None:
@@ -187,7 +191,7 @@ def vouched_sections(root: str, domain: str | None) -> list[_Vouched] | None:
                 return None
             if not _clean(section, rows, domain):
                 return None
-            vouched.append(_Vouched(section, prefix, names, rows))
+            vouched.append(_Vouched(narrow(section), prefix, names, rows))
     except (OSError, ValueError):
         return None  # a file gone since the walk, or a block or column that is not one
     return vouched
@@ -250,10 +254,39 @@ class _Scope:
 
 
 _SEEDS_LINE = '\n  "seeds": []'
+_ROWS_START = '\n  "seeds": [\n'
+_ROWS_END = "\n  ]"
 
 
-def _listed(root: str, domain: str | None, vouched: list[_Vouched]) -> str | None:
-    """The pretty `list` output joined from the sections' listing blocks; None when a section holds
+class _Listing:
+    """A pretty `list` output: the text before the rows, each section's rows (UTF-8, lone
+    surrogates as such), the text after, without the final newline."""
+
+    __slots__ = ("head", "parts", "tail")
+
+    def __init__(self, head: str, parts: list[bytes], tail: str) -> None:
+        self.head = head
+        self.parts = parts
+        self.tail = tail
+
+    def text(self) -> str:
+        rows = indexfile.LISTING_SEPARATOR.encode().join(self.parts).decode("utf-8", "surrogatepass")
+        return f"{self.head}{_ROWS_START}{rows}{_ROWS_END}{self.tail}"
+
+    def chunks(self) -> list[bytes] | None:
+        """The output and its final newline as ASCII bytes, or None when it holds anything else."""
+        if not (self.head.isascii() and self.tail.isascii() and all(part.isascii() for part in self.parts)):
+            return None
+        separator = indexfile.LISTING_SEPARATOR.encode()
+        chunks = [(self.head + _ROWS_START).encode()]
+        for part in self.parts:
+            chunks.extend((part, separator))
+        chunks[-1] = (_ROWS_END + self.tail + "\n").encode()
+        return chunks
+
+
+def _listed(root: str, domain: str | None, vouched: list[_Vouched]) -> _Listing | None:
+    """The pretty `list` output from the sections' listing blocks; None when a section holds
     none, or entries for files the walk did not find, or the sections' rows interleave.
 
     Raises:
@@ -277,8 +310,7 @@ def _listed(root: str, domain: str | None, vouched: list[_Vouched]) -> str | Non
     head, found, tail = cli_common.pretty(render.listing_json(root, domain, [], ())).partition(_SEEDS_LINE)
     if not found:
         return None
-    rows = indexfile.LISTING_SEPARATOR.join([section.listing() or "" for _first_key, _last, section in spans])
-    return f'{head}\n  "seeds": [\n{rows}\n  ]{tail}'
+    return _Listing(head, [section.listing() or b"" for _first_key, _last, section in spans], tail)
 
 
 def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
@@ -364,6 +396,11 @@ def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | Non
 
 def answer(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     """What `cli.main(argv)` prints on stdout (without the final newline), or None (module docstring)."""
+    answered = _answer(argv, env)
+    return answered.text() if isinstance(answered, _Listing) else answered
+
+
+def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | None:
     request = parse(argv)
     if request is None or env.get(SERVER_ENV):
         return None
@@ -376,25 +413,44 @@ def answer(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         output = render.store_json(root)
     else:
         domain = request.value("domain")
-        vouched = vouched_sections(root, domain)
-        if vouched is None:
-            return None
         try:
             if request.command == "list":
+                vouched = vouched_sections(root, domain, _kept_for_list)
+                if vouched is None:
+                    return None
                 listed = _listed(root, domain, vouched) if style == "pretty" else None
                 if listed is not None:
                     return listed
                 output = _list(root, domain, _Scope(vouched))
             elif request.command == "inspect":
-                assert request.positional is not None
-                output = _inspect(root, request.positional, vouched)
+                seed_id = request.positional
+                assert seed_id is not None
+
+                def kept_for_inspect(section: indexfile.Section) -> indexfile.Section:
+                    return section.narrowed((ID, REVISION), seeds=seed_id in section.column(ID))
+
+                vouched = vouched_sections(root, domain, kept_for_inspect)
+                if vouched is None:
+                    return None
+                output = _inspect(root, seed_id, vouched)
             else:
+                vouched = vouched_sections(root, domain, _kept_for_search)
+                if vouched is None:
+                    return None
                 output = _search(root, request, _Scope(vouched))
         except ValueError:
             return None  # a column or a block of a section is not what was written
     if output is None:
         return None
     return cli_output.dumps(output, style)
+
+
+def _kept_for_list(section: indexfile.Section) -> indexfile.Section:
+    return section.narrowed((ID, DOMAIN, ROW, REVISION), seeds=False, listing=True)
+
+
+def _kept_for_search(section: indexfile.Section) -> indexfile.Section:
+    return section.narrowed((KEYS, ID, RANK, ROW, DOMAIN), seeds=False)
 
 
 def main() -> int:
@@ -405,12 +461,40 @@ def main() -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        text = answer(argv, os.environ)
+        answered = _answer(argv, os.environ)
     finally:
         if collecting:
             gc.enable()
-    if text is None:
+    if answered is None:
         from agentsidecar.seedstore_service.cli import main as full_main
 
         return full_main(argv)
-    return cli_common.write_result(text + "\n")
+    if isinstance(answered, _Listing):
+        written = _write_listing(answered)
+        if written is not None:
+            return written
+        answered = answered.text()
+    return cli_common.write_result(answered + "\n")
+
+
+def _write_listing(listing: _Listing) -> int | None:
+    """Write a listing's bytes to stdout's buffer, as `cli_common.write_result` writes its text
+    (then flush; a reader gone is exit 1); None when the bytes could differ from the text's:
+    stdout is no UTF-8 text stream on a binary one, or translates newlines, or the output holds
+    more than ASCII."""
+    stream = sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    encoding = str(getattr(stream, "encoding", "")).lower().replace("_", "-")
+    if buffer is None or encoding not in ("utf-8", "utf8") or os.linesep != "\n":
+        return None
+    chunks = listing.chunks()
+    if chunks is None:
+        return None
+    try:
+        stream.flush()
+        for chunk in chunks:
+            buffer.write(chunk)
+        buffer.flush()
+    except BrokenPipeError:
+        return cli_common.reader_gone(stream)
+    return cli_common.EXIT_OK

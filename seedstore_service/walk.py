@@ -200,15 +200,22 @@ def walk_stats(root: str, domain: str | None) -> list[StatedFiles] | None:
         while pending:
             directory, inner, domain_dir, chain = pending.pop()
             prefix = join_path(directory, "")
-            names = os.listdir(directory)
             listed: list[tuple[str, os.stat_result, bool]] | None = None
-            if _all_seed_names(names):
-                # Seed names only (a domain directory, mostly): every name is stat'ed.
-                names.sort()
-                stats = list(map(os.stat, map(prefix.__add__, names)))
-                if any(map(stat.S_ISDIR, map(_mode_of, stats))):
-                    listed = [(n, r, stat.S_ISDIR(r.st_mode)) for n, r in zip(names, stats, strict=True)]
-            else:
+            fd = os.open(directory, _DIRECTORY_FLAGS)
+            try:
+                names = os.listdir(fd)
+                if _all_seed_names(names):
+                    # Seed names only (a domain directory, mostly): every name is stat'ed, each
+                    # looked up in the directory listed (the kernel walks one name, not the path).
+                    names.sort()
+                    stats = [os.stat(name, dir_fd=fd) for name in names]
+                else:
+                    stats = []
+            finally:
+                os.close(fd)
+            if stats and any(map(stat.S_ISDIR, map(_mode_of, stats))):
+                listed = [(n, r, stat.S_ISDIR(r.st_mode)) for n, r in zip(names, stats, strict=True)]
+            elif not stats and names:
                 # Other names too: each one's kind as the listing tells it, as `walk` takes it.
                 listed = []
                 with os.scandir(directory) as entries:
@@ -253,6 +260,7 @@ def walk_stats(root: str, domain: str | None) -> list[StatedFiles] | None:
 _path_of = itemgetter(0)
 _name_of = attrgetter("name")
 _mode_of = itemgetter(0)
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _is_dir = os.DirEntry.is_dir
 
 
