@@ -113,6 +113,30 @@ def signature_of(stat_result: os.stat_result) -> Signature:
     )
 
 
+def pack_signatures(stats: list[os.stat_result]) -> bytes | None:
+    """The signatures of these stat results packed as the signatures block packs an entry's
+    (by column: sizes, mtime_ns, ctime_ns, inodes, devices); None when one does not fit."""
+    return pack_columns([list(map(field, stats)) for field in _STAT_FIELDS])
+
+
+def pack_columns(columns: list[list[int]]) -> bytes | None:
+    """`pack_signatures` of the signatures given by column; None when one does not fit."""
+    sizes, mtimes, ctimes, inodes, devices = columns
+    try:
+        return pack(_signatures_format(len(sizes), "qqqQQ"), *sizes, *mtimes, *ctimes, *inodes, *devices)
+    except StructError:
+        return None
+
+
+def unpack_signatures(packed: bytes) -> list[list[int]]:
+    """The columns `pack_signatures` packed: sizes, mtime_ns, ctime_ns, inodes, devices."""
+    count = len(packed) // (8 * (len(SIGNATURE_POSITIONS) - 1))
+    return [
+        list(unpack_from(f"<{count}{code}", packed, 8 * k * count))
+        for k, (_position, code) in enumerate(SIGNATURE_POSITIONS[:-1])
+    ]
+
+
 def directory_signature_of(stat_result: os.stat_result) -> DirectorySignature:
     return (stat_result.st_mtime_ns, stat_result.st_ctime_ns, stat_result.st_ino, stat_result.st_dev)
 
@@ -471,6 +495,33 @@ class Section:
         expected = b"[" + b",".join([text] * self.count) + b"]"
         return len(written) == len(expected) and bytes(written) == expected
 
+    def count_of(self, position: int, value: str) -> int:
+        """How many entries hold the string `value` at `position`.
+
+        A value json writes as it is between quotes (no quote, backslash or control character)
+        is counted in the column as written: in a JSON list an element is such a string
+        exactly where its text stands between `[` or `,` and `,` or `]` (a quote inside a
+        string is escaped, so none of those texts starts or ends inside one). Other values:
+        the column is decoded.
+
+        Raises:
+            ValueError: the column is not the one written.
+        """
+        if position in self._columns or not value.isascii() or not value.isprintable():
+            return self.column(position).count(value)
+        if '"' in value or "\\" in value:
+            return self.column(position).count(value)
+        written = bytes(self.column_block(position))
+        needle = b'"' + value.encode() + b'"'
+        found = 0
+        start = written.find(needle)
+        while start >= 0:
+            end = start + len(needle)
+            if written[start - 1 : start] in (b"[", b",") and written[end : end + 1] in (b",", b"]"):
+                found += 1
+            start = written.find(needle, end)
+        return found
+
     def names_are(self, names: list[str]) -> bool:
         """Whether the entries' names are `names`, in this order, compared as written (the names
         column is not decoded). False says nothing: the column may spell them otherwise.
@@ -533,10 +584,10 @@ class Section:
             return None
         return bytes(self.block(LISTING_BLOCK))
 
-    def signatures_hold(self, stats: list[os.stat_result], rows: list[int] | None) -> bool:
-        """Whether the entry at each of `rows` (None: every entry, in order) has the signature of the
-        stat result at the same place in `stats` and is not racy (`is_racy`): persisted.py's trust
-        test, for many files at once.
+    def signatures_hold(self, current: bytes, rows: list[int] | None) -> bool:
+        """Whether the entry at each of `rows` (None: every entry, in order) has the signature at
+        the same place in `current` (`pack_signatures` of the files' stat results) and is not
+        racy (`is_racy`): persisted.py's trust test, for many files at once.
 
         Raises:
             ValueError: the signatures block or a column is not the one written.
@@ -545,20 +596,15 @@ class Section:
         count = self.count
         if block and len(block) != 8 * (len(SIGNATURE_POSITIONS) * count + 1):
             raise ValueError("the signatures block does not hold one signature per entry")
-        current = [list(map(field, stats)) for field in _STAT_FIELDS]
         if rows is None and block:
-            if len(stats) != count:
+            if len(current) != 8 * (len(SIGNATURE_POSITIONS) - 1) * count:
                 return False
-            sizes, mtimes, ctimes, inodes, devices = current
-            try:
-                now = pack(_signatures_format(count, "qqqQQ"), *sizes, *mtimes, *ctimes, *inodes, *devices)
-            except StructError:
-                return False  # a value no entry could hold
-            if not bytes(block).startswith(now):  # a memoryview compares byte by byte
+            if not bytes(block).startswith(current):  # a memoryview compares byte by byte
                 return False
             # The signatures are the entries': whether one is racy is the entries' own least time.
             (least,) = unpack_from("<q", block, len(block) - 8)
             return bool(least > RACY_WINDOW_NS)
+        now = unpack_signatures(current)
         stored: list[Sequence[Any]]
         if block:
             stored = [
@@ -573,10 +619,10 @@ class Section:
             ]
         except IndexError:
             return False
-        if held[:5] != current:
+        if held[:5] != now:
             return False
         try:
-            return not any(map(is_racy, current[1], current[2], held[5]))
+            return not any(map(is_racy, now[1], now[2], held[5]))
         except TypeError:
             raise ValueError("a checked_ns is not a number") from None
 

@@ -164,13 +164,16 @@ def vouched_sections(
     `narrow` gives what the command keeps of a section once it vouches (`Section.narrowed`),
     so that the file's bytes are let go before the next is read.
     """
-    stated = walk_stats(root, domain)
+    stated = walk_stats(root, domain, indexfile.pack_signatures)
     if stated is None:
         return None
     index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
     vouched = []
     try:
-        for domain_dir, names, stats in stated:
+        for domain_dir, parts in stated:
+            names, current = _joined(parts)
+            if current is None:
+                return None  # a signature no entry could hold
             prefix = indexfile.section_prefix(root, domain_dir)
             if join_path(root if domain_dir is None else join_path(root, domain_dir), "") != prefix:
                 return None  # the walk spells the section's paths otherwise: no entry names them
@@ -179,7 +182,8 @@ def vouched_sections(
             section = None if data is None else indexfile.open_section(data, root, domain_dir)
             if section is None:
                 return None
-            # The entries are sorted by name: when the files are the entries, the names are equal.
+            # Entries and a directory's files are sorted by name: when the files (of one directory)
+            # are the entries, the names are equal.
             rows: list[int] | None = None
             if not section.names_are(names):
                 positions = dict(zip(section.column(NAME), range(section.count), strict=True))
@@ -187,7 +191,7 @@ def vouched_sections(
                 if None in found:
                     return None  # a file without an entry
                 rows = found  # type: ignore[assignment]  # no None among them
-            if not section.signatures_hold(stats, rows):
+            if not section.signatures_hold(current, rows):
                 return None
             if not _clean(section, rows, domain):
                 return None
@@ -195,6 +199,21 @@ def vouched_sections(
     except (OSError, ValueError):
         return None  # a file gone since the walk, or a block or column that is not one
     return vouched
+
+
+def _joined(parts: list[tuple[list[str], bytes | None]]) -> tuple[list[str], bytes | None]:
+    """A section's files' names and packed signatures from those of the directories holding them."""
+    if len(parts) == 1:
+        return parts[0]
+    names: list[str] = []
+    columns: list[list[int]] = [[] for _field in range(5)]
+    for part_names, packed in parts:
+        if packed is None:
+            return names, None
+        names.extend(part_names)
+        for column, values in zip(columns, indexfile.unpack_signatures(packed), strict=True):
+            column.extend(values)
+    return names, indexfile.pack_columns(columns)
 
 
 def _clean(section: indexfile.Section, rows: list[int] | None, domain: str | None) -> bool:
@@ -329,11 +348,15 @@ def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
 def _inspect(root: str, seed_id: str, vouched: list[_Vouched]) -> dict[str, Any] | None:
     found: tuple[_Vouched, int] | None = None
     for held in vouched:
-        ids = held.section.column(ID)
+        section = held.section
         if held.complete:
+            if not section.count_of(ID, seed_id):
+                continue  # counted as written: the column need not be decoded
+            ids = section.column(ID)
             hits = ids.count(seed_id)
             rows = [ids.index(seed_id)] if hits == 1 else list(range(hits))  # past one: ambiguous
         else:
+            ids = section.column(ID)
             rows = [row for row in held.rows if ids[row] == seed_id]
         for row in rows:
             if found is not None:
@@ -427,7 +450,7 @@ def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | Non
                 assert seed_id is not None
 
                 def kept_for_inspect(section: indexfile.Section) -> indexfile.Section:
-                    return section.narrowed((ID, REVISION), seeds=seed_id in section.column(ID))
+                    return section.narrowed((ID, REVISION), seeds=section.count_of(ID, seed_id) > 0)
 
                 vouched = vouched_sections(root, domain, kept_for_inspect)
                 if vouched is None:

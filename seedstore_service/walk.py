@@ -14,16 +14,15 @@ from operator import attrgetter, itemgetter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
+    from typing import TypeVar
 
     # (path, the domain directory of the files in it or None in the root)
     FileRef = tuple[str, str | None]
     # (a listed directory's path prefix, `join_path(directory, "")`; the domain directory of the
     # files in it or None in the root; the entries of its seed files, in the listing's order)
     DirectoryFiles = tuple[str, str | None, list[os.DirEntry[str]]]
-    # (the domain directory of a section or None for the root's files; its seed files' names
-    # relative to that directory, sorted; their stat results, in the same order)
-    StatedFiles = tuple[str | None, list[str], list[os.stat_result]]
+    _T = TypeVar("_T")
     # (path, line, reason), a `model.Problem`'s fields
     WalkProblem = tuple[str, int, str]
 
@@ -173,11 +172,15 @@ def _start(
     return start_path, start_stat, ancestors, None
 
 
-def walk_stats(root: str, domain: str | None) -> list[StatedFiles] | None:
+def walk_stats(
+    root: str, domain: str | None, summary: Callable[[list[os.stat_result]], _T]
+) -> list[tuple[str | None, list[tuple[list[str], _T]]]] | None:
     """The seed files `walk` finds, with each one's stat taken after its directory was listed, by
-    the section holding them (the domain directory, or None for the root's files): each
-    section's files by name relative to its directory, sorted; or None when the walk would
-    report a problem, or a name listed cannot be stat'ed.
+    the section holding them (the domain directory, or None for the root's files): for each
+    directory holding any, in the order listed, the files' names relative to the section's
+    directory, sorted, and `summary` of their stat results in that order (made before the
+    next directory is listed, so the stat results need not be kept); or None when the walk
+    would report a problem, or a name listed cannot be stat'ed.
 
     The same walk on names and stat results instead of directory entries: a name is a
     directory when its stat (following symlinks, as `DirEntry.is_dir` does) says so, and
@@ -190,7 +193,7 @@ def walk_stats(root: str, domain: str | None) -> list[StatedFiles] | None:
         return None
     if start_stat is None:
         return []
-    by_section: dict[str | None, list[tuple[list[str], list[os.stat_result]]]] = {}
+    by_section: dict[str | None, list[tuple[list[str], _T]]] = {}
     # (directory, its path relative to its section's directory, the domain directory of the
     # files in it, identities of it and its ancestors)
     pending: list[tuple[str, str, str | None, frozenset[tuple[int, int]]]] = [
@@ -243,18 +246,10 @@ def walk_stats(root: str, domain: str | None) -> list[StatedFiles] | None:
             if names:
                 if inner:
                     names = list(map(inner.__add__, names))
-                by_section.setdefault(domain_dir, []).append((names, stats))
+                by_section.setdefault(domain_dir, []).append((names, summary(stats)))
     except OSError:
         return None  # a directory `walk` reports, or a name that went or cannot be stat'ed
-    stated: list[StatedFiles] = []
-    for domain_dir, parts in by_section.items():
-        if len(parts) > 1:  # nested directories: their names sorted together
-            pairs = sorted(
-                (pair for names, stats in parts for pair in zip(names, stats, strict=True)), key=_path_of
-            )
-            parts = [([name for name, _stat in pairs], [item for _name, item in pairs])]
-        stated.append((domain_dir, *parts[0]))
-    return stated
+    return list(by_section.items())
 
 
 _path_of = itemgetter(0)
