@@ -14,13 +14,13 @@ listing block), then the body: its blocks back to back, each checked when first 
 * the directory record,
   `[checked_ns, [[name, mtime_ns, ctime_ns, inode, device], ...], [domain, ...]]`;
 * one JSON list per column (each position but the seed text, in order: that
-  position's values, one per entry);
+  position's values, one per entry), `null` for those the signatures block holds;
 * signatures: each entry's size, mtime_ns, ctime_ns, inode, device and checked_ns,
   packed by column as little-endian 64-bit integers (`SIGNATURE_POSITIONS`), so a
   reader compares a section's signatures with its files' as one string of bytes,
   then the least `checked_ns - max(mtime_ns, ctime_ns)` of the entries (none is racy
   when it exceeds `RACY_WINDOW_NS`); empty when there is no entry or a value does
-  not fit (the columns hold them all the same);
+  not fit (then the columns hold them);
 * listing: every entry's `list` row as the CLI prints it (`list_row_text`), in
   `list` order (declared domain, id, path), joined by `LISTING_SEPARATOR`; the
   header names the (domain, id, name) of the first and the last row. Empty, and no
@@ -77,6 +77,7 @@ EMPTY_RECORD: RawRecord = (0, (), ())
 # The positions packed in the signatures block, in order, and each one's struct code: the
 # stat fields a signature compares, then checked_ns.
 SIGNATURE_POSITIONS = ((SIZE, "q"), (MTIME, "q"), (CTIME, "q"), (INO, "Q"), (DEV, "Q"), (CHECKED, "q"))
+_PACKED_POSITIONS = tuple(position for position, _code in SIGNATURE_POSITIONS)
 # A signature's fields of a stat result, in SIGNATURE_POSITIONS' order (size, inode and
 # device by their place in the stat tuple).
 _STAT_FIELDS = (
@@ -304,9 +305,14 @@ def encode_section(
     of its own, so a reader checks only the blocks it uses.
     """
     rows = list(entries)
+    signatures = _signatures_block(rows)
+    packed = {position for position, _code in SIGNATURE_POSITIONS} if signatures else set()
     blocks = [_compact(_record_list(record))]
-    blocks.extend(_compact([entry[position] for entry in rows]) for position in COLUMN_POSITIONS)
-    blocks.append(_signatures_block(rows))
+    blocks.extend(
+        b"null" if position in packed else _compact([entry[position] for entry in rows])
+        for position in COLUMN_POSITIONS
+    )
+    blocks.append(signatures)
     listing, listing_keys = _listing_block(root, domain_dir, rows)
     blocks.append(listing)
     blocks.append(b"\n".join(_seed_bytes(entry[SEED]) for entry in rows))
@@ -630,11 +636,14 @@ class Section:
         """This section holding only the names, the columns at `positions`, and (as asked) the seed
         texts and the listing: what a reader keeps for later, in bytes of its own (not the
         file's), without the bytes of a column it has decoded already."""
+        positions = tuple(positions)
         kept = {_column_block(position) for position in (NAME, *positions)}
         if seeds:
             kept.add(SEEDS_BLOCK)
         if listing:
             kept.add(LISTING_BLOCK)
+        if any(position in _PACKED_POSITIONS and position not in self._columns for position in positions):
+            kept.add(SIGNATURES_BLOCK)  # those columns are read from it
         decoded = {_column_block(position) for position in self._columns if position in (NAME, *positions)}
         blocks: list[bytes | memoryview] = [
             bytes(block) if index in kept and index not in decoded else b""
@@ -664,6 +673,15 @@ class Section:
             return found
         if position == SEED:
             return self.seeds()
+        if position in _PACKED_POSITIONS and self._blocks[SIGNATURES_BLOCK]:
+            block = self.block(SIGNATURES_BLOCK)
+            if len(block) != 8 * (len(SIGNATURE_POSITIONS) * self.count + 1):
+                raise ValueError("the signatures block does not hold one signature per entry")
+            k = _PACKED_POSITIONS.index(position)
+            code = SIGNATURE_POSITIONS[k][1]
+            values = list(unpack_from(f"<{self.count}{code}", block, 8 * k * self.count))
+            self._columns[position] = values
+            return values
         try:
             values = _decode_json(self.column_block(position))
         except (TypeError, RecursionError) as error:
