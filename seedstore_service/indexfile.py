@@ -229,6 +229,37 @@ def read_index_file(path: str) -> bytes | None:
         os.close(fd)
 
 
+def read_index_file_into(path: str, buffer: bytearray) -> tuple[bytearray, int] | None:
+    """`read_index_file`, into `buffer` (overwriting what it held) or, when the file does not fit,
+    into a new bytearray: the one holding the bytes and their number, or None likewise.
+
+    A reader of many files reads each into the same memory rather than into new memory each.
+    """
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        stat_result = os.fstat(fd)
+        size = stat_result.st_size
+        if not stat.S_ISREG(stat_result.st_mode) or size > MAX_INDEX_BYTES:
+            return None
+        if size > len(buffer):
+            buffer = bytearray(size + size // 4)
+        view = memoryview(buffer)
+        done = 0
+        while done < size:  # the size it had when opened (`read_index_file`)
+            read = os.readv(fd, [view[done:size]])
+            if not read:
+                break
+            done += read
+        return buffer, done
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _header(
     root: str,
     domain_dir: str | None,
@@ -712,11 +743,15 @@ def _listing_keys_of(value: Any) -> tuple[tuple[str, str, str], tuple[str, str, 
     return keys[0], keys[1]
 
 
-def open_section(data: bytes, root: str, domain_dir: str | None) -> Section | None:
-    """The section an index file holds, or None when it is not a whole index of this section
-    (truncated, foreign, corrupt, another version or another store's). The blocks but the
-    directory record are checked when first used (`Section`)."""
-    end = data.find(b"\n")
+def open_section(
+    data: bytes | bytearray, root: str, domain_dir: str | None, length: int | None = None
+) -> Section | None:
+    """The section an index file holds (its bytes: `data`, or its first `length` bytes), or None
+    when it is not a whole index of this section (truncated, foreign, corrupt, another version
+    or another store's). The blocks but the directory record are checked when first used
+    (`Section`); they are views of `data`."""
+    size = len(data) if length is None else length
+    end = data.find(b"\n", 0, size)
     if end < 0:
         return None
     try:
@@ -738,7 +773,7 @@ def open_section(data: bytes, root: str, domain_dir: str | None) -> Section | No
         listing_keys = _listing_keys_of(header["listing"])
         sizes = lengths[0::2]
         start = end + 1
-        if start + sum(sizes) != len(data):
+        if start + sum(sizes) != size:
             return None
         view = memoryview(data)
         blocks: list[bytes | memoryview] = []

@@ -169,6 +169,9 @@ def vouched_sections(
         return None
     index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
     vouched = []
+    # Every section file is read into this one buffer: each section is narrowed (its blocks
+    # copied out) before the next file is read over it.
+    buffer = bytearray()
     try:
         for domain_dir, parts in stated:
             names, current = _joined(parts)
@@ -178,8 +181,11 @@ def vouched_sections(
             if join_path(root if domain_dir is None else join_path(root, domain_dir), "") != prefix:
                 return None  # the walk spells the section's paths otherwise: no entry names them
             file_name = indexfile.section_file_name(domain_dir)
-            data = indexfile.read_index_file(join_path(index_directory, file_name))
-            section = None if data is None else indexfile.open_section(data, root, domain_dir)
+            read = indexfile.read_index_file_into(join_path(index_directory, file_name), buffer)
+            if read is None:
+                return None
+            buffer, length = read
+            section = indexfile.open_section(buffer, root, domain_dir, length)
             if section is None:
                 return None
             # Entries and a directory's files are sorted by name: when the files (of one directory)
