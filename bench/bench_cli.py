@@ -16,7 +16,8 @@ Every figure is a median over `--runs` runs after one warm-up; wall and CPU
 (user + sys of the child, from wait4) are both reported. Stores are the bench's
 (`bench_seedstore.cached_store`: 50 domains, five seeds providing `bench_target`).
 
-Run: `python -m bench.bench_cli [--runs N] [--with-100k] [--no-server]`.
+Run: `python -m bench.bench_cli [--runs N] [--with-100k] [--no-server] [--sizes 1000,10000]
+[--copy-stores] [--reads-only]`.
 """
 
 from __future__ import annotations
@@ -115,10 +116,17 @@ def baseline_argv(skillspec: str | None, command: Sequence[str]) -> list[str]:
     return [sys.executable, "-c", "pass"]
 
 
-def store_home(count: int, scratch: Path) -> Path:
-    """A SKILLSPEC_HOME with `count` bench seeds (the 10k and 100k stores are kept between runs)."""
+def store_home(count: int, scratch: Path, copy: bool = False) -> Path:
+    """A SKILLSPEC_HOME with `count` bench seeds (the 10k and 100k stores are kept between runs;
+    with `copy`, a copy of the kept store in `scratch` is used, so the kept one is left alone)."""
     if count >= 10_000:
-        return cached_store(count)[0]
+        kept = cached_store(count)[0]
+        if not copy:
+            return kept
+        home = scratch / f"seeds-{count}"
+        if not home.is_dir():
+            shutil.copytree(kept, home, symlinks=True, ignore=shutil.ignore_patterns(INDEX_DIR_NAME))
+        return home
     home = scratch / f"seeds-{count}"
     if not (home / "capabilities").is_dir():
         write_store(home, count)
@@ -193,8 +201,8 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
     exe = str(seedstore_executable())
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as scratch_text:
         scratch = Path(scratch_text)
-        for count in (100, 1_000, 10_000):
-            home = store_home(count, scratch)
+        for count in args.sizes:
+            home = store_home(count, scratch, args.copy_stores)
             env = {**os.environ, "SKILLSPEC_HOME": str(home)}
             env.pop("SEEDSTORE_SERVER", None)
             shutil.rmtree(home / "capabilities" / INDEX_DIR_NAME, ignore_errors=True)
@@ -232,6 +240,8 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
                         rows.append(cli_row(f"`{name}`, {count:,} seeds, --server", result, None))
                 finally:
                     await server.stop()
+        if args.reads_only:
+            return
         add_home = scratch / "add-home"
         env = {**os.environ, "SKILLSPEC_HOME": str(add_home)}
         counter = iter(range(10_000))
@@ -281,7 +291,17 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
 async def run_suite(settings: Settings, rows: list[Row]) -> None:
     """`run_all`'s entry: 9 runs a figure (3 with --quick), the 100k serve rows unless --quick."""
     quick = settings.quick
-    await run(argparse.Namespace(runs=3 if quick else 9, with_100k=not quick, no_server=False), rows)
+    await run(
+        argparse.Namespace(
+            runs=3 if quick else 9,
+            with_100k=not quick,
+            no_server=False,
+            sizes=(100, 1_000, 10_000),
+            copy_stores=False,
+            reads_only=False,
+        ),
+        rows,
+    )
 
 
 def main() -> None:
@@ -289,6 +309,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9, help="counted runs per figure (after one warm-up)")
     parser.add_argument("--with-100k", action="store_true", help="also start the service on 100,000 seeds")
     parser.add_argument("--no-server", action="store_true", help="skip the --server rows")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(size) for size in text.split(",")),
+        default=(100, 1_000, 10_000),
+        help="store sizes of the CLI table, comma-separated (default 100,1000,10000)",
+    )
+    parser.add_argument(
+        "--copy-stores", action="store_true", help="measure copies of the kept stores, leaving those alone"
+    )
+    parser.add_argument(
+        "--reads-only", action="store_true", help="only the CLI table: no `add`, no serve rows"
+    )
     args = parser.parse_args()
     rows: list[Row] = []
     compile_sources()

@@ -2,17 +2,30 @@
 
 The format and the trust rules are persisted.py's docstring's; this module holds
 them on plain values (lists, tuples, ints), imports only what the interpreter
-has at start-up plus `zlib` and json's C scanner, and does no I/O but reading an index
-file: persisted.py writes and refreshes the files through it, and the read
-commands that answer from them (quickread.py) read them through it too.
+has at start-up plus `zlib`, `struct`, `operator` and json's C scanner and
+escaper, and does no I/O but reading an index file: persisted.py writes and
+refreshes the files through it, and the read commands that answer from them
+(quickread.py) read them through it too.
 
-A section file is a header line (format, version, store root, section, the
-body's length, the CRC-32 of the body up to the seed texts and that of the seed
-texts), then the body: the directory record line
-`[checked_ns, [[name, mtime_ns, ctime_ns, inode, device], ...], [domain, ...]]`,
-one JSON line per column (each position but the seed text, in order: the list
-of that position's values, one per entry), and each entry's seed JSON text on a
-line of its own.
+A section file is a header line (format, version, store root, section, the number
+of entries, the length and CRC-32 of each block of the body, and the keys of the
+listing block), then the body: its blocks back to back, each checked when first used:
+
+* the directory record,
+  `[checked_ns, [[name, mtime_ns, ctime_ns, inode, device], ...], [domain, ...]]`;
+* one JSON list per column (each position but the seed text, in order: that
+  position's values, one per entry), `null` for those the signatures block holds;
+* signatures: each entry's size, mtime_ns, ctime_ns, inode, device and checked_ns,
+  packed by column as little-endian 64-bit integers (`SIGNATURE_POSITIONS`), so a
+  reader compares a section's signatures with its files' as one string of bytes,
+  then the least `checked_ns - max(mtime_ns, ctime_ns)` of the entries (none is racy
+  when it exceeds `RACY_WINDOW_NS`); empty when there is no entry or a value does
+  not fit (then the columns hold them);
+* listing: every entry's `list` row as the CLI prints it (`list_row_text`), in
+  `list` order (declared domain, id, path), joined by `LISTING_SEPARATOR`; the
+  header names the (domain, id, name) of the first and the last row. Empty, and no
+  keys, when an entry holds no seed;
+* seeds: each entry's seed JSON text, one a line.
 """
 
 from __future__ import annotations
@@ -21,12 +34,15 @@ import gc
 import os
 import stat
 import zlib
+from operator import attrgetter, itemgetter
+from struct import error as StructError
+from struct import pack, unpack_from
 
 from agentsidecar.seedstore_service.names import is_identifier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
     from typing import Any
 
     Entry = list[Any]
@@ -36,7 +52,7 @@ if TYPE_CHECKING:
 
 INDEX_DIR_NAME = ".seedstore-index"
 FORMAT = "agentsidecar-seedstore-index"
-VERSION = 4
+VERSION = 5
 # A file modified this close to the read that made its entry is compared by content on every load.
 RACY_WINDOW_NS = 2_000_000_000
 ROOT_SECTION_FILE = "root.json"
@@ -58,6 +74,34 @@ ENTRY_LENGTH = 17
 # The positions stored as JSON columns: all but the seed text, which has a line of its own.
 COLUMN_POSITIONS = tuple(position for position in range(ENTRY_LENGTH) if position != SEED)
 EMPTY_RECORD: RawRecord = (0, (), ())
+# The positions packed in the signatures block, in order, and each one's struct code: the
+# stat fields a signature compares, then checked_ns.
+SIGNATURE_POSITIONS = ((SIZE, "q"), (MTIME, "q"), (CTIME, "q"), (INO, "Q"), (DEV, "Q"), (CHECKED, "q"))
+_PACKED_POSITIONS = tuple(position for position, _code in SIGNATURE_POSITIONS)
+# A signature's fields of a stat result, in SIGNATURE_POSITIONS' order (size, inode and
+# device by their place in the stat tuple).
+_STAT_FIELDS = (
+    itemgetter(6),
+    attrgetter("st_mtime_ns"),
+    attrgetter("st_ctime_ns"),
+    itemgetter(1),
+    itemgetter(2),
+)
+# The body's blocks, in order (the header's "blocks": [length, crc32] each): the directory
+# record, one per column, then these three.
+SIGNATURES_BLOCK = 1 + len(COLUMN_POSITIONS)
+LISTING_BLOCK = SIGNATURES_BLOCK + 1
+SEEDS_BLOCK = LISTING_BLOCK + 1
+BLOCK_COUNT = SEEDS_BLOCK + 1
+
+
+def _column_block(position: int) -> int:
+    """The index of the block holding the column at `position`."""
+    return 1 + COLUMN_POSITIONS.index(position)
+
+
+# What separates two rows of the listing block, and what the CLI prints between two rows.
+LISTING_SEPARATOR = ",\n"
 
 
 def signature_of(stat_result: os.stat_result) -> Signature:
@@ -68,6 +112,30 @@ def signature_of(stat_result: os.stat_result) -> Signature:
         stat_result.st_ino,
         stat_result.st_dev,
     )
+
+
+def pack_signatures(stats: list[os.stat_result]) -> bytes | None:
+    """The signatures of these stat results packed as the signatures block packs an entry's
+    (by column: sizes, mtime_ns, ctime_ns, inodes, devices); None when one does not fit."""
+    return pack_columns([list(map(field, stats)) for field in _STAT_FIELDS])
+
+
+def pack_columns(columns: list[list[int]]) -> bytes | None:
+    """`pack_signatures` of the signatures given by column; None when one does not fit."""
+    sizes, mtimes, ctimes, inodes, devices = columns
+    try:
+        return pack(_signatures_format(len(sizes), "qqqQQ"), *sizes, *mtimes, *ctimes, *inodes, *devices)
+    except StructError:
+        return None
+
+
+def unpack_signatures(packed: bytes) -> list[list[int]]:
+    """The columns `pack_signatures` packed: sizes, mtime_ns, ctime_ns, inodes, devices."""
+    count = len(packed) // (8 * (len(SIGNATURE_POSITIONS) - 1))
+    return [
+        list(unpack_from(f"<{count}{code}", packed, 8 * k * count))
+        for k, (_position, code) in enumerate(SIGNATURE_POSITIONS[:-1])
+    ]
 
 
 def directory_signature_of(stat_result: os.stat_result) -> DirectorySignature:
@@ -142,26 +210,72 @@ def read_index_file(path: str) -> bytes | None:
     except OSError:
         return None
     try:
-        with open(fd, "rb") as handle:
-            stat_result = os.fstat(handle.fileno())
-            if not stat.S_ISREG(stat_result.st_mode) or stat_result.st_size > MAX_INDEX_BYTES:
-                return None
-            return handle.read(MAX_INDEX_BYTES + 1)
+        stat_result = os.fstat(fd)
+        size = stat_result.st_size
+        if not stat.S_ISREG(stat_result.st_mode) or size > MAX_INDEX_BYTES:
+            return None
+        # The size it had when opened: a writer replaces an index file, never writes into it.
+        chunks = []
+        while size > 0:
+            chunk = os.read(fd, size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except OSError:
         return None
+    finally:
+        os.close(fd)
+
+
+def read_index_file_into(path: str, buffer: bytearray) -> tuple[bytearray, int] | None:
+    """`read_index_file`, into `buffer` (overwriting what it held) or, when the file does not fit,
+    into a new bytearray: the one holding the bytes and their number, or None likewise.
+
+    A reader of many files reads each into the same memory rather than into new memory each.
+    """
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        stat_result = os.fstat(fd)
+        size = stat_result.st_size
+        if not stat.S_ISREG(stat_result.st_mode) or size > MAX_INDEX_BYTES:
+            return None
+        if size > len(buffer):
+            buffer = bytearray(size + size // 4)
+        view = memoryview(buffer)
+        done = 0
+        while done < size:  # the size it had when opened (`read_index_file`)
+            read = os.readv(fd, [view[done:size]])
+            if not read:
+                break
+            done += read
+        return buffer, done
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _header(
-    root: str, domain_dir: str | None, length: int, columns_crc32: int, seeds_crc32: int
+    root: str,
+    domain_dir: str | None,
+    count: int,
+    blocks: list[int],
+    listing_keys: list[list[str]] | None,
 ) -> dict[str, Any]:
+    """`blocks`: each block's length and CRC-32, in the body's order, one flat list."""
     return {
         "format": FORMAT,
         "version": VERSION,
         "root": root,
         "section": domain_dir,
-        "length": length,
-        "crc32": columns_crc32,
-        "seeds_crc32": seeds_crc32,
+        "count": count,
+        "blocks": blocks,
+        "listing": listing_keys,
     }
 
 
@@ -185,7 +299,7 @@ class _Strict:
         raise ValueError(f"{name} is not a value the index writes")
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | memoryview | str) -> Any:
     """One JSON value filling `data` (bytes are UTF-8), as `json.loads` reads it, surrounding
     whitespace refused (the index writes none).
 
@@ -193,7 +307,7 @@ def loads(data: bytes | str) -> Any:
     decoder compiles: the read commands decode index files in a process that needs nothing else
     of json. Raises ValueError for anything but one whole value.
     """
-    text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data
+    text = data if isinstance(data, str) else str(data, "utf-8", "surrogatepass")
     try:
         from _json import make_scanner
     except ImportError:  # an interpreter without the C accelerator
@@ -217,19 +331,98 @@ def encode_section(
 ) -> bytes:
     """A section file (see the module docstring); an empty record vouches for nothing.
 
-    By column, a line each: a reader decodes a few long lists instead of a list per
-    entry, and only the columns it uses (`Section.column`). The seed texts (most of
-    the bytes) come last, with a checksum of their own, so a reader that shows no
-    seed neither checks nor splits them.
+    By column, a block each: a reader decodes a few long lists instead of a list per
+    entry, and only the columns it uses (`Section.column`); each block has a checksum
+    of its own, so a reader checks only the blocks it uses.
     """
     rows = list(entries)
-    lines = [_compact(_record_list(record))]
-    lines.extend(_compact([entry[position] for entry in rows]) for position in COLUMN_POSITIONS)
-    columns = b"\n".join(lines)
-    seeds = b"\n".join(_seed_bytes(entry[SEED]) for entry in rows)
-    body = columns + b"\n" + seeds
-    header = _header(root, domain_dir, len(body), zlib.crc32(columns), zlib.crc32(seeds))
-    return _compact(header) + b"\n" + body
+    signatures = _signatures_block(rows)
+    packed = {position for position, _code in SIGNATURE_POSITIONS} if signatures else set()
+    blocks = [_compact(_record_list(record))]
+    blocks.extend(
+        b"null" if position in packed else _compact([entry[position] for entry in rows])
+        for position in COLUMN_POSITIONS
+    )
+    blocks.append(signatures)
+    listing, listing_keys = _listing_block(root, domain_dir, rows)
+    blocks.append(listing)
+    blocks.append(b"\n".join(_seed_bytes(entry[SEED]) for entry in rows))
+    lengths = [number for block in blocks for number in (len(block), zlib.crc32(block))]
+    header = _header(root, domain_dir, len(rows), lengths, listing_keys)
+    return _compact(header) + b"\n" + b"".join(blocks)
+
+
+def _signatures_format(count: int, codes: str) -> str:
+    return "<" + "".join(f"{count}{code}" for code in codes)
+
+
+def _signatures_block(rows: list[Entry]) -> bytes:
+    """The entries' signatures and checked_ns packed by column, then the least time between a
+    file's last change and the read that made its entry (`is_racy`); empty when there is no entry
+    or a value does not fit."""
+    if not rows:
+        return b""
+    values = [entry[position] for position, _code in SIGNATURE_POSITIONS for entry in rows]
+    codes = "".join(code for _position, code in SIGNATURE_POSITIONS)
+    try:
+        least = min(entry[CHECKED] - max(entry[MTIME], entry[CTIME]) for entry in rows)
+        return pack(_signatures_format(len(rows), codes) + "q", *values, least)
+    except (StructError, TypeError):  # a value out of range or no int: the columns hold them
+        return b""
+
+
+def list_row_text(
+    seed_id: str,
+    domain: str,
+    kind: str,
+    path: str,
+    provides: list[str],
+    status: str,
+    risks: list[str],
+    revision: str,
+) -> str:
+    """One row of `list` as the CLI prints it in the pretty style: `cli_output`'s template for
+    `render.list_row_json`'s object, byte for byte (the tests compare the two)."""
+    from _json import encode_basestring as encode
+
+    return (
+        "    {\n"
+        f'      "id": {encode(seed_id)},\n'
+        f'      "domain": {encode(domain)},\n'
+        f'      "kind": {encode(kind)},\n'
+        f'      "path": {encode(path)},\n'
+        f'      "provides": {_strings_text(provides, encode)},\n'
+        f'      "verification_status": {encode(status)},\n'
+        f'      "risk": {_strings_text(risks, encode)},\n'
+        f'      "revision": {encode(revision)}\n'
+        "    }"
+    )
+
+
+def _strings_text(values: list[str], encode: Any) -> str:
+    if not values:
+        return "[]"
+    return "[\n" + ",\n".join("        " + encode(value) for value in values) + "\n      ]"
+
+
+def _listing_block(
+    root: str, domain_dir: str | None, rows: list[Entry]
+) -> tuple[bytes, list[list[str]] | None]:
+    """The `list` rows of the entries in `list` order, with the (domain, id, name) of the first and
+    the last; empty and None when there is no entry or one holds no seed."""
+    if not rows or any(entry[ROW] is None or entry[PROBLEM] is not None for entry in rows):
+        return b"", None
+    prefix = section_prefix(root, domain_dir)
+    ordered = sorted(rows, key=lambda entry: (entry[DOMAIN], entry[ID], entry[NAME]))
+    texts = []
+    for entry in ordered:
+        kind, provides, status, risks = entry[ROW]
+        path = prefix + entry[NAME]
+        texts.append(
+            list_row_text(entry[ID], entry[DOMAIN], kind, path, provides, status, risks, entry[REVISION])
+        )
+    keys = [[entry[DOMAIN], entry[ID], entry[NAME]] for entry in (ordered[0], ordered[-1])]
+    return LISTING_SEPARATOR.join(texts).encode("utf-8", "surrogatepass"), keys
 
 
 def _record_list(record: RawRecord) -> list[Any]:
@@ -241,7 +434,7 @@ def _seed_bytes(text: str | bytes) -> bytes:
     return text if isinstance(text, bytes) else text.encode("ascii")
 
 
-def _decode_json(data: bytes) -> Any:
+def _decode_json(data: bytes | memoryview) -> Any:
     """`loads`, with the cyclic collector paused: a section makes many lists, none cyclic."""
     collecting = gc.isenabled()
     gc.disable()
@@ -287,22 +480,110 @@ def _record_of(meta: Any) -> RawRecord | None:
 
 
 class Section:
-    """A section file whose header, length, checksum and directory record were checked; its columns
-    are decoded when first asked for (`column`), its seed texts split and checked when first
-    asked for (`seeds`)."""
+    """A section file whose header, lengths, directory record and names were checked; its columns
+    are decoded, and its other blocks checked, when first used (`column`, `seeds`,
+    `signatures_hold`, `listing`)."""
 
-    __slots__ = ("_columns", "_lines", "_seeds", "_seeds_block", "_seeds_crc32", "count", "record")
+    __slots__ = ("_blocks", "_columns", "_crcs", "_seeds", "count", "listing_keys", "record")
 
     def __init__(
-        self, record: RawRecord, lines: list[bytes], names: list[str], seeds_block: bytes, seeds_crc32: int
+        self,
+        record: RawRecord,
+        count: int,
+        blocks: list[bytes | memoryview],
+        crcs: list[int | None],
+        listing_keys: tuple[tuple[str, str, str], tuple[str, str, str]] | None,
     ) -> None:
         self.record = record
-        self.count = len(names)
-        self._lines = lines  # one JSON list per position of COLUMN_POSITIONS
-        self._seeds_block = seeds_block
-        self._seeds_crc32 = seeds_crc32
+        self.count = count
+        self.listing_keys = listing_keys
+        self._blocks = blocks  # BLOCK_COUNT of them, in the body's order
+        self._crcs = crcs  # each block's CRC-32 as written, None once checked
         self._seeds: list[bytes] | None = None
-        self._columns: dict[int, list[Any]] = {NAME: names}
+        self._columns: dict[int, list[Any]] = {}
+
+    def block(self, index: int) -> bytes | memoryview:
+        """The block at `index` (the body's order).
+
+        Raises:
+            ValueError: its bytes are not the ones written (their checksum).
+        """
+        block = self._blocks[index]
+        crc32 = self._crcs[index]
+        if crc32 is not None:
+            if zlib.crc32(block) != crc32:
+                raise ValueError(f"block {index} of the section is not the one written")
+            self._crcs[index] = None
+        return block
+
+    def column_block(self, position: int) -> bytes | memoryview:
+        """The JSON text of the column at `position`, checked (see `block`)."""
+        return self.block(_column_block(position))
+
+    def column_holds_only(self, position: int, text: bytes) -> bool:
+        """Whether the column at `position` is, as written, the JSON list of `count` values each
+        written as `text` (b"null", b"[]", a JSON string...): a column of one repeated value
+        checked without decoding it. False says nothing: the column may spell it otherwise.
+
+        Raises:
+            ValueError: the column's block is not the one written.
+        """
+        written = self.column_block(position)
+        expected = b"[" + b",".join([text] * self.count) + b"]"
+        return len(written) == len(expected) and bytes(written) == expected
+
+    def count_of(self, position: int, value: str) -> int:
+        """How many entries hold the string `value` at `position`.
+
+        A value json writes as it is between quotes (no quote, backslash or control character)
+        is counted in the column as written: in a JSON list an element is such a string
+        exactly where its text stands between `[` or `,` and `,` or `]` (a quote inside a
+        string is escaped, so none of those texts starts or ends inside one). Other values:
+        the column is decoded.
+
+        Raises:
+            ValueError: the column is not the one written.
+        """
+        if position in self._columns or not value.isascii() or not value.isprintable():
+            return self.column(position).count(value)
+        if '"' in value or "\\" in value:
+            return self.column(position).count(value)
+        written = bytes(self.column_block(position))
+        needle = b'"' + value.encode() + b'"'
+        found = 0
+        start = written.find(needle)
+        while start >= 0:
+            end = start + len(needle)
+            if written[start - 1 : start] in (b"[", b",") and written[end : end + 1] in (b",", b"]"):
+                found += 1
+            start = written.find(needle, end)
+        return found
+
+    def names_are(self, names: list[str]) -> bool:
+        """Whether the entries' names are `names`, in this order, compared as written (the names
+        column is not decoded). False says nothing: the column may spell them otherwise.
+
+        Raises:
+            ValueError: the names' block is not the one written.
+        """
+        if NAME in self._columns:
+            return self._columns[NAME] == names
+        written = self.column_block(NAME)
+        if len(names) != self.count:
+            return False
+        if not names:
+            return bytes(written) == b"[]"
+        # json writes a name without a quote or a backslash between quotes as it is (a control
+        # character escaped, so a raw one is never in the column); a JSON text spells one list
+        # only, so equal texts are equal lists. Other names: the column is decoded.
+        text = '["' + '","'.join(names) + '"]'
+        if text.count('"') != 2 * len(names) or "\\" in text:
+            return False
+        try:
+            expected = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return False
+        return len(written) == len(expected) and bytes(written) == expected
 
     def seeds(self) -> list[bytes]:
         """Each entry's seed JSON text (empty for a problem's), in entry order.
@@ -311,9 +592,8 @@ class Section:
             ValueError: the texts are not the ones written (their checksum or their count).
         """
         if self._seeds is None:
-            if zlib.crc32(self._seeds_block) != self._seeds_crc32:
-                raise ValueError("the seed texts are not the ones written")
-            seeds = self._seeds_block.split(b"\n") if self.count else []
+            block = bytes(self.block(SEEDS_BLOCK))
+            seeds = block.split(b"\n") if self.count else []
             if len(seeds) != self.count:
                 raise ValueError("the seed texts are not one per entry")
             self._seeds = seeds
@@ -324,23 +604,91 @@ class Section:
         splitting them: a reader that checks this first never finds them damaged in `seeds`."""
         if self._seeds is not None:
             return True
-        block = self._seeds_block
-        if zlib.crc32(block) != self._seeds_crc32:
+        try:
+            block = self.block(SEEDS_BLOCK)
+        except ValueError:
             return False
-        return not self.count or block.count(b"\n") + 1 == self.count
+        return not self.count or bytes(block).count(b"\n") + 1 == self.count
 
-    def narrowed(self, positions: Iterable[int]) -> Section:
-        """This section holding only the columns at `positions` (and the names and seed texts):
-        what a reader keeps for later, without the bytes of the columns it has already taken."""
-        kept = frozenset(positions)
-        lines = [
-            line if position in kept else b""
-            for position, line in zip(COLUMN_POSITIONS, self._lines, strict=True)
+    def listing(self) -> bytes | None:
+        """The listing block (module docstring), UTF-8 (lone surrogates as such, "surrogatepass"),
+        or None when the section holds none.
+
+        Raises:
+            ValueError: its bytes are not the ones written.
+        """
+        if self.listing_keys is None:
+            return None
+        return bytes(self.block(LISTING_BLOCK))
+
+    def signatures_hold(self, current: bytes, rows: list[int] | None) -> bool:
+        """Whether the entry at each of `rows` (None: every entry, in order) has the signature at
+        the same place in `current` (`pack_signatures` of the files' stat results) and is not
+        racy (`is_racy`): persisted.py's trust test, for many files at once.
+
+        Raises:
+            ValueError: the signatures block or a column is not the one written.
+        """
+        block = self.block(SIGNATURES_BLOCK)
+        count = self.count
+        if block and len(block) != 8 * (len(SIGNATURE_POSITIONS) * count + 1):
+            raise ValueError("the signatures block does not hold one signature per entry")
+        if rows is None and block:
+            if len(current) != 8 * (len(SIGNATURE_POSITIONS) - 1) * count:
+                return False
+            if not bytes(block).startswith(current):  # a memoryview compares byte by byte
+                return False
+            # The signatures are the entries': whether one is racy is the entries' own least time.
+            (least,) = unpack_from("<q", block, len(block) - 8)
+            return bool(least > RACY_WINDOW_NS)
+        now = unpack_signatures(current)
+        stored: list[Sequence[Any]]
+        if block:
+            stored = [
+                unpack_from(f"<{count}{code}", block, 8 * k * count)
+                for k, (_position, code) in enumerate(SIGNATURE_POSITIONS)
+            ]
+        else:
+            stored = [self.column(position) for position, _code in SIGNATURE_POSITIONS]
+        try:
+            held = [
+                list(column) if rows is None else list(map(column.__getitem__, rows)) for column in stored
+            ]
+        except IndexError:
+            return False
+        if held[:5] != now:
+            return False
+        try:
+            return not any(map(is_racy, now[1], now[2], held[5]))
+        except TypeError:
+            raise ValueError("a checked_ns is not a number") from None
+
+    def narrowed(self, positions: Iterable[int], *, seeds: bool = True, listing: bool = False) -> Section:
+        """This section holding only the names, the columns at `positions`, and (as asked) the seed
+        texts and the listing: what a reader keeps for later, in bytes of its own (not the
+        file's), without the bytes of a column it has decoded already."""
+        positions = tuple(positions)
+        kept = {_column_block(position) for position in (NAME, *positions)}
+        if seeds:
+            kept.add(SEEDS_BLOCK)
+        if listing:
+            kept.add(LISTING_BLOCK)
+        if any(position in _PACKED_POSITIONS and position not in self._columns for position in positions):
+            kept.add(SIGNATURES_BLOCK)  # those columns are read from it
+        decoded = {_column_block(position) for position in self._columns if position in (NAME, *positions)}
+        blocks: list[bytes | memoryview] = [
+            bytes(block) if index in kept and index not in decoded else b""
+            for index, block in enumerate(self._blocks)
         ]
-        section = Section(self.record, lines, self._columns[NAME], self._seeds_block, self._seeds_crc32)
-        section._seeds = self._seeds
+        crcs = [
+            crc32 if index in kept and index not in decoded else None
+            for index, crc32 in enumerate(self._crcs)
+        ]
+        section = Section(self.record, self.count, blocks, crcs, self.listing_keys if listing else None)
+        if seeds:
+            section._seeds = self._seeds
         for position, values in self._columns.items():
-            if position in kept:
+            if _column_block(position) in kept:
                 section._columns[position] = values
         return section
 
@@ -356,44 +704,90 @@ class Section:
             return found
         if position == SEED:
             return self.seeds()
+        if position in _PACKED_POSITIONS and self._blocks[SIGNATURES_BLOCK]:
+            block = self.block(SIGNATURES_BLOCK)
+            if len(block) != 8 * (len(SIGNATURE_POSITIONS) * self.count + 1):
+                raise ValueError("the signatures block does not hold one signature per entry")
+            k = _PACKED_POSITIONS.index(position)
+            code = SIGNATURE_POSITIONS[k][1]
+            values = list(unpack_from(f"<{self.count}{code}", block, 8 * k * self.count))
+            self._columns[position] = values
+            return values
         try:
-            values = _decode_json(self._lines[COLUMN_POSITIONS.index(position)])
+            values = _decode_json(self.column_block(position))
         except (TypeError, RecursionError) as error:
             raise ValueError(str(error)) from None
         if not isinstance(values, list) or len(values) != self.count:
             raise ValueError("a column does not hold one value per entry")
+        if position == NAME and not set(map(type, values)) <= {str}:
+            raise ValueError("a name is not a string")
         self._columns[position] = values
         return values
 
 
-def open_section(data: bytes, root: str, domain_dir: str | None) -> Section | None:
-    """The section an index file holds, or None when it is not a whole index of this section
-    (truncated, foreign, corrupt, another version or another store's). The seed texts are
-    checked when first used (`Section.seeds`)."""
-    head, newline, body = data.partition(b"\n")
-    if not newline:
+def _listing_keys_of(value: Any) -> tuple[tuple[str, str, str], tuple[str, str, str]] | None:
+    """The header's first and last listed (domain, id, name).
+
+    Raises:
+        ValueError: the value is neither null nor two such triples.
+    """
+    if value is None:
         return None
-    parts = body.split(b"\n", 1 + len(COLUMN_POSITIONS))
-    if len(parts) != 2 + len(COLUMN_POSITIONS):
+    if not (isinstance(value, list) and len(value) == 2):
+        raise ValueError("not a listing's keys")
+    keys = []
+    for key in value:
+        if not (isinstance(key, list) and len(key) == 3 and all(isinstance(part, str) for part in key)):
+            raise ValueError("not a listing's keys")
+        keys.append((key[0], key[1], key[2]))
+    return keys[0], keys[1]
+
+
+def open_section(
+    data: bytes | bytearray, root: str, domain_dir: str | None, length: int | None = None
+) -> Section | None:
+    """The section an index file holds (its bytes: `data`, or its first `length` bytes), or None
+    when it is not a whole index of this section (truncated, foreign, corrupt, another version
+    or another store's). The blocks but the directory record are checked when first used
+    (`Section`); they are views of `data`."""
+    size = len(data) if length is None else length
+    end = data.find(b"\n", 0, size)
+    if end < 0:
         return None
-    seeds_block = parts.pop()
-    columns = body[: len(body) - len(seeds_block) - 1]
     try:
-        header = loads(head)
-        seeds_crc32 = header.get("seeds_crc32") if isinstance(header, dict) else None
-        if not isinstance(seeds_crc32, int):
+        header = loads(memoryview(data)[:end])
+        if not isinstance(header, dict):
             return None
-        if header != _header(root, domain_dir, len(body), zlib.crc32(columns), seeds_crc32):
+        count, lengths = header.get("count"), header.get("blocks")
+        if not (
+            type(count) is int
+            and count >= 0
+            and type(lengths) is list
+            and len(lengths) == 2 * BLOCK_COUNT
+            and set(map(type, lengths)) == {int}
+            and min(lengths) >= 0
+        ):
             return None
-        record = _record_of(loads(parts[0]))
-        if record is None:
+        if header != _header(root, domain_dir, count, lengths, header.get("listing")):
             return None
-        names = _decode_json(parts[1 + COLUMN_POSITIONS.index(NAME)])
+        listing_keys = _listing_keys_of(header["listing"])
+        sizes = lengths[0::2]
+        start = end + 1
+        if start + sum(sizes) != size:
+            return None
+        view = memoryview(data)
+        blocks: list[bytes | memoryview] = []
+        for size in sizes:
+            blocks.append(view[start : start + size])
+            start += size
+        section = Section(EMPTY_RECORD, count, blocks, lengths[1::2], listing_keys)
+        record = _record_of(loads(section.block(0)))
     except (ValueError, TypeError, RecursionError):
         return None
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+    if record is None:
         return None
-    return Section(record, parts[1:], names, seeds_block, seeds_crc32)
+    section.record = record
+    return section
 
 
 def decode_section(

@@ -23,11 +23,13 @@ The files stay the source of truth; the index only saves parsing them again.
   listing, knows the section names every file there is; any other section is
   listed again before it is used.
 * Integrity: a file is a header line (format, version, store root, section,
-  the body's length and CRC-32) and a body: the directory record, one JSON line
-  per column of the entries, then each entry's seed JSON text on a line of its
-  own (decoded only for a seed an answer shows); indexfile.py holds the format.
-  A truncated, foreign, corrupt
-  or other-version file is ignored, and the section rebuilt from the seed files.
+  the number of entries, each block's length and CRC-32) and a body of blocks:
+  the directory record, one JSON list per column of the entries, the entries'
+  signatures packed, the `list` rows as the CLI prints them, and each entry's
+  seed JSON text on a line of its own; a reader checks each block it uses
+  before it uses it. indexfile.py holds the format. A truncated, foreign,
+  corrupt or other-version file is ignored, and the section rebuilt from the
+  seed files.
 * Writing: a section is rewritten only when something in it changed, to a
   temporary name in the index directory then renamed over the old one (through
   a descriptor of that directory, as every write of the store is), while

@@ -36,48 +36,32 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from operator import itemgetter
 
 from agentsidecar.seedstore_service import cli_output, indexfile, render
 from agentsidecar.seedstore_service.indexfile import (
-    CHECKED,
-    CTIME,
-    DEV,
     DOMAIN,
     ID,
-    INO,
     KEYS,
-    MTIME,
     NAME,
     NOTES,
     PROBLEM,
     RANK,
     REVISION,
     ROW,
-    SIZE,
 )
 from agentsidecar.seedstore_service.location import SERVER_ENV, is_normal, spelled_store_root
 from agentsidecar.seedstore_service.names import canonical, is_identifier
 from agentsidecar.seedstore_service.scoring import could_match, rank_key, score, select
-from agentsidecar.seedstore_service.walk import join_path, walk
+from agentsidecar.seedstore_service.walk import join_path, walk_stats
 from agentsidecar.sidecar_runtime import cli_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    # A section, its entries' positions by name, its path prefix, then by position: the
-    # signatures, checked_ns, problem, notes and declared domain of its entries.
-    _Held = tuple[
-        indexfile.Section,
-        dict[str, int],
-        str,
-        list[tuple[int, int, int, int, int]],
-        list[int],
-        list[Any],
-        list[Any],
-        list[str],
-    ]
+_first = itemgetter(0)
 
 
 # Each command's options: those taking a value, and switches.
@@ -152,13 +136,135 @@ def parse(argv: Sequence[str]) -> _Request | None:
     return _Request(command, options, positional)
 
 
+class _Vouched:
+    """A section of the scope whose entries vouch for the walk's files in it (`vouched_sections`)."""
+
+    __slots__ = ("complete", "names", "prefix", "rows", "section")
+
+    def __init__(
+        self, section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None
+    ) -> None:
+        self.section = section
+        self.prefix = prefix  # a file's path is the prefix and its name
+        self.names = names  # the files' names in the section, sorted
+        # Each file's entry (`rows`; None: the files are the entries, in order).
+        self.rows: Sequence[int] = rows if rows is not None else range(section.count)
+        self.complete = rows is None or len(rows) == section.count  # every entry is one of the files'
+
+
+def vouched_sections(
+    root: str, domain: str | None, narrow: Callable[[indexfile.Section], indexfile.Section]
+) -> list[_Vouched] | None:
+    """The sections holding the seed files of the scope, when each file has an entry that vouches
+    for it and none has a problem, a note or (with `domain`) another declared domain; else None.
+
+    The walk finds what every load finds (`walk.walk_stats`); the trust test is persisted.py's, made for a
+    section at once (`indexfile.Section.signatures_hold`): each entry's signature is its
+    file's now (stat taken after the walk listed the file), and the entry is not racy.
+    `narrow` gives what the command keeps of a section once it vouches (`Section.narrowed`),
+    so that the file's bytes are let go before the next is read.
+    """
+    stated = walk_stats(root, domain, indexfile.pack_signatures)
+    if stated is None:
+        return None
+    index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
+    vouched = []
+    # Every section file is read into this one buffer: each section is narrowed (its blocks
+    # copied out) before the next file is read over it.
+    buffer = bytearray()
+    try:
+        for domain_dir, parts in stated:
+            names, current = _joined(parts)
+            if current is None:
+                return None  # a signature no entry could hold
+            prefix = indexfile.section_prefix(root, domain_dir)
+            if join_path(root if domain_dir is None else join_path(root, domain_dir), "") != prefix:
+                return None  # the walk spells the section's paths otherwise: no entry names them
+            file_name = indexfile.section_file_name(domain_dir)
+            read = indexfile.read_index_file_into(join_path(index_directory, file_name), buffer)
+            if read is None:
+                return None
+            buffer, length = read
+            section = indexfile.open_section(buffer, root, domain_dir, length)
+            if section is None:
+                return None
+            # Entries and a directory's files are sorted by name: when the files (of one directory)
+            # are the entries, the names are equal.
+            rows: list[int] | None = None
+            if not section.names_are(names):
+                positions = dict(zip(section.column(NAME), range(section.count), strict=True))
+                found = list(map(positions.get, names))
+                if None in found:
+                    return None  # a file without an entry
+                rows = found  # type: ignore[assignment]  # no None among them
+            if not section.signatures_hold(current, rows):
+                return None
+            if not _clean(section, rows, domain):
+                return None
+            vouched.append(_Vouched(narrow(section), prefix, names, rows))
+    except (OSError, ValueError):
+        return None  # a file gone since the walk, or a block or column that is not one
+    return vouched
+
+
+def _joined(parts: list[tuple[list[str], bytes | None]]) -> tuple[list[str], bytes | None]:
+    """A section's files' names and packed signatures from those of the directories holding them."""
+    if len(parts) == 1:
+        return parts[0]
+    names: list[str] = []
+    columns: list[list[int]] = [[] for _field in range(5)]
+    for part_names, packed in parts:
+        if packed is None:
+            return names, None
+        names.extend(part_names)
+        for column, values in zip(columns, indexfile.unpack_signatures(packed), strict=True):
+            column.extend(values)
+    return names, indexfile.pack_columns(columns)
+
+
+def _clean(section: indexfile.Section, rows: list[int] | None, domain: str | None) -> bool:
+    """Whether no entry at `rows` (None: every entry; else each at most once) has a problem or a
+    note and, with `domain`, each declares it.
+
+    Raises:
+        ValueError: a column is not one.
+    """
+    if rows is None or len(rows) == section.count:  # every entry: the columns as a whole
+        if not (section.column_holds_only(PROBLEM, b"null") or _all_none(section.column(PROBLEM))):
+            return False
+        if not (section.column_holds_only(NOTES, b"[]") or not any(section.column(NOTES))):
+            return False
+        if domain is None:
+            return True
+        text = cli_common.encode_string(domain).encode()  # an identifier: ASCII
+        return (
+            section.column_holds_only(DOMAIN, text) or section.column(DOMAIN).count(domain) == section.count
+        )
+    problem, notes = section.column(PROBLEM), section.column(NOTES)
+    domains = section.column(DOMAIN) if domain is not None else None
+    return all(
+        problem[row] is None and not notes[row] and (domains is None or domains[row] == domain)
+        for row in rows
+    )
+
+
+def _all_none(values: list[Any]) -> bool:
+    return values.count(None) == len(values)
+
+
 class _Scope:
-    """The seed files of a scope (walk order) with where their entries lie: (path, section, position)."""
+    """The seed files of a scope with where their entries lie: (path, section, position), in no
+    particular order (every answer sorts by a key that ends in the path)."""
 
     __slots__ = ("files",)
 
-    def __init__(self) -> None:
+    def __init__(self, vouched: list[_Vouched]) -> None:
         self.files: list[tuple[str, indexfile.Section, int]] = []
+        for held in vouched:
+            prefix, section = held.prefix, held.section
+            self.files.extend(
+                (prefix + name, section, row) for name, row in zip(held.names, held.rows, strict=True)
+            )
 
     def values(self, position: int) -> list[Any]:
         """Each file's entry's value at `position`, in the files' order."""
@@ -172,71 +278,64 @@ class _Scope:
         return values
 
 
-def vouched_scope(root: str, domain: str | None) -> _Scope | None:
-    """Every seed file of the scope with its entry, when the index vouches for each and none has a
-    problem, a note or (with `domain`) another declared domain; else None.
-
-    The trust test is persisted.py's: the entry's signature (`indexfile.signature_of`) is the
-    file's now, and the entry is not racy (`indexfile.is_racy`).
-    """
-    refs, problems = walk(root, domain)
-    if problems:
-        return None
-    index_directory = join_path(root, indexfile.INDEX_DIR_NAME)
-    sections: dict[str | None, _Held] = {}
-    scope = _Scope()
-    try:
-        for path, domain_dir in refs:
-            held = sections.get(domain_dir)
-            if held is None:
-                opened = _open(root, index_directory, domain_dir)
-                if opened is None:
-                    return None
-                held = sections[domain_dir] = opened
-            section, positions, prefix, signatures, checked, problem, notes, domains = held
-            index = positions.get(path[len(prefix) :] if path.startswith(prefix) else path)
-            if index is None:
-                return None
-            signature = signatures[index]
-            if signature != indexfile.signature_of(os.stat(path)):
-                return None
-            if indexfile.is_racy(signature[1], signature[2], checked[index]):
-                return None
-            if (
-                problem[index] is not None
-                or notes[index]
-                or (domain is not None and domains[index] != domain)
-            ):
-                return None
-            scope.files.append((path, section, index))
-    except (OSError, ValueError):
-        return None  # a file gone since the walk, or a column that is not one
-    return scope
+_SEEDS_LINE = '\n  "seeds": []'
+_ROWS_START = '\n  "seeds": [\n'
+_ROWS_END = "\n  ]"
 
 
-def _open(root: str, index_directory: str, domain_dir: str | None) -> _Held | None:
-    """A section's index file with what the trust test reads of it, or None when it cannot be used.
+class _Listing:
+    """A pretty `list` output: the text before the rows, each section's rows (UTF-8, lone
+    surrogates as such), the text after, without the final newline."""
+
+    __slots__ = ("head", "parts", "tail")
+
+    def __init__(self, head: str, parts: list[bytes], tail: str) -> None:
+        self.head = head
+        self.parts = parts
+        self.tail = tail
+
+    def text(self) -> str:
+        rows = indexfile.LISTING_SEPARATOR.encode().join(self.parts).decode("utf-8", "surrogatepass")
+        return f"{self.head}{_ROWS_START}{rows}{_ROWS_END}{self.tail}"
+
+    def chunks(self) -> list[bytes] | None:
+        """The output and its final newline as ASCII bytes, or None when it holds anything else."""
+        if not (self.head.isascii() and self.tail.isascii() and all(part.isascii() for part in self.parts)):
+            return None
+        separator = indexfile.LISTING_SEPARATOR.encode()
+        chunks = [(self.head + _ROWS_START).encode()]
+        for part in self.parts:
+            chunks.extend((part, separator))
+        chunks[-1] = (_ROWS_END + self.tail + "\n").encode()
+        return chunks
+
+
+def _listed(root: str, domain: str | None, vouched: list[_Vouched]) -> _Listing | None:
+    """The pretty `list` output from the sections' listing blocks; None when a section holds
+    none, or entries for files the walk did not find, or the sections' rows interleave.
 
     Raises:
-        ValueError: a column is not one (see `indexfile.Section.column`).
+        ValueError: a listing block is not the one written.
     """
-    data = indexfile.read_index_file(join_path(index_directory, indexfile.section_file_name(domain_dir)))
-    section = None if data is None else indexfile.open_section(data, root, domain_dir)
-    if section is None:
+    spans = []
+    for held in vouched:
+        keys = held.section.listing_keys
+        if keys is None or not held.complete:
+            return None
+        (first_domain, first_id, first_name), (last_domain, last_id, last_name) = keys
+        first = (first_domain, first_id, held.prefix + first_name)
+        last = (last_domain, last_id, held.prefix + last_name)
+        spans.append((first, last, held.section))
+    if not spans:
         return None
-    column = section.column
-    positions = {name: index for index, name in enumerate(column(NAME))}
-    signatures = list(zip(column(SIZE), column(MTIME), column(CTIME), column(INO), column(DEV), strict=True))
-    return (
-        section,
-        positions,
-        indexfile.section_prefix(root, domain_dir),
-        signatures,
-        column(CHECKED),
-        column(PROBLEM),
-        column(NOTES),
-        column(DOMAIN),
-    )
+    spans.sort(key=_first)
+    for k in range(1, len(spans)):
+        if not spans[k - 1][1] < spans[k][0]:
+            return None  # the sections' rows interleave: `_list` sorts them
+    head, found, tail = cli_common.pretty(render.listing_json(root, domain, [], ())).partition(_SEEDS_LINE)
+    if not found:
+        return None
+    return _Listing(head, [section.listing() or b"" for _first_key, _last, section in spans], tail)
 
 
 def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
@@ -252,14 +351,30 @@ def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
     return render.listing_json(root, domain, rows, ())
 
 
-def _inspect(root: str, seed_id: str, scope: _Scope) -> dict[str, Any] | None:
-    ids = scope.values(ID)
-    matches = [k for k, value in enumerate(ids) if value == seed_id]
-    if len(matches) != 1:
-        return None  # not found or ambiguous: cli.py reports which
-    path, section, index = scope.files[matches[0]]
-    seed = indexfile.loads(section.seeds()[index])
-    return render.inspect_json(root, path, section.column(REVISION)[index], seed, ())
+def _inspect(root: str, seed_id: str, vouched: list[_Vouched]) -> dict[str, Any] | None:
+    found: tuple[_Vouched, int] | None = None
+    for held in vouched:
+        section = held.section
+        if held.complete:
+            if not section.count_of(ID, seed_id):
+                continue  # counted as written: the column need not be decoded
+            ids = section.column(ID)
+            hits = ids.count(seed_id)
+            rows = [ids.index(seed_id)] if hits == 1 else list(range(hits))  # past one: ambiguous
+        else:
+            ids = section.column(ID)
+            rows = [row for row in held.rows if ids[row] == seed_id]
+        for row in rows:
+            if found is not None:
+                return None  # ambiguous: cli.py reports it
+            found = (held, row)
+    if found is None:
+        return None  # not found: cli.py reports it
+    held, row = found
+    section = held.section
+    path = held.prefix + held.names[held.rows.index(row)]
+    seed = indexfile.loads(section.seeds()[row])
+    return render.inspect_json(root, path, section.column(REVISION)[row], seed, ())
 
 
 def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | None:
@@ -310,33 +425,61 @@ def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | Non
 
 def answer(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     """What `cli.main(argv)` prints on stdout (without the final newline), or None (module docstring)."""
+    answered = _answer(argv, env)
+    return answered.text() if isinstance(answered, _Listing) else answered
+
+
+def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | None:
     request = parse(argv)
     if request is None or env.get(SERVER_ENV):
         return None
     root = spelled_store_root(env)
     if root is None or not is_normal(root):
         return None
+    style = request.value("json-style") or cli_common.DEFAULT_JSON_STYLE
     output: dict[str, Any] | None
     if request.command == "store":
         output = render.store_json(root)
     else:
         domain = request.value("domain")
-        scope = vouched_scope(root, domain)
-        if scope is None:
-            return None
         try:
             if request.command == "list":
-                output = _list(root, domain, scope)
+                vouched = vouched_sections(root, domain, _kept_for_list)
+                if vouched is None:
+                    return None
+                listed = _listed(root, domain, vouched) if style == "pretty" else None
+                if listed is not None:
+                    return listed
+                output = _list(root, domain, _Scope(vouched))
             elif request.command == "inspect":
-                assert request.positional is not None
-                output = _inspect(root, request.positional, scope)
+                seed_id = request.positional
+                assert seed_id is not None
+
+                def kept_for_inspect(section: indexfile.Section) -> indexfile.Section:
+                    return section.narrowed((ID, REVISION), seeds=section.count_of(ID, seed_id) > 0)
+
+                vouched = vouched_sections(root, domain, kept_for_inspect)
+                if vouched is None:
+                    return None
+                output = _inspect(root, seed_id, vouched)
             else:
-                output = _search(root, request, scope)
+                vouched = vouched_sections(root, domain, _kept_for_search)
+                if vouched is None:
+                    return None
+                output = _search(root, request, _Scope(vouched))
         except ValueError:
-            return None  # a column or the seed texts of a section are not what was written
+            return None  # a column or a block of a section is not what was written
     if output is None:
         return None
-    return cli_output.dumps(output, request.value("json-style") or cli_common.DEFAULT_JSON_STYLE)
+    return cli_output.dumps(output, style)
+
+
+def _kept_for_list(section: indexfile.Section) -> indexfile.Section:
+    return section.narrowed((ID, DOMAIN, ROW, REVISION), seeds=False, listing=True)
+
+
+def _kept_for_search(section: indexfile.Section) -> indexfile.Section:
+    return section.narrowed((KEYS, ID, RANK, ROW, DOMAIN), seeds=False)
 
 
 def main() -> int:
@@ -347,12 +490,40 @@ def main() -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        text = answer(argv, os.environ)
+        answered = _answer(argv, os.environ)
     finally:
         if collecting:
             gc.enable()
-    if text is None:
+    if answered is None:
         from agentsidecar.seedstore_service.cli import main as full_main
 
         return full_main(argv)
-    return cli_common.write_result(text + "\n")
+    if isinstance(answered, _Listing):
+        written = _write_listing(answered)
+        if written is not None:
+            return written
+        answered = answered.text()
+    return cli_common.write_result(answered + "\n")
+
+
+def _write_listing(listing: _Listing) -> int | None:
+    """Write a listing's bytes to stdout's buffer, as `cli_common.write_result` writes its text
+    (then flush; a reader gone is exit 1); None when the bytes could differ from the text's:
+    stdout is no UTF-8 text stream on a binary one, or translates newlines, or the output holds
+    more than ASCII."""
+    stream = sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    encoding = str(getattr(stream, "encoding", "")).lower().replace("_", "-")
+    if buffer is None or encoding not in ("utf-8", "utf8") or os.linesep != "\n":
+        return None
+    chunks = listing.chunks()
+    if chunks is None:
+        return None
+    try:
+        stream.flush()
+        for chunk in chunks:
+            buffer.write(chunk)
+        buffer.flush()
+    except BrokenPipeError:
+        return cli_common.reader_gone(stream)
+    return cli_common.EXIT_OK

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentsidecar.seedstore_service import cli, indexfile, quickread
+from agentsidecar.seedstore_service import cli, indexfile, quickread, walk
 from agentsidecar.seedstore_service.model import Evidence, Rank, Risk, Seed
 from agentsidecar.seedstore_service.seedfile import dump_seed
 
@@ -248,37 +249,84 @@ def test_a_removed_file_is_left_out(store: Path) -> None:
     [
         lambda data: data[: len(data) // 2],
         lambda data: data[:-1],
-        lambda data: data.replace(b"text_to_speech", b"text_to_spEech", 1),
-        lambda data: data.replace(b"say --help", b"say --hElp", 1),
+        lambda data: data + b"\n",
         lambda data: b"not an index\n" + data,
         lambda data: b"",
-        lambda data: data.replace(b'"version":4', b'"version":3', 1),
+        lambda data: data.replace(b'"version":5', b'"version":4', 1),
+        lambda data: data.replace(b'"count":4', b'"count":3', 1),
     ],
-    ids=[
-        "half",
-        "one byte short",
-        "a column changed",
-        "a seed text changed",
-        "foreign",
-        "empty",
-        "other version",
-    ],
+    ids=["half", "one byte short", "one byte more", "foreign", "empty", "other version", "other count"],
 )
 def test_a_damaged_index_file_is_never_used(store: Path, damage: object) -> None:
     section = store / indexfile.INDEX_DIR_NAME / indexfile.section_file_name("voice")
     data = section.read_bytes()
     damaged = damage(data)  # type: ignore[operator]
     assert damaged != data
-    section.write_bytes(damaged)
-    inspected = quick(["inspect", "piper"])
-    assert inspected is None or inspected == full(["inspect", "piper"])
-    # "a seed text changed" only matters to a command that shows a seed: the others may answer.
-    section.write_bytes(damaged)
-    for argv in (["list", "--domain", "voice"], ["search", "tts"]):
-        answered = quick(argv)
-        assert answered is None or answered == full(argv)
+    for argv in (["inspect", "piper"], ["list", "--domain", "voice"], ["list"], ["search", "tts"]):
         section.write_bytes(damaged)
-    assert quick(["inspect", "piper"]) is None
+        assert quick(argv) is None, argv
+
+
+_COMMON_BLOCKS = frozenset(
+    {
+        0,
+        *(
+            1 + indexfile.COLUMN_POSITIONS.index(p)
+            for p in (indexfile.NAME, indexfile.PROBLEM, indexfile.NOTES)
+        ),
+    }
+    | {indexfile.SIGNATURES_BLOCK}
+)
+
+
+def _column_blocks(*positions: int) -> frozenset[int]:
+    return frozenset(1 + indexfile.COLUMN_POSITIONS.index(position) for position in positions)
+
+
+# Each quick command, and the blocks of a section in its scope that it reads (and so checks).
+_READS: tuple[tuple[tuple[str, ...], frozenset[int]], ...] = (
+    (
+        ("inspect", "piper"),
+        _COMMON_BLOCKS | _column_blocks(indexfile.ID, indexfile.REVISION) | {indexfile.SEEDS_BLOCK},
+    ),
+    (
+        ("list", "--domain", "voice"),
+        _COMMON_BLOCKS | _column_blocks(indexfile.DOMAIN) | {indexfile.LISTING_BLOCK},
+    ),
+    (("list",), _COMMON_BLOCKS | {indexfile.LISTING_BLOCK}),
+    (
+        ("list", "--json-style=compact"),
+        _COMMON_BLOCKS | _column_blocks(indexfile.ID, indexfile.DOMAIN, indexfile.ROW, indexfile.REVISION),
+    ),
+    (
+        ("search", "tts"),
+        _COMMON_BLOCKS
+        | _column_blocks(indexfile.KEYS, indexfile.ID, indexfile.RANK, indexfile.ROW, indexfile.DOMAIN),
+    ),
+)
+
+
+@pytest.mark.parametrize("block", range(indexfile.BLOCK_COUNT))
+def test_a_damaged_block_is_never_used(store: Path, block: int) -> None:
+    """One byte of one block changed: a command that reads the block declines, any other answers
+    exactly as cli.py does (a block it does not read cannot change its answer)."""
+    section = store / indexfile.INDEX_DIR_NAME / indexfile.section_file_name("voice")
+    data = section.read_bytes()
+    head = data.partition(b"\n")[0]
+    lengths = json.loads(head)["blocks"][0::2]  # each block's length and CRC-32, flat
+    start = len(head) + 1 + sum(lengths[:block])
+    length = lengths[block]
+    if not length:
+        pytest.skip("the block is empty in this section")
+    middle = start + length // 2
+    damaged = data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1 :]
+    for argv, reads in _READS:
+        section.write_bytes(damaged)
+        answered = quick(argv)
+        if block in reads:
+            assert answered is None, argv
+        else:
+            assert answered is None or answered == full(argv), argv
 
 
 def test_another_stores_index_is_never_used(store: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -544,7 +592,6 @@ def test_while_two_writers_add_seeds_every_answer_matches_the_files(home: Path) 
     """Two `cli.main` writers add seeds and rewrite the index; the quick path, answering all the
     while, never lists a seed its file does not hold now (each file is written once)."""
     import hashlib
-    import json
 
     script = (
         "import sys\n"
@@ -580,3 +627,196 @@ def test_while_two_writers_add_seeds_every_answer_matches_the_files(home: Path) 
         assert len(json.loads(final)["seeds"]) == 50
         assert quick(["list", "--domain", "voice"]) == final
     assert answered > 0
+
+
+def test_an_edit_that_puts_the_mtime_back_is_seen(store: Path) -> None:
+    """Same size, mtime restored (`touch -r` after an edit): only the ctime tells, and it does."""
+    path = store / "voice" / "piper.yml"
+    before = path.stat()
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("piper --help", "piper --hElp"), encoding="utf-8")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert after.st_ctime_ns != before.st_ctime_ns
+    for argv in (["list"], ["inspect", "piper"], ["list", "--domain", "voice"]):
+        assert quick(argv) is None, argv
+    shown = full(["inspect", "piper"])
+    assert "piper --hElp" in shown
+    assert quick(["inspect", "piper"]) == shown
+
+
+def test_rows_of_sections_that_interleave_are_sorted_as_cli_sorts_them(store: Path) -> None:
+    """A file in the root declaring `voice` and an id between the voice directory's: the whole-store
+    list cannot join the sections' rows as they are, and sorts them instead."""
+    (store / "middle.yml").write_text(
+        dump_seed(Seed(id="q", domain="voice", kind="cli", command="q", provides=("p",))), encoding="utf-8"
+    )
+    listed = full(["list"])
+    answered = quick(["list"])
+    assert answered is not None
+    assert answered == listed
+    ids = [row["id"] for row in json.loads(listed)["seeds"] if row["domain"] == "voice"]
+    assert ids == sorted(ids)
+    assert ids.index("q") not in (0, len(ids) - 1)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ['quote".yml', "back\\slash.yml", "new\nline.yml", "tab\there.yml", "été.yml", "sp ace.yml"],
+    ids=["quote", "backslash", "newline", "tab", "non-ascii", "space"],
+)
+def test_odd_file_names_are_answered_as_cli_answers(store: Path, name: str) -> None:
+    write_seed(
+        store, Seed(id="odd", domain="voice", kind="cli", command="odd", provides=("odd_cap",)), name[:-4]
+    )
+    full(["list"])
+    for argv in (["list"], ["list", "--domain", "voice"], ["inspect", "odd"], ["search", "odd_cap"]):
+        answered = quick(argv)
+        assert answered is not None, argv
+        assert answered == full(argv), argv
+
+
+def _section_of(entries: list[list[object]]) -> indexfile.Section:
+    data = indexfile.encode_section("/r", "d", entries)
+    section = indexfile.open_section(data, "/r", "d")
+    assert section is not None
+    return section
+
+
+def _entry(name: str, seed_id: str | None) -> list[object]:
+    entry: list[object] = [None] * indexfile.ENTRY_LENGTH
+    entry[indexfile.NAME], entry[indexfile.ID] = name, seed_id
+    entry[indexfile.SIZE : indexfile.CHECKED + 1] = [1, 2, 3, 4, 5, 6]
+    entry[indexfile.SEED] = b""
+    return entry
+
+
+def test_names_are_compared_as_written_only_when_that_is_exact() -> None:
+    """`names_are` says yes only for the names the section holds: a name holding a newline is
+    written `\\n`, which a name holding a backslash and an `n` would spell as it is."""
+    for held, other in (
+        (["x\ny.yml"], ["x\\ny.yml"]),
+        (['a","b.yml'], ["a", "b.yml"]),
+        (["plain.yml", "été.yml"], ["plain.yml", "ete.yml"]),
+    ):
+        section = _section_of([_entry(name, "a") for name in held])
+        assert not section.names_are(other), (held, other)
+        assert section.names_are(held) or section.column(indexfile.NAME) == held
+    assert _section_of([_entry("plain.yml", "a"), _entry("été.yml", "b")]).names_are(["plain.yml", "été.yml"])
+
+
+def test_an_id_is_counted_as_a_whole_value_of_the_column() -> None:
+    section = _section_of(
+        [
+            _entry(f"{k}.yml", seed_id)
+            for k, seed_id in enumerate(['a","seed-1', "seed-1", "xseed-1", None, "seed-10"])
+        ]
+    )
+    assert section.count_of(indexfile.ID, "seed-1") == 1
+    assert section.count_of(indexfile.ID, "xseed-1") == 1
+    assert section.count_of(indexfile.ID, "seed") == 0
+    assert section.count_of(indexfile.ID, 'a","seed-1') == 1  # decoded: it needs escaping
+
+
+_ROW_TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=12)
+
+
+# Pure string work per example: more than the default, cheaply.
+@settings(max_examples=300)
+@given(
+    seed_id=_ROW_TEXT,
+    domain=_ROW_TEXT,
+    kind=_ROW_TEXT,
+    path=_ROW_TEXT,
+    provides=st.lists(_ROW_TEXT, max_size=3),
+    status=_ROW_TEXT,
+    risks=st.lists(_ROW_TEXT, max_size=2),
+    revision=_ROW_TEXT,
+)
+def test_a_stored_list_row_is_the_row_the_cli_prints(
+    seed_id: str,
+    domain: str,
+    kind: str,
+    path: str,
+    provides: list[str],
+    status: str,
+    risks: list[str],
+    revision: str,
+) -> None:
+    from agentsidecar.seedstore_service import cli_output, render
+
+    row = render.list_row_json(seed_id, domain, kind, path, provides, status, risks, revision)
+    printed = cli_output.dumps(render.listing_json("/r", None, [row], ()), "pretty")
+    stored = indexfile.list_row_text(seed_id, domain, kind, path, provides, status, risks, revision)
+    assert printed == '{\n  "seed_store": "/r",\n  "domain": null,\n  "seeds": [\n' + stored + "\n  ]\n}"
+
+
+def _walk_files(root: str, domain: str | None) -> list[str] | None:
+    stated = walk.walk_stats(root, domain, len)
+    if stated is None:
+        return None
+    paths: list[str] = []
+    for domain_dir, parts in stated:
+        prefix = indexfile.section_prefix(root, domain_dir)
+        for names, count in parts:
+            assert count == len(names)
+            paths.extend(prefix + name for name in names)
+    return sorted(paths)
+
+
+_TREE = st.lists(
+    st.tuples(
+        st.sampled_from(["voice", "audio", "voice/sub", "voice/sub/deeper", "", "audio/x.yml"]),
+        st.sampled_from(["a.yml", "b.yaml", "c.txt", "d.yml", "link.yml", "dirlink", "loop", "gone.yml"]),
+        st.sampled_from(["file", "dir", "link-file", "link-dir", "link-up", "link-nowhere"]),
+    ),
+    max_size=10,
+)
+
+
+# Each example builds a small tree of files, directories and links: fewer than the default.
+@pytest.mark.slow
+@settings(max_examples=60)
+@given(tree=_TREE)
+def test_walk_stats_finds_what_walk_finds_or_gives_up(tree: list[tuple[str, str, str]]) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch) / "capabilities"
+        root.mkdir()
+        for directory, name, kind in tree:
+            parent = root / directory
+            with contextlib.suppress(OSError):
+                parent.mkdir(parents=True, exist_ok=True)
+                target = parent / name
+                if kind == "file":
+                    target.write_text("id: x\n")
+                elif kind == "dir":
+                    target.mkdir()
+                elif kind == "link-file":
+                    (parent / f"{name}.target").write_text("id: y\n")
+                    target.symlink_to(parent / f"{name}.target")
+                elif kind == "link-dir":
+                    target.symlink_to(root / "voice", target_is_directory=True)
+                elif kind == "link-up":
+                    target.symlink_to(root, target_is_directory=True)
+                else:
+                    target.symlink_to(parent / "nowhere")
+        for domain in (None, "voice", "audio"):
+            refs, problems = walk.walk(str(root), domain)
+            found = _walk_files(str(root), domain)
+            if found is not None:
+                assert not problems
+                assert found == sorted(path for path, _domain_dir in refs), domain
+            elif not problems:
+                # It gave up where walk reports nothing: only for a name it could not stat.
+                assert any(kind == "link-nowhere" for _directory, _name, kind in tree)
+
+
+@pytest.mark.slow
+def test_the_console_command_prints_a_list_as_cli_prints_it(settled: Path) -> None:
+    """The quick path writes a pretty list as bytes; the console command's output is cli.main's."""
+    assert quick(["list"]) is not None
+    for argv in (["list"], ["list", "--domain", "many"]):
+        result = run_seedstore(settled, *argv)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == full(argv), argv
