@@ -45,6 +45,11 @@ section was listed from is stat'ed, and a section whose directories changed (or
 changed too close to that listing to tell, or that the index does not hold) is
 listed again (see persisted.py).
 
+`build()` fills an empty index for a first start (no persisted index to start from): it
+reads the store a section at a time, saves each section of the persisted index, and
+indexes that section as a start from the persisted index would, so no Seed is kept
+and the index holds what the next start would.
+
 `refresh_paths()` re-reads named files only: the service calls it for the file it
 has just written, so a write does not pay for a walk of the whole store. For
 writes, `candidate_paths()` names the files that can decide a lookup by id, and
@@ -75,6 +80,7 @@ from agentsidecar.seedstore_service.store import (
     SEED_SUFFIXES,
     LoadedScope,
     ParsedFile,
+    SeedFileRef,
     SeedStore,
     StoredSeed,
     domain_dir_of,
@@ -359,6 +365,86 @@ class SeedIndex:
                 self._save(saved, dirty, records)
             self.last_refresh = RefreshStats(len(refs), len(taken), read, time.perf_counter() - started)
             return events
+
+    def build(self) -> None:
+        """Fill an empty index from the files, and hold it as a start from the persisted index does.
+
+        For a first start, before anyone watches: it tells no changes. Each section is read
+        file by file and turned at once into what the persisted index writes (saved, best
+        effort, as a whole `refresh()` saves it), and the index keeps that section as a start
+        from the persisted index keeps it: the search keys, the columns a seed is decoded
+        from when an answer shows it, and no Seed. So only one section's parsed seeds are
+        alive at a time, and what stays is what the next start would hold. Unlike such a
+        start, every file has just been read: the index is swept. A file that could not be
+        stat'ed has no entry there and is kept as read.
+        """
+        with self._refresh_lock:
+            if self._entries:
+                raise ValueError("build() fills an empty index; refresh() updates one")
+            started = time.perf_counter()
+            started_ns = time.time_ns()
+            root = str(self.store.root)
+            listed: dict[str, tuple[str | None, os.stat_result]] = {}
+            refs, walk_problems = walk_seed_files(self.store.root, None, listed)
+            records = persisted.directory_records(root, listed, started_ns)
+            by_section: dict[str | None, list[SeedFileRef]] = {}
+            for ref in refs:
+                by_section.setdefault(ref.domain_dir, []).append(ref)
+            saved = self.store.persisted
+            with self._state_lock:
+                self._paths_by_id = self._paths_by_stem = None
+                self._haystacks.clear()
+                self._bigram_counts.clear()
+                for section_name in sorted(records.keys() | by_section.keys(), key=_section_order):
+                    section_refs = by_section.get(section_name, [])
+                    record = records.get(section_name, persisted.DirectoryRecord())
+                    unstatted = self._build_section(
+                        root, section_name, section_refs, record, started_ns, saved
+                    )
+                    if unstatted:
+                        self._apply(unstatted, [])
+                if saved is not None:
+                    self._saved_directories = dict(records)
+                self._walk_problems = tuple(walk_problems)
+                self._swept = True
+                self._checked = set()
+                self._scope_cache.clear()
+                self._problem_cache.clear()
+            self.last_refresh = RefreshStats(len(refs), 0, len(refs), time.perf_counter() - started)
+
+    def _build_section(
+        self,
+        root: str,
+        section_name: str | None,
+        refs: Sequence[SeedFileRef],
+        record: persisted.DirectoryRecord,
+        started_ns: int,
+        saved: persisted.PersistedIndex | None,
+    ) -> dict[str, _Entry]:
+        """Read a section's files, save them as the persisted index's section, and index that
+        section as `_load_section` does; return the entries of files that could not be stat'ed."""
+        rows: list[persisted.Entry] = []
+        unstatted: dict[str, _Entry] = {}
+        for ref in refs:
+            parsed = read_seed_file(ref.path, ref.domain_dir, None)
+            if parsed.stat_result is None:
+                unstatted[ref.path] = _Entry(None, ref.domain_dir, parsed, True, started_ns)
+                continue
+            name = persisted.name_in_section(root, ref.path, ref.domain_dir)
+            signature = persisted.signature_of(parsed.stat_result)
+            rows.append(persisted.entry_from_parts(name, signature, started_ns, parsed))
+        rows.sort(key=lambda entry: entry[indexfile.NAME])
+        if saved is not None:
+            saved.write_sections({section_name: rows}, directories={section_name: record})
+        data = persisted.encode_section(root, section_name, rows, record)
+        del rows
+        section = indexfile.open_section(data, root, section_name)
+        del data
+        # Encoded just now, so it opens and its columns are whole.
+        assert section is not None
+        loaded = self._load_section(root, section_name, section, [])
+        assert loaded
+        return unstatted
 
     def _save(
         self,
@@ -1087,6 +1173,11 @@ def _read_entry(path: str, domain_dir: str | None, started_ns: int, known: Store
     # The entry lives as long as the file is indexed: keep the five numbers, not the
     # whole os.stat_result (~570 bytes a seed, a tenth of what an indexed seed costs).
     return _Entry(signature, domain_dir, dataclasses.replace(parsed, stat_result=None), racy, started_ns)
+
+
+def _section_order(section: str | None) -> tuple[bool, str]:
+    """The root's section first, then the domains by name."""
+    return section is not None, section or ""
 
 
 def _entry_from_persisted(
