@@ -38,7 +38,7 @@ def sequence_document(expanded: int) -> str:
 
 
 @pytest.mark.parametrize("document", [scalar_document, sequence_document])
-def test_a_document_without_an_alias_is_refused_exactly_past_the_limit(document: Callable[[int], str]) -> None:
+def test_a_document_without_an_alias_is_refused_just_past_the_limit(document: Callable[[int], str]) -> None:
     at_the_limit = outcome(document(LIMIT))
     past_it = outcome(document(LIMIT + 1))
     assert "expands to more than" not in at_the_limit
