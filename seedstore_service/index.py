@@ -48,7 +48,8 @@ listed again (see persisted.py).
 `build()` fills an empty index for a first start (no persisted index to start from): it
 reads the store a section at a time, saves each section of the persisted index, and
 indexes that section as a start from the persisted index would, so no Seed is kept
-and the index holds what the next start would.
+and the index holds what the next start would. A large store's sections are read and
+parsed by worker processes meanwhile.
 
 `refresh_paths()` re-reads named files only: the service calls it for the file it
 has just written, so a write does not pay for a walk of the whole store. For
@@ -80,7 +81,6 @@ from agentsidecar.seedstore_service.store import (
     SEED_SUFFIXES,
     LoadedScope,
     ParsedFile,
-    SeedFileRef,
     SeedStore,
     StoredSeed,
     domain_dir_of,
@@ -366,17 +366,23 @@ class SeedIndex:
             self.last_refresh = RefreshStats(len(refs), len(taken), read, time.perf_counter() - started)
             return events
 
-    def build(self) -> None:
+    def build(self, *, workers: int | None = None) -> None:
         """Fill an empty index from the files, and hold it as a start from the persisted index does.
 
         For a first start, before anyone watches: it tells no changes. Each section is read
         file by file and turned at once into what the persisted index writes (saved, best
         effort, as a whole `refresh()` saves it), and the index keeps that section as a start
         from the persisted index keeps it: the search keys, the columns a seed is decoded
-        from when an answer shows it, and no Seed. So only one section's parsed seeds are
+        from when an answer shows it, and no Seed. So only a few sections' parsed seeds are
         alive at a time, and what stays is what the next start would hold. Unlike such a
         start, every file has just been read: the index is swept. A file that could not be
         stat'ed has no entry there and is kept as read.
+
+        `workers`: how many processes read and parse the sections (`_read_section`, the same
+        function either way) while this one saves and indexes them; by default one per CPU
+        this process may use for a store of at least `_PARALLEL_MIN_FILES` files, else none
+        (the sections are read here). A pool that cannot be started, or breaks, leaves the
+        sections it has not read to this process.
         """
         with self._refresh_lock:
             if self._entries:
@@ -387,22 +393,29 @@ class SeedIndex:
             listed: dict[str, tuple[str | None, os.stat_result]] = {}
             refs, walk_problems = walk_seed_files(self.store.root, None, listed)
             records = persisted.directory_records(root, listed, started_ns)
-            by_section: dict[str | None, list[SeedFileRef]] = {}
+            by_section: dict[str | None, list[tuple[str, str | None]]] = {}
             for ref in refs:
-                by_section.setdefault(ref.domain_dir, []).append(ref)
+                by_section.setdefault(ref.domain_dir, []).append((ref.path, ref.domain_dir))
+            names = sorted(records.keys() | by_section.keys(), key=_section_order)
+            jobs = [(root, by_section.get(name, []), started_ns) for name in names]
+            if workers is None:
+                workers = _cpus() if len(refs) >= _PARALLEL_MIN_FILES else 0
             saved = self.store.persisted
             with self._state_lock:
                 self._paths_by_id = self._paths_by_stem = None
                 self._haystacks.clear()
                 self._bigram_counts.clear()
-                for section_name in sorted(records.keys() | by_section.keys(), key=_section_order):
-                    section_refs = by_section.get(section_name, [])
-                    record = records.get(section_name, persisted.DirectoryRecord())
-                    unstatted = self._build_section(
-                        root, section_name, section_refs, record, started_ns, saved
-                    )
+                for name, (rows, unstatted) in zip(names, _read_sections(jobs, workers), strict=True):
+                    record = records.get(name, persisted.DirectoryRecord())
+                    self._index_section(root, name, rows, record, saved)
                     if unstatted:
-                        self._apply(unstatted, [])
+                        self._apply(
+                            {
+                                parsed.path: _Entry(None, domain_dir, parsed, True, started_ns)
+                                for parsed, domain_dir in unstatted
+                            },
+                            [],
+                        )
                 if saved is not None:
                     self._saved_directories = dict(records)
                 self._walk_problems = tuple(walk_problems)
@@ -412,39 +425,25 @@ class SeedIndex:
                 self._problem_cache.clear()
             self.last_refresh = RefreshStats(len(refs), 0, len(refs), time.perf_counter() - started)
 
-    def _build_section(
+    def _index_section(
         self,
         root: str,
         section_name: str | None,
-        refs: Sequence[SeedFileRef],
+        rows: list[persisted.Entry],
         record: persisted.DirectoryRecord,
-        started_ns: int,
         saved: persisted.PersistedIndex | None,
-    ) -> dict[str, _Entry]:
-        """Read a section's files, save them as the persisted index's section, and index that
-        section as `_load_section` does; return the entries of files that could not be stat'ed."""
-        rows: list[persisted.Entry] = []
-        unstatted: dict[str, _Entry] = {}
-        for ref in refs:
-            parsed = read_seed_file(ref.path, ref.domain_dir, None)
-            if parsed.stat_result is None:
-                unstatted[ref.path] = _Entry(None, ref.domain_dir, parsed, True, started_ns)
-                continue
-            name = persisted.name_in_section(root, ref.path, ref.domain_dir)
-            signature = persisted.signature_of(parsed.stat_result)
-            rows.append(persisted.entry_from_parts(name, signature, started_ns, parsed))
-        rows.sort(key=lambda entry: entry[indexfile.NAME])
+    ) -> None:
+        """Save a section's entries (sorted by name) as the persisted index's section, and index
+        that section as `_load_section` does."""
         if saved is not None:
             saved.write_sections({section_name: rows}, directories={section_name: record})
         data = persisted.encode_section(root, section_name, rows, record)
-        del rows
         section = indexfile.open_section(data, root, section_name)
         del data
         # Encoded just now, so it opens and its columns are whole.
         assert section is not None
         loaded = self._load_section(root, section_name, section, [])
         assert loaded
-        return unstatted
 
     def _save(
         self,
@@ -1173,6 +1172,66 @@ def _read_entry(path: str, domain_dir: str | None, started_ns: int, known: Store
     # The entry lives as long as the file is indexed: keep the five numbers, not the
     # whole os.stat_result (~570 bytes a seed, a tenth of what an indexed seed costs).
     return _Entry(signature, domain_dir, dataclasses.replace(parsed, stat_result=None), racy, started_ns)
+
+
+# A store with fewer seed files is built in one process: starting the workers would cost more
+# than they save.
+_PARALLEL_MIN_FILES = 20_000
+
+_SectionJob = tuple[str, list[tuple[str, str | None]], int]  # root, (path, domain dir) each, started_ns
+# A section's persisted entries, sorted by name, and what the files that could not be stat'ed
+# gave (with their domain directories).
+_SectionRead = tuple[list[persisted.Entry], list[tuple[ParsedFile, str | None]]]
+
+
+def _read_section(job: _SectionJob) -> _SectionRead:
+    """Read and parse a section's files into the entries the persisted index writes.
+
+    Module level and of plain values, so a worker process runs it as this one would.
+    """
+    root, files, started_ns = job
+    rows: list[persisted.Entry] = []
+    unstatted: list[tuple[ParsedFile, str | None]] = []
+    for path, domain_dir in files:
+        parsed = read_seed_file(path, domain_dir, None)
+        if parsed.stat_result is None:
+            unstatted.append((parsed, domain_dir))
+            continue
+        name = persisted.name_in_section(root, path, domain_dir)
+        signature = persisted.signature_of(parsed.stat_result)
+        rows.append(persisted.entry_from_parts(name, signature, started_ns, parsed))
+    rows.sort(key=lambda entry: entry[indexfile.NAME])
+    return rows, unstatted
+
+
+def _read_sections(jobs: Sequence[_SectionJob], workers: int) -> Iterator[_SectionRead]:
+    """`_read_section` of each job, in order: by a pool of `workers` processes when more than one,
+    the jobs a pool could not do (it did not start, or broke) read here."""
+    done = 0
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        # spawn: this process runs threads (the event loop's, gRPC's), which a fork would not carry.
+        context = multiprocessing.get_context("spawn")
+        try:
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+                for result in pool.map(_read_section, jobs):
+                    yield result
+                    done += 1
+        except (OSError, BrokenProcessPool):
+            pass
+    for job in jobs[done:]:
+        yield _read_section(job)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _section_order(section: str | None) -> tuple[bool, str]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -197,3 +200,47 @@ def test_the_build_fills_only_an_empty_index(root: Path) -> None:
     index = built(root)
     with pytest.raises(ValueError, match="empty index"):
         index.build()
+
+
+@pytest.mark.slow
+def test_a_build_by_worker_processes_answers_and_saves_as_one_built_here(root: Path) -> None:
+    refreshed(root)  # the lock file and the index directory exist before either build
+    for path in (root / persisted.INDEX_DIR_NAME).iterdir():
+        path.unlink()
+    here = SeedIndex(SeedStore(root))
+    here.build(workers=0)
+    saved_here = saved_sections(root)
+    for path in (root / persisted.INDEX_DIR_NAME).iterdir():
+        path.unlink()
+    by_workers = SeedIndex(SeedStore(root))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    by_workers.build(workers=2)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime + after.ru_stime > before.ru_utime + before.ru_stime  # workers ran, and ended
+    assert saved_sections(root) == saved_here
+    assert answers(by_workers) == answers(here)
+
+
+_UNGUARDED_BUILD = """
+import sys
+from pathlib import Path
+from agentsidecar.seedstore_service.index import SeedIndex
+from agentsidecar.seedstore_service.store import SeedStore
+
+# No `if __name__ == "__main__"`: a spawned worker that imports this script fails to start.
+index = SeedIndex(SeedStore(Path(sys.argv[1]), persisted_index=False))
+index.build(workers=2)
+print(len(index.scope(None).seeds), len(index.problems(None)))
+"""
+
+
+@pytest.mark.slow
+def test_a_build_whose_workers_cannot_start_reads_the_sections_itself(root: Path, tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED_BUILD)
+    done = subprocess.run(
+        [sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "bootstrapping phase" in done.stderr  # the workers did not start
+    index = refreshed(root, persisted_index=False)
+    assert done.stdout.split() == [str(len(index.scope(None).seeds)), str(len(index.problems(None)))]
