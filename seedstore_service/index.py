@@ -68,9 +68,9 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import NamedTuple
 
 from agentsidecar.seedstore_service import indexfile, persisted, ranking
@@ -397,7 +397,14 @@ class SeedIndex:
             for ref in refs:
                 by_section.setdefault(ref.domain_dir, []).append((ref.path, ref.domain_dir))
             names = sorted(records.keys() | by_section.keys(), key=_section_order)
-            jobs = [(root, by_section.get(name, []), started_ns) for name in names]
+            # A section's files in chunks: a section of any size is spread over the workers.
+            jobs: list[_SectionJob] = []
+            chunks: list[int] = []  # how many jobs each section has
+            for name in names:
+                files = by_section.get(name, [])
+                starts = range(0, len(files), _CHUNK_FILES) if files else range(1)
+                jobs.extend((root, files[start : start + _CHUNK_FILES], started_ns) for start in starts)
+                chunks.append(len(starts))
             if workers is None:
                 workers = _cpus() if len(refs) >= _PARALLEL_MIN_FILES else 0
             saved = self.store.persisted
@@ -405,17 +412,8 @@ class SeedIndex:
                 self._paths_by_id = self._paths_by_stem = None
                 self._haystacks.clear()
                 self._bigram_counts.clear()
-                for name, (rows, unstatted) in zip(names, _read_sections(jobs, workers), strict=True):
-                    record = records.get(name, persisted.DirectoryRecord())
-                    self._index_section(root, name, rows, record, saved)
-                    if unstatted:
-                        self._apply(
-                            {
-                                parsed.path: _Entry(None, domain_dir, parsed, True, started_ns)
-                                for parsed, domain_dir in unstatted
-                            },
-                            [],
-                        )
+                with contextlib.closing(_read_sections(jobs, workers)) as results:
+                    self._index_sections(root, names, chunks, results, records, saved, started_ns)
                 if saved is not None:
                     self._saved_directories = dict(records)
                 self._walk_problems = tuple(walk_problems)
@@ -425,6 +423,35 @@ class SeedIndex:
                 self._problem_cache.clear()
             self.last_refresh = RefreshStats(len(refs), 0, len(refs), time.perf_counter() - started)
 
+    def _index_sections(
+        self,
+        root: str,
+        names: Sequence[str | None],
+        chunks: Sequence[int],
+        results: Iterator[_SectionRead],
+        records: dict[str | None, persisted.DirectoryRecord],
+        saved: persisted.PersistedIndex | None,
+        started_ns: int,
+    ) -> None:
+        """Index each section from the results of its jobs (`chunks` of them), in order."""
+        for name, count in zip(names, chunks, strict=True):
+            rows: list[persisted.Entry] = []
+            unstatted: list[tuple[ParsedFile, str | None]] = []
+            for chunk_rows, chunk_unstatted in islice(results, count):
+                rows.extend(chunk_rows)
+                unstatted.extend(chunk_unstatted)
+            record = records.get(name, persisted.DirectoryRecord())
+            self._index_section(root, name, rows, record, saved)
+            del rows
+            if unstatted:
+                self._apply(
+                    {
+                        parsed.path: _Entry(None, domain_dir, parsed, True, started_ns)
+                        for parsed, domain_dir in unstatted
+                    },
+                    [],
+                )
+
     def _index_section(
         self,
         root: str,
@@ -433,8 +460,9 @@ class SeedIndex:
         record: persisted.DirectoryRecord,
         saved: persisted.PersistedIndex | None,
     ) -> None:
-        """Save a section's entries (sorted by name) as the persisted index's section, and index
-        that section as `_load_section` does."""
+        """Save a section's entries as the persisted index's section, and index that section as
+        `_load_section` does."""
+        rows.sort(key=lambda entry: entry[indexfile.NAME])
         if saved is not None:
             saved.write_sections({section_name: rows}, directories={section_name: record})
         data = persisted.encode_section(root, section_name, rows, record)
@@ -1177,15 +1205,17 @@ def _read_entry(path: str, domain_dir: str | None, started_ns: int, known: Store
 # A store with fewer seed files is built in one process: starting the workers would cost more
 # than they save.
 _PARALLEL_MIN_FILES = 20_000
+# The most files one job of the build reads.
+_CHUNK_FILES = 1000
 
 _SectionJob = tuple[str, list[tuple[str, str | None]], int]  # root, (path, domain dir) each, started_ns
-# A section's persisted entries, sorted by name, and what the files that could not be stat'ed
-# gave (with their domain directories).
+# The persisted entries of a job's files, and what the files that could not be stat'ed gave
+# (with their domain directories).
 _SectionRead = tuple[list[persisted.Entry], list[tuple[ParsedFile, str | None]]]
 
 
 def _read_section(job: _SectionJob) -> _SectionRead:
-    """Read and parse a section's files into the entries the persisted index writes.
+    """Read and parse some of a section's files into the entries the persisted index writes.
 
     Module level and of plain values, so a worker process runs it as this one would.
     """
@@ -1200,11 +1230,10 @@ def _read_section(job: _SectionJob) -> _SectionRead:
         name = persisted.name_in_section(root, path, domain_dir)
         signature = persisted.signature_of(parsed.stat_result)
         rows.append(persisted.entry_from_parts(name, signature, started_ns, parsed))
-    rows.sort(key=lambda entry: entry[indexfile.NAME])
     return rows, unstatted
 
 
-def _read_sections(jobs: Sequence[_SectionJob], workers: int) -> Iterator[_SectionRead]:
+def _read_sections(jobs: Sequence[_SectionJob], workers: int) -> Generator[_SectionRead, None, None]:
     """`_read_section` of each job, in order: by a pool of `workers` processes when more than one,
     the jobs a pool could not do (it did not start, or broke) read here."""
     done = 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agentsidecar.seedstore_service import index as index_module
 from agentsidecar.seedstore_service import indexfile, persisted
 from agentsidecar.seedstore_service.index import SeedIndex
 from agentsidecar.seedstore_service.model import Seed
@@ -203,7 +204,10 @@ def test_the_build_fills_only_an_empty_index(root: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_build_by_worker_processes_answers_and_saves_as_one_built_here(root: Path) -> None:
+@pytest.mark.parametrize("chunk", [1000, 2])
+def test_a_build_by_worker_processes_answers_and_saves_as_one_built_here(
+    root: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
     refreshed(root)  # the lock file and the index directory exist before either build
     for path in (root / persisted.INDEX_DIR_NAME).iterdir():
         path.unlink()
@@ -212,6 +216,8 @@ def test_a_build_by_worker_processes_answers_and_saves_as_one_built_here(root: P
     saved_here = saved_sections(root)
     for path in (root / persisted.INDEX_DIR_NAME).iterdir():
         path.unlink()
+    # Jobs of two files at most split the sections over jobs; the result is the same.
+    monkeypatch.setattr(index_module, "_CHUNK_FILES", chunk)
     by_workers = SeedIndex(SeedStore(root))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     by_workers.build(workers=2)
