@@ -45,6 +45,12 @@ section was listed from is stat'ed, and a section whose directories changed (or
 changed too close to that listing to tell, or that the index does not hold) is
 listed again (see persisted.py).
 
+`build()` fills an empty index for a first start (no persisted index to start from): it
+reads the store a section at a time, saves each section of the persisted index, and
+indexes that section as a start from the persisted index would, so no Seed is kept
+and the index holds what the next start would. A large store's sections are read and
+parsed by worker processes meanwhile.
+
 `refresh_paths()` re-reads named files only: the service calls it for the file it
 has just written, so a write does not pay for a walk of the whole store. For
 writes, `candidate_paths()` names the files that can decide a lookup by id, and
@@ -62,9 +68,9 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import NamedTuple
 
 from agentsidecar.seedstore_service import indexfile, persisted, ranking
@@ -359,6 +365,113 @@ class SeedIndex:
                 self._save(saved, dirty, records)
             self.last_refresh = RefreshStats(len(refs), len(taken), read, time.perf_counter() - started)
             return events
+
+    def build(self, *, workers: int | None = None) -> None:
+        """Fill an empty index from the files, and hold it as a start from the persisted index does.
+
+        For a first start, before anyone watches: it tells no changes. Each section is read
+        file by file and turned at once into what the persisted index writes (saved, best
+        effort, as a whole `refresh()` saves it), and the index keeps that section as a start
+        from the persisted index keeps it: the search keys, the columns a seed is decoded
+        from when an answer shows it, and no Seed. So only a few sections' parsed seeds are
+        alive at a time, and what stays is what the next start would hold. Unlike such a
+        start, every file has just been read: the index is swept. A file that could not be
+        stat'ed has no entry there and is kept as read.
+
+        `workers`: how many processes read and parse the sections (`_read_section`, the same
+        function either way) while this one saves and indexes them; by default one per CPU
+        this process may use for a store of at least `_PARALLEL_MIN_FILES` files, else none
+        (the sections are read here). A pool that cannot be started, or breaks, leaves the
+        sections it has not read to this process.
+        """
+        with self._refresh_lock:
+            if self._entries:
+                raise ValueError("build() fills an empty index; refresh() updates one")
+            started = time.perf_counter()
+            started_ns = time.time_ns()
+            root = str(self.store.root)
+            listed: dict[str, tuple[str | None, os.stat_result]] = {}
+            refs, walk_problems = walk_seed_files(self.store.root, None, listed)
+            records = persisted.directory_records(root, listed, started_ns)
+            by_section: dict[str | None, list[tuple[str, str | None]]] = {}
+            for ref in refs:
+                by_section.setdefault(ref.domain_dir, []).append((ref.path, ref.domain_dir))
+            names = sorted(records.keys() | by_section.keys(), key=_section_order)
+            # A section's files in chunks: a section of any size is spread over the workers.
+            jobs: list[_SectionJob] = []
+            chunks: list[int] = []  # how many jobs each section has
+            for name in names:
+                files = by_section.get(name, [])
+                starts = range(0, len(files), _CHUNK_FILES) if files else range(1)
+                jobs.extend((root, files[start : start + _CHUNK_FILES], started_ns) for start in starts)
+                chunks.append(len(starts))
+            if workers is None:
+                workers = _cpus() if len(refs) >= _PARALLEL_MIN_FILES else 0
+            saved = self.store.persisted
+            with self._state_lock:
+                self._paths_by_id = self._paths_by_stem = None
+                self._haystacks.clear()
+                self._bigram_counts.clear()
+                with contextlib.closing(_read_sections(jobs, workers)) as results:
+                    self._index_sections(root, names, chunks, results, records, saved, started_ns)
+                if saved is not None:
+                    self._saved_directories = dict(records)
+                self._walk_problems = tuple(walk_problems)
+                self._swept = True
+                self._checked = set()
+                self._scope_cache.clear()
+                self._problem_cache.clear()
+            self.last_refresh = RefreshStats(len(refs), 0, len(refs), time.perf_counter() - started)
+
+    def _index_sections(
+        self,
+        root: str,
+        names: Sequence[str | None],
+        chunks: Sequence[int],
+        results: Iterator[_SectionRead],
+        records: dict[str | None, persisted.DirectoryRecord],
+        saved: persisted.PersistedIndex | None,
+        started_ns: int,
+    ) -> None:
+        """Index each section from the results of its jobs (`chunks` of them), in order."""
+        for name, count in zip(names, chunks, strict=True):
+            rows: list[persisted.Entry] = []
+            unstatted: list[tuple[ParsedFile, str | None]] = []
+            for chunk_rows, chunk_unstatted in islice(results, count):
+                rows.extend(chunk_rows)
+                unstatted.extend(chunk_unstatted)
+            record = records.get(name, persisted.DirectoryRecord())
+            self._index_section(root, name, rows, record, saved)
+            del rows
+            if unstatted:
+                self._apply(
+                    {
+                        parsed.path: _Entry(None, domain_dir, parsed, True, started_ns)
+                        for parsed, domain_dir in unstatted
+                    },
+                    [],
+                )
+
+    def _index_section(
+        self,
+        root: str,
+        section_name: str | None,
+        rows: list[persisted.Entry],
+        record: persisted.DirectoryRecord,
+        saved: persisted.PersistedIndex | None,
+    ) -> None:
+        """Save a section's entries as the persisted index's section, and index that section as
+        `_load_section` does."""
+        rows.sort(key=lambda entry: entry[indexfile.NAME])
+        if saved is not None:
+            saved.write_sections({section_name: rows}, directories={section_name: record})
+        data = persisted.encode_section(root, section_name, rows, record)
+        section = indexfile.open_section(data, root, section_name)
+        del data
+        # Encoded just now, so it opens and its columns are whole.
+        assert section is not None
+        loaded = self._load_section(root, section_name, section, [])
+        assert loaded
 
     def _save(
         self,
@@ -1087,6 +1200,72 @@ def _read_entry(path: str, domain_dir: str | None, started_ns: int, known: Store
     # The entry lives as long as the file is indexed: keep the five numbers, not the
     # whole os.stat_result (~570 bytes a seed, a tenth of what an indexed seed costs).
     return _Entry(signature, domain_dir, dataclasses.replace(parsed, stat_result=None), racy, started_ns)
+
+
+# A store with fewer seed files is built in one process: starting the workers would cost more
+# than they save.
+_PARALLEL_MIN_FILES = 20_000
+# The most files one job of the build reads.
+_CHUNK_FILES = 1000
+
+_SectionJob = tuple[str, list[tuple[str, str | None]], int]  # root, (path, domain dir) each, started_ns
+# The persisted entries of a job's files, and what the files that could not be stat'ed gave
+# (with their domain directories).
+_SectionRead = tuple[list[persisted.Entry], list[tuple[ParsedFile, str | None]]]
+
+
+def _read_section(job: _SectionJob) -> _SectionRead:
+    """Read and parse some of a section's files into the entries the persisted index writes.
+
+    Module level and of plain values, so a worker process runs it as this one would.
+    """
+    root, files, started_ns = job
+    rows: list[persisted.Entry] = []
+    unstatted: list[tuple[ParsedFile, str | None]] = []
+    for path, domain_dir in files:
+        parsed = read_seed_file(path, domain_dir, None)
+        if parsed.stat_result is None:
+            unstatted.append((parsed, domain_dir))
+            continue
+        name = persisted.name_in_section(root, path, domain_dir)
+        signature = persisted.signature_of(parsed.stat_result)
+        rows.append(persisted.entry_from_parts(name, signature, started_ns, parsed))
+    return rows, unstatted
+
+
+def _read_sections(jobs: Sequence[_SectionJob], workers: int) -> Generator[_SectionRead, None, None]:
+    """`_read_section` of each job, in order: by a pool of `workers` processes when more than one,
+    the jobs a pool could not do (it did not start, or broke) read here."""
+    done = 0
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        # spawn: this process runs threads (the event loop's, gRPC's), which a fork would not carry.
+        context = multiprocessing.get_context("spawn")
+        try:
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+                for result in pool.map(_read_section, jobs):
+                    yield result
+                    done += 1
+        except (OSError, BrokenProcessPool):
+            pass
+    for job in jobs[done:]:
+        yield _read_section(job)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _section_order(section: str | None) -> tuple[bool, str]:
+    """The root's section first, then the domains by name."""
+    return section is not None, section or ""
 
 
 def _entry_from_persisted(

@@ -484,9 +484,39 @@ def parse_seed_with_notes(text: str, path: str) -> tuple[Seed, tuple[tuple[int, 
     if root is None:
         # An empty file is an empty mapping to serde, so the first complaint is the missing id.
         reader.fail('missing field "id" at id', (1, 1))
-    _refuse_alias_expansion(root, reader)
+    if "*" in text:
+        _refuse_alias_expansion(root, reader)
+    else:
+        _refuse_tree_expansion(root, reader)
     seed = reader.seed(root)
     return seed, tuple(reader.notes)
+
+
+def _refuse_tree_expansion(root: yaml.Node, reader: _SeedReader) -> None:
+    """`_refuse_alias_expansion` for a document without an alias (its text holds no `*`).
+
+    Every node is then composed once, so the graph is a tree that contains no node twice and
+    no node within itself: its expanded size is the plain sum `_refuse_alias_expansion` arrives
+    at, and it exceeds the limit exactly when that one does.
+    """
+    total = 0
+    pending: list[yaml.Node] = [root]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, yaml.ScalarNode):
+            total += len(node.value) + 1
+        else:
+            total += 1
+            if isinstance(node, yaml.MappingNode):
+                for pair in node.value:
+                    pending.extend(pair)
+            else:
+                pending.extend(node.value)
+        if total > MAX_SEED_FILE_BYTES:
+            reader.fail(
+                f"the document expands to more than {MAX_SEED_FILE_BYTES} bytes once aliases are followed",
+                _at(root),
+            )
 
 
 def _refuse_alias_expansion(root: yaml.Node, reader: _SeedReader) -> None:

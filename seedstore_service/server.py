@@ -11,6 +11,8 @@ nothing changed).
 With a persisted index the service starts from it alone (`SeedIndex.start_from_persisted`)
 and runs the first refresh, the sweep that compares every file's signature, right
 after READY; until it ends each entry an answer uses is checked against its file.
+Without one it builds the index from the files (`SeedIndex.build`), saving the
+persisted index as it goes, and holds it as the next start will.
 """
 
 from __future__ import annotations
@@ -232,7 +234,9 @@ async def create_server(settings: Settings) -> SeedStoreServer:
     if from_persisted:
         _log_refresh(index, "seed index loaded from the persisted index (the sweep of the files follows)")
     else:
-        await asyncio.to_thread(operations.refresh_index)
+        # No watcher exists yet, so the build tells no changes; it holds the index as the start
+        # from the persisted index it saves would (SeedIndex.build).
+        await asyncio.to_thread(index.build)
         _log_refresh(index, "seed index built")
     options = replace(
         settings.server_options or ServerOptions(listen=()),

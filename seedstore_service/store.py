@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from agentsidecar.seedstore_service import errors, location
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed, Verification
@@ -202,6 +202,20 @@ def _domain_key_line(text: str) -> int:
     return 0
 
 
+def _read_bounded(handle: BinaryIO, size: int) -> bytes:
+    """What `handle.read(MAX_SEED_FILE_BYTES + 1)` gives (the bytes up to the end of the file or
+    one past the limit), asking first for one byte past `size`, what fstat said the file holds:
+    a read asked for the limit allocates a buffer of the limit, for every file.
+
+    A file that holds more than `size` bytes by now (it grew, or its size is not told, as in
+    /proc) is read on to the limit.
+    """
+    data = handle.read(size + 1)
+    if len(data) == size + 1:
+        data += handle.read(MAX_SEED_FILE_BYTES + 1 - len(data))
+    return data
+
+
 def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed | None = None) -> ParsedFile:
     """Read and parse one seed file; never raises for a bad file.
 
@@ -221,7 +235,11 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
                 reason = f"failed to read {path}: not a regular file"
                 return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
             # The size is checked before reading, and the read is bounded: the file may grow meanwhile.
-            data = b"" if stat_result.st_size > MAX_SEED_FILE_BYTES else handle.read(MAX_SEED_FILE_BYTES + 1)
+            data = (
+                b""
+                if stat_result.st_size > MAX_SEED_FILE_BYTES
+                else _read_bounded(handle, stat_result.st_size)
+            )
     except OSError as err:
         reason = f"failed to read {path}: {os_error_text(err)}"
         return ParsedFile(path, None, Problem(path, 0, reason), "", True, None, 0)
