@@ -7,7 +7,6 @@ and adapters receive an `AdapterCall` only after the judgement accepted it.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import hashlib
 import json
@@ -15,51 +14,11 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from agentsidecar.sidecar_runtime.wire_names import SET_CAPABILITY_NAMES
 
 JsonValue = Any  # a value that json.dumps accepts
-
-_Slotted = TypeVar("_Slotted")
-_NO_VALUE = object()  # an omitted argument whose field has a default factory
-
-
-def _stored_through_slots(cls: type[_Slotted]) -> type[_Slotted]:
-    """`cls`, a frozen slotted dataclass, with an `__init__` storing each field through its slot.
-
-    For the value types made on every call. The dataclass's own `__init__`
-    stores each field with `object.__setattr__`, which finds the field's slot
-    in the type by name every time; this one holds each slot's descriptor and
-    stores through it. The signature, defaults and default factories are the
-    dataclass's; it has no `__post_init__` to call and every field is an
-    `__init__` argument.
-    """
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    if hasattr(cls, "__post_init__") or not all(f.init for f in fields):
-        raise TypeError(f"{cls.__name__}: every field an __init__ argument, no __post_init__")
-    namespace: dict[str, Any] = {"_NO_VALUE": _NO_VALUE}
-    parameters: list[str] = []
-    body: list[str] = []
-    for index, item in enumerate(fields):
-        store, name = f"_store{index}", item.name
-        namespace[store] = cls.__dict__[name].__set__
-        value = name
-        if item.default is not dataclasses.MISSING:
-            namespace[f"_default{index}"] = item.default
-            parameters.append(f"{name}=_default{index}")
-        elif item.default_factory is not dataclasses.MISSING:
-            namespace[f"_factory{index}"] = item.default_factory
-            parameters.append(f"{name}=_NO_VALUE")
-            value = f"_factory{index}() if {name} is _NO_VALUE else {name}"
-        else:
-            parameters.append(name)
-        body.append(f"    {store}(self, {value})")
-    exec(f"def __init__(self, {', '.join(parameters)}):\n" + "\n".join(body), namespace)
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = init  # type: ignore[method-assign]
-    return cls
 
 
 def _not_a_json_number(name: str) -> JsonValue:
@@ -342,7 +301,6 @@ class CallKind(enum.Enum):
     INVOKE = "invoke"
 
 
-@_stored_through_slots
 @dataclass(frozen=True, slots=True)
 class CallRequest:
     """A Produce or Invoke call as the caller sent it."""
@@ -466,7 +424,6 @@ BrokerJudgement = tuple[
 ]
 
 
-@_stored_through_slots
 @dataclass(frozen=True, slots=True)
 class AdapterCall:
     """What an adapter receives, only after the decision accepted the call."""
@@ -514,7 +471,6 @@ class Usage:
         )
 
 
-@_stored_through_slots
 @dataclass(frozen=True, slots=True)
 class AdapterReply:
     """An adapter's answer: `text` for Invoke, JSON text for Produce."""
