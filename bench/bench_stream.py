@@ -74,16 +74,21 @@ def _is_content(line: str) -> bool:
     return bool((choices[0].get("delta") or {}).get("content"))
 
 
-def direct_first_delta(
-    client: httpx.AsyncClient, url: httpx.URL, *, model: str = MODEL, api_key: str = "bench-not-a-secret"
-) -> Callable[[], Awaitable[float]]:
-    """A streamed chat completion posted to `url`, timed to its first content line, drained."""
-    body = {
+def _stream_request(model: str) -> dict[str, object]:
+    """The streamed chat completion both direct baselines post."""
+    return {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+def direct_first_delta(
+    client: httpx.AsyncClient, url: httpx.URL, *, model: str = MODEL, api_key: str = "bench-not-a-secret"
+) -> Callable[[], Awaitable[float]]:
+    """A streamed chat completion posted to `url`, timed to its first content line, drained."""
+    body = _stream_request(model)
     headers = {"Authorization": f"Bearer {api_key}"}
 
     async def timed() -> float:
@@ -105,12 +110,7 @@ def direct_first_delta_aiohttp(
     session: aiohttp.ClientSession, url: URL, *, model: str = MODEL, api_key: str = "bench-not-a-secret"
 ) -> Callable[[], Awaitable[float]]:
     """The same streamed chat completion with aiohttp, timed to its first content line, drained."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = _stream_request(model)
     headers = {"Authorization": f"Bearer {api_key}"}
 
     async def timed() -> float:

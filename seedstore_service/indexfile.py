@@ -203,17 +203,32 @@ def section_file_name(domain_dir: str | None) -> str:
     return f"h-{digest}.json"
 
 
-def read_index_file(path: str) -> bytes | None:
-    """An index file's bytes; None when it is missing, not a regular file, a link, or too large."""
+def _open_index_file(path: str) -> tuple[int, int] | None:
+    """An index file opened for reading and its size; None (nothing left open) when it is
+    missing, not a regular file, a link, or too large."""
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError:
         return None
     try:
         stat_result = os.fstat(fd)
-        size = stat_result.st_size
-        if not stat.S_ISREG(stat_result.st_mode) or size > MAX_INDEX_BYTES:
-            return None
+    except OSError:
+        os.close(fd)
+        return None
+    size = stat_result.st_size
+    if not stat.S_ISREG(stat_result.st_mode) or size > MAX_INDEX_BYTES:
+        os.close(fd)
+        return None
+    return fd, size
+
+
+def read_index_file(path: str) -> bytes | None:
+    """An index file's bytes; None when it is missing, not a regular file, a link, or too large."""
+    opened = _open_index_file(path)
+    if opened is None:
+        return None
+    fd, size = opened
+    try:
         # The size it had when opened: a writer replaces an index file, never writes into it.
         chunks = []
         while size > 0:
@@ -235,15 +250,11 @@ def read_index_file_into(path: str, buffer: bytearray) -> tuple[bytearray, int] 
 
     A reader of many files reads each into the same memory rather than into new memory each.
     """
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError:
+    opened = _open_index_file(path)
+    if opened is None:
         return None
+    fd, size = opened
     try:
-        stat_result = os.fstat(fd)
-        size = stat_result.st_size
-        if not stat.S_ISREG(stat_result.st_mode) or size > MAX_INDEX_BYTES:
-            return None
         if size > len(buffer):
             buffer = bytearray(size + size // 4)
         view = memoryview(buffer)
