@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import json
 import logging
 import os
 import shutil
@@ -291,9 +292,9 @@ class McpTools:
         )
 
     async def _list(self, connection: _Connection) -> None:
-        from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
-        from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped, unused-ignore]
         from mcp import types
+
+        from agentsidecar.negotiator_service.tools import tool_schema
 
         server = connection.server
         listed: list[types.Tool] = []
@@ -318,15 +319,13 @@ class McpTools:
         risks = mcp_policy.risks_of(server)
         tools: dict[str, McpTool] = {}
         for tool in listed:
-            schema = tool.inputSchema
-            try:
-                Draft202012Validator.check_schema(schema)
-            except SchemaError as exc:
+            schema, problems = tool_schema(json.dumps(tool.inputSchema))
+            if schema is None:
                 _LOGGER.warning(
                     'MCP server "%s": tool "%s" is not offered, its inputSchema is invalid: %s',
                     server.name,
                     tool.name,
-                    exc.message,
+                    "; ".join(problems),
                 )
                 continue
             name = self._function_name(server.name, tool.name)
@@ -338,7 +337,7 @@ class McpTools:
             )
             spec = ToolSpec(
                 name=name,
-                arguments_schema=MappingProxyType(dict(schema)),
+                arguments_schema=MappingProxyType(schema),
                 description=tool.description
                 or (annotations.title if annotations and annotations.title else ""),
                 metadata=MappingProxyType({"mcp_server": server.name, "mcp_tool": tool.name}),

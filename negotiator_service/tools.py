@@ -263,12 +263,22 @@ def parse_tools(drafts: Sequence[ToolDraft], path: str) -> tuple[tuple[ToolSpec,
 def _tool_schema(text: str, path: str, problems: list[tuple[str, str]]) -> Mapping[str, Any] | None:
     if not text:
         return None
-    # The same checks as a Produce output schema (JSON, draft 2020-12, every
-    # $ref resolvable inside the document); that parser names its field
-    # "output_schema", so its problems are re-pointed here.
-    schema, schema_problems = negotiation._parse_schema(text)
-    problems.extend((path, description) for _, description in schema_problems)
+    schema, schema_problems = tool_schema(text)
+    problems.extend((path, description) for description in schema_problems)
     return schema
+
+
+def tool_schema(text: str) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """A tool's schema text parsed, else every problem with it (each worded as for an output schema).
+
+    The checks of a Produce output schema, compiling included (JSON, draft
+    2020-12, every $ref resolvable inside the document, every `pattern` a
+    regular expression the validator takes), so a schema `schema_problems`
+    could not apply is refused here, when the tools are offered, never found
+    out when the model calls the tool.
+    """
+    checked, schema = negotiation.check_schema_text(text, compile=True)
+    return schema, tuple(description for _, description in checked.problems)
 
 
 def unknown_filter_names(
@@ -298,19 +308,15 @@ def visible_tools(specs: Sequence[ToolSpec], tool_filter: ToolFilter) -> tuple[T
 
 
 def schema_problems(schema: Mapping[str, Any], instance: JsonValue) -> str:
-    """The instance's violations of a schema as one line, "" when it conforms."""
-    # Imported at the first tool result checked against a schema, not at start-up.
-    from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+    """The instance's violations of a schema as one line, "" when it conforms.
 
-    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-    try:
-        found = sorted(
-            f"{negotiation.json_pointer(error.absolute_path) or '/'}: {error.message}"
-            for error in validator.iter_errors(instance)
-        )
-    except RecursionError:
-        # A recursive schema on a value nested near MAX_JSON_DEPTH: refused, not a crash.
-        return "/: nests too deeply to validate against the schema"
+    The schema is one `tool_schema` passed, applied by the validator that
+    checks Produce output, so what it accepted is what is applied.
+    """
+    found = [
+        f"{pointer or '/'}: {message}"
+        for pointer, message in negotiation.schema_violations(negotiation.schema_validator(schema), instance)
+    ]
     listed = "; ".join(found[:_MAX_LISTED_PROBLEMS])
     if len(found) > _MAX_LISTED_PROBLEMS:
         listed += f"; and {len(found) - _MAX_LISTED_PROBLEMS} more"

@@ -11,6 +11,12 @@ to the journal, so a test sees what really reached the server. Tools:
     explode()           raises: an isError result
     grow()              read_only; adds the tool `extra` and sends tools/list_changed
 
+With --regex-tools, two more, read_only, whose inputSchema patterns are
+ECMA-262 (as JSON Schema's are) or Python's only:
+
+    letters(word)       word: pattern ^\\p{L}+$ (ECMA-262 with Unicode property escapes)
+    python_only(key)    key: pattern ^a\\Z (Python's end-of-string escape; no ECMA-262 regex)
+
 With --http it binds 127.0.0.1:0 and prints `READY <port>` once listening;
 the MCP endpoint is http://127.0.0.1:<port>/mcp. With --page-size, tools/list
 answers in pages of that many tools (nextCursor is the next offset).
@@ -32,7 +38,7 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import ToolAnnotations
 
 
-def build(journal: Path, page_size: int | None) -> FastMCP:
+def build(journal: Path, page_size: int | None, regex_tools: bool = False) -> FastMCP:
     server = FastMCP("negotiator-test")
 
     def record(tool: str, arguments: dict[str, Any]) -> None:
@@ -71,6 +77,23 @@ def build(journal: Path, page_size: int | None) -> FastMCP:
         await ctx.session.send_tool_list_changed()
         return "grown"
 
+    if regex_tools:
+
+        @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+        def letters(word: str) -> str:
+            record("letters", {"word": word})
+            return word
+
+        @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+        def python_only(key: str) -> str:
+            record("python_only", {"key": key})
+            return key
+
+        # FastMCP derives an inputSchema from the signature; these tools publish their own.
+        for name, field, pattern in (("letters", "word", r"^\p{L}+$"), ("python_only", "key", r"^a\Z")):
+            schema = {"type": "object", "properties": {field: {"type": "string", "pattern": pattern}}}
+            server._tool_manager._tools[name].parameters = schema
+
     if page_size is not None:
         low = server._mcp_server
 
@@ -106,11 +129,12 @@ def main() -> None:
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--page-size", type=int)
+    parser.add_argument("--regex-tools", action="store_true")
     args = parser.parse_args()
     # Beside the journal: which processes served, so a test can see them gone.
     with (args.journal.parent / "pids.jsonl").open("a") as out:
         out.write(json.dumps({"pid": os.getpid()}) + "\n")
-    server = build(args.journal, args.page_size)
+    server = build(args.journal, args.page_size, args.regex_tools)
     if args.http:
         anyio.run(serve_http, server)
     else:

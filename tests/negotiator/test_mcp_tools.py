@@ -82,6 +82,9 @@ def config_file(tmp_path: Path, mock: MockOpenAI, journal: Path, monkeypatch: py
         "    mcp_servers:\n" + stdio_server("t", journal, args=", --page-size, '2'") + "  trusting:\n"
         "    mcp_servers:\n"
         + stdio_server("t", journal, extra="        preapproved: [write_note]\n")
+        + "  regex:\n"
+        "    mcp_servers:\n"
+        + stdio_server("t", journal, args=", --regex-tools")
         + "  everything:\n"
         "    mcp_servers:\n"
         f"      - name: everything\n        transport: stdio\n        {everything}"
@@ -190,6 +193,31 @@ async def test_a_tool_error_goes_back_to_the_model_and_the_call_goes_on(
     assert journaled(journal) == ["explode"]
     assert tool_contents(mock)[0].startswith("error: ")
     assert "the tool blew up" in tool_contents(mock)[0]
+
+
+@pytest.mark.slow
+async def test_mcp_tool_schemas_are_applied_as_ecma_262_patterns(
+    stub: Stub, mock: MockOpenAI, journal: Path
+) -> None:
+    # A tool is offered only when the validator that checks its arguments can apply its
+    # schema: \\p{L} (ECMA-262) is, \\Z (Python's alone) is not, and that tool is never offered.
+    mock.tool_rounds = [
+        [
+            {"name": "t__letters", "arguments": {"word": "h\u00e9llo"}},
+            {"name": "t__letters", "arguments": {"word": "h3llo"}},
+            {"name": "t__python_only", "arguments": {"key": "a"}},
+        ]
+    ]
+    mock.reply_text = "done"
+    response = await stub.Invoke(invoke(profile="regex"), timeout=20)
+    assert response.text == "done"
+    assert "t__letters" in offered(mock)
+    assert "t__python_only" not in offered(mock)
+    assert journaled(journal) == ["letters"]
+    ran, mismatched, missing = tool_contents(mock)
+    assert json.loads(ran) == {"result": "h\u00e9llo"}
+    assert mismatched.startswith('error: the arguments do not match the schema of "t__letters": /word: ')
+    assert missing == 'error: there is no tool named "t__python_only" in this call'
 
 
 @pytest.mark.slow

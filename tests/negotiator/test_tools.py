@@ -317,7 +317,7 @@ async def test_a_result_that_breaks_the_return_schema_is_an_error_outcome(
     [outcome] = json.loads(await caller.final_text())
     assert outcome["result"] is None
     assert outcome["error"] == (
-        "the result of \"lookup\" violates its return schema: /value: 'seven' is not of type 'integer'"
+        'the result of "lookup" violates its return schema: /value: "seven" is not of type "integer"'
     )
 
 
@@ -404,7 +404,7 @@ async def test_an_edit_that_breaks_the_schema_does_not_run_and_a_retry_is_asked_
     first, second = json.loads(await caller.final_text())
     assert first["denied"] is False
     assert first["error"].startswith('the caller edited the arguments of "write" into ones that do not match')
-    assert "'relative' does not match '^/'" in first["error"]
+    assert '"relative" does not match "^/"' in first["error"]
     assert first["error"].endswith("the tool did not run")
     assert second == {"result": None, "error": 'the caller denied the call of "write"', "denied": True}
 
@@ -520,6 +520,45 @@ async def test_invalid_tool_specs_are_all_named(stub: Stub, negotiator: RunningN
     assert "draft 2020-12" in descriptions["start.tools[4].arguments_schema"]
     assert "does not resolve" in descriptions["start.tools[6].return_schema"]
     assert fake.calls == []
+
+
+BAD_PATTERN_SCHEMA = '{"type": "object", "properties": {"key": {"type": "string", "pattern": "["}}}'
+
+
+@pytest.mark.parametrize("field", ["arguments_schema", "return_schema"])
+async def test_a_tool_schema_the_validator_cannot_apply_is_refused_before_dispatch(
+    stub: Stub, negotiator: RunningNegotiator, field: str
+) -> None:
+    # Valid draft 2020-12 to the metaschema, but its pattern is no regular expression: found
+    # out when the tools are offered, not when the model calls the tool.
+    fake = add_fake(negotiator, default=calls_tools(("lookup", {"key": "k"})))
+    caller = Caller(stub)
+    spec = (
+        tool("lookup", arguments_schema=BAD_PATTERN_SCHEMA)
+        if field == "arguments_schema"
+        else tool("lookup", return_schema=BAD_PATTERN_SCHEMA)
+    )
+    await caller.start(invoke(), [spec])
+    error = await caller.error()
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    [(where, description)] = error.field_violations
+    assert where == f"start.tools[0].{field}"
+    assert "pattern" in description or "/properties/key" in description, description
+    assert fake.calls == []
+
+
+async def test_arguments_are_checked_as_produce_output_is(stub: Stub, negotiator: RunningNegotiator) -> None:
+    # One validator for tool arguments and Produce output: its pattern's \d (ECMA-262) is ASCII digits only.
+    digits = '{"type": "object", "properties": {"key": {"type": "string", "pattern": "^\\\\d+$"}}}'
+    add_fake(negotiator, default=calls_tools(("lookup", {"key": "\u0663"}), ("lookup", {"key": "7"})))
+    caller = Caller(stub)
+    await caller.start(invoke(), [tool("lookup", arguments_schema=digits)])
+    tool_call = await caller.receive("tool_call")
+    assert json.loads(tool_call.arguments_json) == {"key": "7"}
+    await caller.result(tool_call.call_id, 1)
+    first, second = json.loads(await caller.final_text())
+    assert first["error"].startswith('the arguments do not match the schema of "lookup": /key: ')
+    assert second["result"] == 1
 
 
 async def test_an_unknown_risk_value_is_refused(stub: Stub) -> None:
