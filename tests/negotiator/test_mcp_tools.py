@@ -83,9 +83,7 @@ def config_file(tmp_path: Path, mock: MockOpenAI, journal: Path, monkeypatch: py
         "    mcp_servers:\n"
         + stdio_server("t", journal, extra="        preapproved: [write_note]\n")
         + "  regex:\n"
-        "    mcp_servers:\n"
-        + stdio_server("t", journal, args=", --regex-tools")
-        + "  everything:\n"
+        "    mcp_servers:\n" + stdio_server("t", journal, args=", --regex-tools") + "  everything:\n"
         "    mcp_servers:\n"
         f"      - name: everything\n        transport: stdio\n        {everything}"
         "  broken:\n"
