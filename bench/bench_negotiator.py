@@ -13,9 +13,10 @@
   every call, so nothing derived from the schema can be reused), each
   against the echo of a request of the same size;
 * with `BENCH_NEGOTIATOR_BEFORE=<source tree>` (another checkout's root,
-  e.g. `git archive <commit> | tar -x -C <dir>`), the same calls against a
-  second negotiator run from that tree, paired in the same run: what a
-  change to the call path costs or saves;
+  e.g. `git archive <commit> | tar -x -C <dir>`; its build hook lays it out
+  and generates its gRPC modules first), the same calls against a second
+  negotiator run from that tree, paired in the same run: what a change to
+  the call path costs or saves;
 * start-up (spawn → READY, spawn → health SERVING) vs the bare echo server,
   and idle RSS after start-up;
 * for context, the floors under those figures (bench/floor_server.py): the
@@ -32,6 +33,7 @@ import contextlib
 import itertools
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -87,12 +89,41 @@ def negotiator_argv(listen: str, config: Path) -> list[str]:
 
 
 def negotiator_env(source_tree: str | None = None) -> dict[str, str]:
-    """The negotiator's environment; `source_tree` puts another checkout's packages first."""
+    """The negotiator's environment; `source_tree` runs another checkout's code (`source_tree_path`)."""
     env = dict(os.environ)
     env[API_KEY_ENV] = "bench-not-a-secret"
     if source_tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_tree, env.get("PYTHONPATH")]))
+        import_root = str(source_tree_path(source_tree))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [import_root, env.get("PYTHONPATH")]))
     return env
+
+
+def source_tree_path(source_tree: str) -> Path:
+    """The import root of another checkout, laid out as an editable install lays out this one.
+
+    A checkout imports `agentsidecar` from `protos/`, where its build hook
+    (hatch_build.py) generates the gRPC modules and links the top-level
+    folders; a bare tree (`git archive | tar -x`) has neither, and with its
+    root on the path every import would still find this checkout's code. So
+    the tree's own hook runs here, and the import root is checked to be the
+    tree's: a figure labelled "before" is never this tree's.
+    """
+    tree = Path(source_tree).resolve()
+    hook = tree / "hatch_build.py"
+    if not hook.is_file():
+        raise SystemExit(f"{BEFORE_ENV}={source_tree}: no hatch_build.py there; give a checkout's root")
+    subprocess.run([sys.executable, str(hook)], cwd=tree, check=True, capture_output=True)
+    import_root = tree / "protos"
+    found = subprocess.run(
+        [sys.executable, "-c", "import agentsidecar.negotiator_service as m; print(m.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(import_root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(found).resolve().is_relative_to(tree):
+        raise SystemExit(f"{BEFORE_ENV}={source_tree}: its negotiator does not import from it ({found})")
+    return import_root
 
 
 def output_schema(tag: str) -> str:
