@@ -6,6 +6,10 @@
   set, else against the bare interpreter (`python -c pass`, the same interpreter);
   the goal: every local read at most 4 times the baseline at 1,000 and 10,000 seeds, `list`
   at 10,000 seeds under SkillSpec's 268 ms;
+* the stat floor: the bare interpreter listing the store's domain directories and
+  stat'ing every seed file, and nothing else (`STAT_FLOOR_CODE`), paired against the
+  same baseline, recorded for context: what every whole-store read pays before it reads
+  an index;
 * the same commands through `--server` (a `seedstore serve` on the same store);
 * the persisted index: the first `list` of a store without one (it builds it);
 * `seedstore serve` on the store: spawn to READY and settled RSS, the first start
@@ -50,6 +54,21 @@ from bench.harness import ServerProcess, Settings, compile_sources, start_server
 from bench.report import Row, absolute_row, info_row, ratio_row, render_table
 
 READ_GOAL = 4.0  # times the baseline, for every local read command at 1,000 and 10,000 seeds
+# The floor under a whole-store read that checks every seed file's signature: the bare interpreter
+# listing each domain directory of the store and stat'ing every name in it, as walk.walk_stats does,
+# and nothing else (no index, no output). Its row says how much of the 4x a read has left.
+STAT_FLOOR_CODE = (
+    "import os, sys\n"
+    "root = sys.argv[1]\n"
+    "with os.scandir(root) as entries:\n"
+    "    directories = [e.path for e in entries if e.is_dir() and not e.name.startswith('.')]\n"
+    "for directory in directories:\n"
+    "    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n"
+    "    names = os.listdir(fd)\n"
+    "    names.sort()\n"
+    "    stats = [os.stat(name, dir_fd=fd) for name in names]\n"
+    "    os.close(fd)\n"
+)
 LIST_10K_GOAL_MS = 268.0  # SkillSpec's own `list` at 10,000 seeds
 READY_GOAL_S = 1.0  # at 100,000 seeds, after the first start
 RSS_GOAL_MIB = 300.0  # at 100,000 seeds
@@ -229,6 +248,11 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
                             LIST_10K_GOAL_MS,
                         )
                     )
+            floor = [sys.executable, "-c", STAT_FLOOR_CODE, str(home / "capabilities")]
+            result = paired(floor, baseline_argv(skillspec, ["list"]), env, args.runs)
+            rows.append(
+                cli_row(f"stat floor: list and stat every seed file, {count:,} seeds (no goal)", result, None)
+            )
             if not args.no_server:
                 _ready, _rss, target, server = await serving(home, scratch, f"cli-{count}")
                 try:

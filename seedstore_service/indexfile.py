@@ -34,7 +34,7 @@ import gc
 import os
 import stat
 import zlib
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from struct import error as StructError
 from struct import pack, unpack_from
 
@@ -78,15 +78,11 @@ EMPTY_RECORD: RawRecord = (0, (), ())
 # stat fields a signature compares, then checked_ns.
 SIGNATURE_POSITIONS = ((SIZE, "q"), (MTIME, "q"), (CTIME, "q"), (INO, "Q"), (DEV, "Q"), (CHECKED, "q"))
 _PACKED_POSITIONS = tuple(position for position, _code in SIGNATURE_POSITIONS)
-# A signature's fields of a stat result, in SIGNATURE_POSITIONS' order (size, inode and
-# device by their place in the stat tuple).
-_STAT_FIELDS = (
-    itemgetter(6),
-    attrgetter("st_mtime_ns"),
-    attrgetter("st_ctime_ns"),
-    itemgetter(1),
-    itemgetter(2),
-)
+# Where a stat result, as a tuple, holds a signature's size, inode and device; the nanosecond
+# times are attributes only.
+_INODE_FIELD, _DEVICE_FIELD, _SIZE_FIELD = 1, 2, 6
+_mtime_ns = attrgetter("st_mtime_ns")
+_ctime_ns = attrgetter("st_ctime_ns")
 # The body's blocks, in order (the header's "blocks": [length, crc32] each): the directory
 # record, one per column, then these three.
 SIGNATURES_BLOCK = 1 + len(COLUMN_POSITIONS)
@@ -114,13 +110,33 @@ def signature_of(stat_result: os.stat_result) -> Signature:
     )
 
 
-def pack_signatures(stats: list[os.stat_result]) -> bytes | None:
+def pack_signatures(
+    stats: list[os.stat_result], by_field: Sequence[Sequence[int]] | None = None
+) -> bytes | None:
     """The signatures of these stat results packed as the signatures block packs an entry's
-    (by column: sizes, mtime_ns, ctime_ns, inodes, devices); None when one does not fit."""
-    return pack_columns([list(map(field, stats)) for field in _STAT_FIELDS])
+    (by column: sizes, mtime_ns, ctime_ns, inodes, devices); None when one does not fit.
+
+    A stat result is a tuple of its integer fields (st_mode, st_ino, st_dev, st_nlink, st_uid,
+    st_gid, st_size, then the times in whole seconds): `by_field`, when given, is those fields
+    by column (`zip(*stats)`), which gives the size, inode and device columns; the nanosecond
+    times only attributes hold.
+    """
+    if not stats:
+        return pack_columns([[], [], [], [], []])
+    if by_field is None:
+        by_field = list(zip(*stats, strict=True))
+    return pack_columns(
+        [
+            by_field[_SIZE_FIELD],
+            list(map(_mtime_ns, stats)),
+            list(map(_ctime_ns, stats)),
+            by_field[_INODE_FIELD],
+            by_field[_DEVICE_FIELD],
+        ]
+    )
 
 
-def pack_columns(columns: list[list[int]]) -> bytes | None:
+def pack_columns(columns: Sequence[Sequence[int]]) -> bytes | None:
     """`pack_signatures` of the signatures given by column; None when one does not fit."""
     sizes, mtimes, ctimes, inodes, devices = columns
     try:

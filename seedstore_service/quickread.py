@@ -5,8 +5,9 @@ call, so a read's cost is mostly the interpreter starting and the modules it
 imports. `answer` gives the output of `store`, `list`, `inspect` and `search`
 importing only modules that import nothing the interpreter has not loaded at
 start-up (walk, indexfile, names, scoring, location, render, cli_output and
-cli_common), or None, and then `main` hands the command line to `cli.main`,
-which does everything and saves what the index lacks.
+cli_common; cli_output only for an output not written from the listing blocks),
+or None, and then `main` hands the command line to `cli.main`, which does
+everything and saves what the index lacks.
 
 It answers only when its answer is the one `cli.main` prints, byte for byte:
 
@@ -38,7 +39,7 @@ import os
 import sys
 from operator import itemgetter
 
-from agentsidecar.seedstore_service import cli_output, indexfile, render
+from agentsidecar.seedstore_service import indexfile, render
 from agentsidecar.seedstore_service.indexfile import (
     DOMAIN,
     ID,
@@ -471,6 +472,9 @@ def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | Non
             return None  # a column or a block of a section is not what was written
     if output is None:
         return None
+    # Imported here: a pretty `list` written from the listing blocks needs none of it.
+    from agentsidecar.seedstore_service import cli_output
+
     return cli_output.dumps(output, style)
 
 

@@ -173,14 +173,17 @@ def _start(
 
 
 def walk_stats(
-    root: str, domain: str | None, summary: Callable[[list[os.stat_result]], _T]
+    root: str,
+    domain: str | None,
+    summary: Callable[[list[os.stat_result], list[tuple[int, ...]]], _T],
 ) -> list[tuple[str | None, list[tuple[list[str], _T]]]] | None:
     """The seed files `walk` finds, with each one's stat taken after its directory was listed, by
     the section holding them (the domain directory, or None for the root's files): for each
     directory holding any, in the order listed, the files' names relative to the section's
-    directory, sorted, and `summary` of their stat results in that order (made before the
-    next directory is listed, so the stat results need not be kept); or None when the walk
-    would report a problem, or a name listed cannot be stat'ed.
+    directory, sorted, and `summary` of their stat results in that order and of those results'
+    integer fields by column (`zip(*stats)`: a stat result is the tuple of st_mode, st_ino,
+    st_dev, ...), made before the next directory is listed, so the stat results need not be
+    kept; or None when the walk would report a problem, or a name listed cannot be stat'ed.
 
     The same walk on names and stat results instead of directory entries: a name is a
     directory when its stat (following symlinks, as `DirEntry.is_dir` does) says so, and
@@ -216,7 +219,8 @@ def walk_stats(
                     stats = []
             finally:
                 os.close(fd)
-            if stats and any(map(stat.S_ISDIR, map(_mode_of, stats))):
+            by_field = list(zip(*stats, strict=True))  # st_mode first
+            if stats and any(map(stat.S_ISDIR, by_field[0])):
                 listed = [(n, r, stat.S_ISDIR(r.st_mode)) for n, r in zip(names, stats, strict=True)]
             elif not stats and names:
                 # Other names too: each one's kind as the listing tells it, as `walk` takes it.
@@ -232,6 +236,7 @@ def walk_stats(
                 listed.sort(key=_path_of)
             if listed is not None:
                 names, stats = [], []
+                by_field = []
                 for name, stat_result, is_dir in listed:
                     if not is_dir:
                         names.append(name)
@@ -246,7 +251,9 @@ def walk_stats(
             if names:
                 if inner:
                     names = list(map(inner.__add__, names))
-                by_section.setdefault(domain_dir, []).append((names, summary(stats)))
+                if not by_field:
+                    by_field = list(zip(*stats, strict=True))
+                by_section.setdefault(domain_dir, []).append((names, summary(stats, by_field)))
     except OSError:
         return None  # a directory `walk` reports, or a name that went or cannot be stat'ed
     return list(by_section.items())
@@ -254,7 +261,6 @@ def walk_stats(
 
 _path_of = itemgetter(0)
 _name_of = attrgetter("name")
-_mode_of = itemgetter(0)
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _is_dir = os.DirEntry.is_dir
 
@@ -266,7 +272,13 @@ def _is_seed_name(entry: os.DirEntry[str]) -> bool:
 def _all_seed_names(names: Iterable[str]) -> bool:
     """Whether every name ends with a seed suffix, counted in one text: a name holds no NUL, so
     in the names each followed by one, a suffix followed by a NUL ends a name, and a name ends
-    with at most one of the suffixes."""
+    with at most one of the suffixes (so once the counts so far reach the number of names, every
+    name is counted and the other suffixes' counts are 0)."""
     listed = list(names)
     text = "\0".join(listed) + "\0"
-    return sum(text.count(suffix + "\0") for suffix in SEED_SUFFIXES) == len(listed)
+    counted = 0
+    for suffix in SEED_SUFFIXES:
+        counted += text.count(suffix + "\0")
+        if counted == len(listed):
+            return True
+    return False

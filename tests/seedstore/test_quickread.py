@@ -752,8 +752,13 @@ def test_a_stored_list_row_is_the_row_the_cli_prints(
     assert printed == '{\n  "seed_store": "/r",\n  "domain": null,\n  "seeds": [\n' + stored + "\n  ]\n}"
 
 
+def _stat_count(stats: list[os.stat_result], by_field: list[tuple[int, ...]]) -> int:
+    assert by_field == list(zip(*stats, strict=True))
+    return len(stats)
+
+
 def _walk_files(root: str, domain: str | None) -> list[str] | None:
-    stated = walk.walk_stats(root, domain, len)
+    stated = walk.walk_stats(root, domain, _stat_count)
     if stated is None:
         return None
     paths: list[str] = []
