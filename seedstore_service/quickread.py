@@ -495,6 +495,11 @@ def main() -> int:
         if collecting:
             gc.enable()
     if answered is None:
+        from agentsidecar.seedstore_service.remote_read import answer as answer_remote
+
+        remote = answer_remote(argv, os.environ, sys.stdout, sys.stderr)
+        if remote is not None:
+            return remote
         from agentsidecar.seedstore_service.cli import main as full_main
 
         return full_main(argv)
