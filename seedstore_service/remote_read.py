@@ -101,7 +101,6 @@ def answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: 
     request = parse(rest)
     if request is None:
         return None
-    from agentsidecar.clients.errors import SidecarError
     from agentsidecar.clients.seedstore import SeedStoreClient
 
     try:
@@ -110,12 +109,17 @@ def answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: 
         return None  # cli.py says why, as a usage error
     try:
         output, problems = _call(client, request)
-    except SidecarError as error:
+    except _Unanswerable:
+        return None
+    except Exception as error:
+        # A failed call raised it from the error tree, which that call imported.
+        from agentsidecar.clients.errors import SidecarError
+
+        if not isinstance(error, SidecarError):
+            raise
         message = error_text(error, target)
         cli_common.print_error(message, cli_common.status_error_object(error, message), stderr)
         return cli_common.EXIT_FAILED
-    except _Unanswerable:
-        return None
     except KeyboardInterrupt:
         interrupted = cli_common.error_object("CANCELLED", "", "interrupted")
         cli_common.print_error("interrupted", interrupted, stderr)

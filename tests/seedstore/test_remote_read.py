@@ -26,6 +26,7 @@ from agentsidecar.sidecar_runtime.auth import EnvToken
 from agentsidecar.sidecar_runtime.server import ServerOptions
 
 from .conftest import ServerThread
+from .test_server_path_imports import loaded, run_listing_modules
 
 Outcome = tuple[int, str, str]
 
@@ -231,3 +232,28 @@ def test_risk_and_gate_names_are_remote_convert_s() -> None:
     gates = [*common.Gate.values(), common.Gate.ValueType(98)]
     assert remote_read._risks(risks) == list(remote_convert._risks_from_proto(risks))
     assert remote_read._gates(gates) == list(remote_convert._gates_from_proto(gates))
+
+
+@pytest.mark.slow
+def test_each_read_imports_neither_cli_py_nor_the_error_tree(
+    served: ServerThread, home: Path, tmp_path: Path
+) -> None:
+    (home / "capabilities" / "voice" / "broken.yml").unlink()  # its warning would be stderr's
+    served.sync()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SEEDSTORE_")}
+    env["SKILLSPEC_HOME"] = str(home)
+    seedstore = "agentsidecar.seedstore_service"
+    unused = (
+        f"{seedstore}.cli",
+        f"{seedstore}.operations",
+        f"{seedstore}.ranking",
+        f"{seedstore}.store",
+        f"{seedstore}.remote_frontend",
+        "agentsidecar.clients.errors",
+        "agentsidecar.sidecar_runtime.statusdecode",
+    )
+    for command in (["store"], ["list"], ["search", "text_to_speech", "--json"], ["inspect", "say"]):
+        printed, modules = run_listing_modules(tmp_path, env, "--server", served.unix_target, *command)
+        assert printed == full(["--server", served.unix_target, *command], {"SKILLSPEC_HOME": str(home)})[1]
+        assert loaded(modules, unused) == [], command
+        assert (f"{seedstore}.model" in modules) == (command[0] == "inspect"), command
