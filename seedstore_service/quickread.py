@@ -5,7 +5,8 @@ call, so a read's cost is mostly the interpreter starting and the modules it
 imports. `answer` gives the output of `store`, `list`, `inspect` and `search`
 importing only modules that import nothing the interpreter has not loaded at
 start-up (walk, indexfile, names, scoring, location, render, cli_output and
-cli_common), or None, and then `main` hands the command line to `cli.main`,
+cli_common), or None, and then `main` offers the command line to `remote_read`
+(a `--server` read in the same plain forms) and else hands it to `cli.main`,
 which does everything and saves what the index lacks.
 
 It answers only when its answer is the one `cli.main` prints, byte for byte:

@@ -94,6 +94,13 @@ def split_server(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, list
 
 def answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: TextIO) -> int | None:
     """Run a remote read command and return its exit code; None when cli.py has to run it."""
+    try:
+        return _answer(argv, env, stdout, stderr)
+    except BrokenPipeError:  # a warning or the error lines, as cli.main handles it
+        return cli_common.reader_gone(stdout)
+
+
+def _answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: TextIO) -> int | None:
     split = split_server(argv, env)
     if split is None:
         return None
@@ -167,41 +174,51 @@ def _problems(messages: Sequence[common_pb2.Problem]) -> Sequence[Problem]:
     return cast("Sequence[Problem]", messages)
 
 
-def _status(value: seedstore_pb2.VerificationStatus.ValueType) -> str:
-    from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+class _Names:
+    """The names cli.py prints for a reply's enum numbers, as remote_convert gives them: risks and
+    gates by member name, else the unknown number's; a status it does not know is unanswerable."""
 
-    name = pb.VerificationStatus.Name(value) if value in pb.VerificationStatus.values() else ""
-    if name not in _STATUS_NAMES:
-        raise _Unanswerable
-    return name.removeprefix("VERIFICATION_STATUS_").lower()
+    def __init__(self) -> None:
+        from agentsidecar.common.v1 import common_pb2 as common
+        from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
+        from agentsidecar.sidecar_runtime import wire_names
+
+        self._statuses: dict[int, str] = {
+            pb.VerificationStatus.Value(name): name.removeprefix("VERIFICATION_STATUS_").lower()
+            for name in _STATUS_NAMES
+        }
+        self._risks = _by_member_name(common.RiskFlag.items(), "RISK_FLAG_", wire_names.Risk)
+        self._gates = _by_member_name(common.Gate.items(), "GATE_", wire_names.Gate)
+        self._unknown_risk = wire_names.UnknownRisk
+        self._unknown_gate = wire_names.UnknownGate
+
+    def status(self, value: int) -> str:
+        name = self._statuses.get(value)
+        if name is None:
+            raise _Unanswerable
+        return name
+
+    def risks(self, values: Iterable[int]) -> list[str]:
+        known = self._risks
+        return [known.get(value) or self._unknown_risk(int(value)).value for value in values]
+
+    def gates(self, values: Iterable[int]) -> list[str]:
+        known = self._gates
+        return [known.get(value) or self._unknown_gate(int(value)).value for value in values]
 
 
-def _names(values: Iterable[int], enum: Any, prefix: str, known: Any, unknown: Any) -> list[str]:
-    """Risk or gate names as remote_convert gives them: by member name, else the unknown number's."""
-    names = []
-    for value in values:
-        member = (
-            known.__members__.get(enum.Name(value).removeprefix(prefix)) if value in enum.values() else None
-        )
-        names.append(member.value if member is not None else unknown(int(value)).value)
-    return names
-
-
-def _risks(values: Iterable[int]) -> list[str]:
-    from agentsidecar.common.v1 import common_pb2 as common
-    from agentsidecar.sidecar_runtime import wire_names
-
-    return _names(values, common.RiskFlag, "RISK_FLAG_", wire_names.Risk, wire_names.UnknownRisk)
-
-
-def _gates(values: Iterable[int]) -> list[str]:
-    from agentsidecar.common.v1 import common_pb2 as common
-    from agentsidecar.sidecar_runtime import wire_names
-
-    return _names(values, common.Gate, "GATE_", wire_names.Gate, wire_names.UnknownGate)
+def _by_member_name(numbers: Iterable[tuple[str, int]], prefix: str, members: Any) -> dict[int, str]:
+    """Each proto number whose name, less `prefix`, is a member's name -> that member's value."""
+    table: dict[int, str] = {}
+    for name, number in numbers:
+        member = members.__members__.get(name.removeprefix(prefix))
+        if member is not None:
+            table[number] = str(member.value)
+    return table
 
 
 def _list_json(response: seedstore_pb2.ListSeedsResponse) -> dict[str, Any]:
+    names = _Names()
     # Sorted as render.list_json sorts the entries: domain, id, path.
     entries = sorted(response.seeds, key=lambda entry: (entry.domain, entry.id, entry.path))
     rows = [
@@ -211,8 +228,8 @@ def _list_json(response: seedstore_pb2.ListSeedsResponse) -> dict[str, Any]:
             entry.kind,
             entry.path,
             entry.provides,
-            _status(entry.verification_status),
-            _risks(entry.risks),
+            names.status(entry.verification_status),
+            names.risks(entry.risks),
             entry.revision,
         )
         for entry in entries
@@ -225,6 +242,7 @@ def _list_json(response: seedstore_pb2.ListSeedsResponse) -> dict[str, Any]:
 def _search_json(response: seedstore_pb2.SearchSeedsResponse) -> dict[str, Any]:
     if response.HasField("broadening"):
         raise _Unanswerable  # not asked for; cli.py renders what a server sent anyway
+    names = _Names()
     candidates = [
         render.candidate_json(
             candidate.id,
@@ -232,8 +250,8 @@ def _search_json(response: seedstore_pb2.SearchSeedsResponse) -> dict[str, Any]:
             candidate.path,
             candidate.score,
             candidate.reasons,
-            _risks(candidate.risks),
-            _gates(candidate.required_gates),
+            names.risks(candidate.risks),
+            names.gates(candidate.required_gates),
         )
         for candidate in response.candidates
     ]

@@ -211,27 +211,32 @@ def test_split_server_takes_the_option_out_where_cli_py_accepts_it() -> None:
 
 
 def test_status_names_are_remote_convert_s() -> None:
-    for value in pb.VerificationStatus.values():
+    names = remote_read._Names()
+    for value in [*pb.VerificationStatus.values(), 99]:
         try:
-            expected: str | None = remote_convert.status_from_proto(value).value
+            expected: str | None = remote_convert.status_from_proto(
+                pb.VerificationStatus.ValueType(value)
+            ).value
         except InvalidArgument:
             expected = None
         try:
-            assert remote_read._status(value) == expected
+            assert names.status(value) == expected
         except remote_read._Unanswerable:
             assert expected is None
     assert {status.value for status in VerificationStatus} == {
-        remote_read._status(value) for value in pb.VerificationStatus.values() if value
+        names.status(value) for value in pb.VerificationStatus.values() if value
     }
 
 
 def test_risk_and_gate_names_are_remote_convert_s() -> None:
     from agentsidecar.common.v1 import common_pb2 as common
 
+    names = remote_read._Names()
     risks = [*common.RiskFlag.values(), common.RiskFlag.ValueType(97)]
     gates = [*common.Gate.values(), common.Gate.ValueType(98)]
-    assert remote_read._risks(risks) == list(remote_convert._risks_from_proto(risks))
-    assert remote_read._gates(gates) == list(remote_convert._gates_from_proto(gates))
+    assert names.risks(risks) == list(remote_convert._risks_from_proto(risks))
+    assert names.gates(gates) == list(remote_convert._gates_from_proto(gates))
+    assert names.risks(risks)[-1] == "unknown_risk_97"
 
 
 @pytest.mark.slow

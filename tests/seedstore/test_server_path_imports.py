@@ -2,8 +2,8 @@
 the local `seedstore list` prints.
 
 A real `seedstore serve` process on a Unix socket, stopped with SIGTERM; the CLI runs as the
-`seedstore` command does (quickread's main, which hands `--server` reads to remote_read.py), in a process that
-writes out every module it had imported at exit.
+`seedstore` command does (quickread's main, which hands `--server` reads to remote_read.py), in a
+process that writes out every module it had imported at exit.
 """
 
 from __future__ import annotations
