@@ -29,7 +29,6 @@ write may have happened even when its answer was lost.
 from __future__ import annotations
 
 import enum
-import ipaddress
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +40,6 @@ from typing import Any, Final, Generic, Literal, Self, TypeAlias, TypedDict, Typ
 import grpc
 import grpc.aio
 
-from agentsidecar.clients.errors import from_rpc_error
 from agentsidecar.sidecar_runtime.addresses import parse_address
 
 # The services' full names, as the protos declare them (tests/clients/test_channel.py checks them
@@ -129,6 +127,8 @@ def is_loopback_host(host: str) -> bool:
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if bare.lower() == "localhost":
         return True
+    import ipaddress  # only a plain TCP channel with a token asks
+
     try:
         return ipaddress.ip_address(bare).is_loopback
     except ValueError:
@@ -431,6 +431,10 @@ class SyncClient(ChannelClient[grpc.Channel]):
         try:
             return method(request, timeout=self._timeout(timeout), metadata=metadata)
         except grpc.RpcError as error:
+            # The error tree is imported by the first failed call: a command that makes one
+            # call which succeeds never builds it.
+            from agentsidecar.clients.errors import from_rpc_error
+
             raise from_rpc_error(error) from None
 
 

@@ -24,7 +24,6 @@ from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack
 from google.protobuf import duration_pb2
 
 from agentsidecar.clients.channel import CLIENT_TIMEOUT, SyncClient, Timeout
-from agentsidecar.clients.errors import mapped_stream
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 
@@ -316,6 +315,8 @@ class SeedStoreClient(SyncClient):
         **fields: Unpack[VerifySeedsFields],
     ) -> Generator[pb.VerifySeedsResponse, None, None]:
         """The VerifySeeds responses as the server sends them; stopping early cancels the checks."""
+        from agentsidecar.clients.errors import mapped_stream
+
         return mapped_stream(self._stub.VerifySeeds(verify_request(request, fields), timeout=timeout))
 
     def verify(
@@ -353,6 +354,8 @@ class SeedStoreClient(SyncClient):
         **fields: Unpack[WatchSeedsFields],
     ) -> Generator[pb.WatchSeedsResponse, None, None]:
         """Changes to the store (also edits by other programs) until the server ends the stream."""
+        from agentsidecar.clients.errors import mapped_stream
+
         return mapped_stream(
             self._stub.WatchSeeds(build(pb.WatchSeedsRequest, request, fields), timeout=timeout)
         )

@@ -63,7 +63,7 @@ from agentsidecar.seedstore_service.cliparse import (
     similar,
 )
 from agentsidecar.seedstore_service.errors import SeedStoreError
-from agentsidecar.seedstore_service.location import SERVER_ENV, rust_join
+from agentsidecar.seedstore_service.location import SERVER_ENV, TOKEN_FILE_ENV, rust_join
 from agentsidecar.seedstore_service.model import Problem, VerificationStatus
 from agentsidecar.seedstore_service.operations import (
     DEFAULT_CHECK_TIMEOUT_SECONDS,
@@ -94,8 +94,6 @@ if TYPE_CHECKING:
     from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
     from agentsidecar.seedstore_service.remote_frontend import RemoteFrontend
 
-# A file holding the bearer token to send with --server (a seedstore run with --token-file asks for one).
-TOKEN_FILE_ENV = "SEEDSTORE_TOKEN_FILE"
 
 ProgressListener: TypeAlias = Callable[[str, "VerifyProgress"], None]
 """Called with the seed store and each verify event."""
@@ -774,19 +772,6 @@ class Respelling:
         return Problem(self.path(problem.path), problem.line, self.text(problem.reason))
 
 
-def _error_text(error: SidecarError, target: str) -> str:
-    import grpc
-
-    if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        # No ErrorInfo: the service itself was never reached.
-        return f"cannot reach the seedstore service at {target}: {error.message}"
-    if not error.reason and error.code is grpc.StatusCode.UNIMPLEMENTED:
-        wrong = cli_common.wrong_service_message(target, cli_common.SEEDSTORE_SERVICE, "seedstore")
-        if wrong is not None:
-            return wrong
-    return error.message
-
-
 def _local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
     """The JSON error of a local failure: the status the service would send for it."""
     from agentsidecar.seedstore_service.status import to_rich_error
@@ -883,7 +868,9 @@ def _command(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO, s
     except frontend.errors as error:
         # Only the remote front end's SidecarError gets here: SeedStoreError is caught above.
         sidecar_error = cast("SidecarError", error)
-        message = _error_text(sidecar_error, target or "")
+        from agentsidecar.seedstore_service.remote_read import error_text
+
+        message = error_text(sidecar_error, target or "")
         cli_common.print_error(message, cli_common.status_error_object(sidecar_error, message), stderr)
         return 1
     except KeyboardInterrupt:

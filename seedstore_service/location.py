@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 SERVER_ENV = "SEEDSTORE_SERVER"
 """The seedstore service the CLI goes through (`unix:PATH` or `HOST:PORT`) instead of the local files."""
 
+TOKEN_FILE_ENV = "SEEDSTORE_TOKEN_FILE"
+"""A file holding the bearer token to send with `SERVER_ENV`/`--server` (a seedstore run with
+`--token-file` asks for one)."""
+
 
 def rust_join(base: str, name: str) -> str:
     """Rust's PathBuf::push of a relative name: a separator only when `base` is non-empty

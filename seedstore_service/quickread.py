@@ -6,8 +6,9 @@ imports. `answer` gives the output of `store`, `list`, `inspect` and `search`
 importing only modules that import nothing the interpreter has not loaded at
 start-up (walk, indexfile, names, scoring, location, render, cli_output and
 cli_common; cli_output only for an output not written from the listing blocks),
-or None, and then `main` hands the command line to `cli.main`, which does
-everything and saves what the index lacks.
+or None, and then `main` offers the command line to `remote_read` (a
+`--server` read in the same plain forms) and else hands it to `cli.main`,
+which does everything and saves what the index lacks.
 
 It answers only when its answer is the one `cli.main` prints, byte for byte:
 
@@ -499,6 +500,11 @@ def main() -> int:
         if collecting:
             gc.enable()
     if answered is None:
+        from agentsidecar.seedstore_service.remote_read import answer as answer_remote
+
+        remote = answer_remote(argv, os.environ, sys.stdout, sys.stderr)
+        if remote is not None:
+            return remote
         from agentsidecar.seedstore_service.cli import main as full_main
 
         return full_main(argv)

@@ -2,9 +2,11 @@
 
 The client's half of `convert`: the core values rebuilt from a response are
 the ones the local path renders, so both paths print identical JSON through
-`render.py`. It imports only what the CLI has loaded already (the core value
-types) besides the generated code; a reply that carries a broadening or a
-verify event imports its module when one arrives. `convert` re-exports every
+`render.py`. Besides the generated code it imports the seed's value types
+(`model`); each function that builds a value of `operations`, `ranking` or
+`store` imports that module when it is called, so converting a seed alone
+(`remote_read`'s inspect) loads none of them, and a reply that carries a
+broadening or a verify event imports its module when one arrives. `convert` re-exports every
 function here, beside the service's direction. Pure: no I/O, no grpc calls.
 """
 
@@ -31,22 +33,21 @@ from agentsidecar.seedstore_service.model import (
     Verification,
     VerificationStatus,
 )
-from agentsidecar.seedstore_service.operations import (
-    SearchOutcome,
-    SeedListing,
-    SeedRemoved,
-    SeedVerified,
-    SeedView,
-)
-from agentsidecar.seedstore_service.ranking import RankedCandidate, SearchResult
-from agentsidecar.seedstore_service.store import StoredSeed
 from agentsidecar.sidecar_runtime import wire_names
 
 if TYPE_CHECKING:
     from agentsidecar.seedstore_service.broadening import Broadening
-    from agentsidecar.seedstore_service.operations import VerifyProgress, VerifyRequest
+    from agentsidecar.seedstore_service.operations import (
+        SearchOutcome,
+        SeedListing,
+        SeedRemoved,
+        SeedView,
+        VerifyProgress,
+        VerifyRequest,
+    )
     from agentsidecar.seedstore_service.patch import AddSpec, UpdatePatch
-    from agentsidecar.seedstore_service.ranking import SearchQuery
+    from agentsidecar.seedstore_service.ranking import RankedCandidate, SearchQuery
+    from agentsidecar.seedstore_service.store import StoredSeed
 
 # --- enums ----------------------------------------------------------------------
 
@@ -138,6 +139,8 @@ def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> tuple[Outcome, ...]:
 
 
 def stored_from_proto(seed: pb.Seed, path: str, revision: str) -> StoredSeed:
+    from agentsidecar.seedstore_service.store import StoredSeed
+
     return StoredSeed(seed_from_proto(seed), path, revision)
 
 
@@ -251,6 +254,8 @@ def duration_to_seconds(duration: duration_pb2.Duration) -> float:
 def seed_view_from_proto(
     response: pb.AddSeedResponse | pb.UpdateSeedResponse | pb.PreferSeedResponse | pb.InspectSeedResponse,
 ) -> SeedView:
+    from agentsidecar.seedstore_service.operations import SeedView
+
     problems = () if isinstance(response, pb.AddSeedResponse) else problems_from_proto(response.problems)
     return SeedView(
         response.seed_store, stored_from_proto(response.seed, response.path, response.revision), problems
@@ -271,6 +276,8 @@ def listed_seed_from_proto(message: pb.SeedEntry) -> ListedSeed:
 
 
 def listing_from_proto(response: pb.ListSeedsResponse) -> SeedListing:
+    from agentsidecar.seedstore_service.operations import SeedListing
+
     return SeedListing(
         seed_store=response.seed_store,
         domain=_optional(response, "domain"),
@@ -280,6 +287,8 @@ def listing_from_proto(response: pb.ListSeedsResponse) -> SeedListing:
 
 
 def candidate_from_proto(message: common.Candidate) -> RankedCandidate:
+    from agentsidecar.seedstore_service.ranking import RankedCandidate
+
     return RankedCandidate(
         id=message.id,
         domain=message.domain,
@@ -312,6 +321,9 @@ def broadening_from_proto(message: pb.Broadening) -> Broadening:
 
 
 def search_outcome_from_proto(response: pb.SearchSeedsResponse) -> SearchOutcome:
+    from agentsidecar.seedstore_service.operations import SearchOutcome
+    from agentsidecar.seedstore_service.ranking import SearchResult
+
     result = SearchResult(
         capability=response.capability,
         domain=_optional(response, "domain"),
@@ -324,6 +336,8 @@ def search_outcome_from_proto(response: pb.SearchSeedsResponse) -> SearchOutcome
 
 
 def removed_from_proto(response: pb.RemoveSeedResponse) -> SeedRemoved:
+    from agentsidecar.seedstore_service.operations import SeedRemoved
+
     return SeedRemoved(
         response.seed_store, response.id, response.path, problems_from_proto(response.problems)
     )
@@ -334,6 +348,7 @@ def removed_from_proto(response: pb.RemoveSeedResponse) -> SeedRemoved:
 
 def verify_event_from_proto(response: pb.VerifySeedsResponse) -> VerifyProgress:
     # The runner defines the check events; only `verify` receives them.
+    from agentsidecar.seedstore_service.operations import SeedVerified
     from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted
 
     which = response.WhichOneof("event")

@@ -2,8 +2,8 @@
 the local `seedstore list` prints.
 
 A real `seedstore serve` process on a Unix socket, stopped with SIGTERM; the CLI runs as the
-`seedstore` command does (quickread's main, which hands `--server` to cli.py), in a process that
-writes out every module it had imported at exit.
+`seedstore` command does (quickread's main, which hands `--server` reads to remote_read.py), in a
+process that writes out every module it had imported at exit.
 """
 
 from __future__ import annotations
@@ -36,9 +36,16 @@ GRPC_ITSELF = "import grpc\nfrom agentsidecar.seedstore.v1 import seedstore_pb2_
 SEEDSTORE = "agentsidecar.seedstore_service"
 # The service's modules, the asyncio and negotiator clients, the service's half of `convert`
 # with what it brings (the YAML parser, the index, the runner), the sending half of the status
-# code, and the decoding of an error (only a failed call needs it).
+# code, and the decoding of an error (only a failed call needs it); cli.py with the local
+# store's modules and the core value types a reply is not turned into on this path.
 UNUSED = (
     "yaml",
+    f"{SEEDSTORE}.cli",
+    f"{SEEDSTORE}.operations",
+    f"{SEEDSTORE}.store",
+    f"{SEEDSTORE}.model",
+    f"{SEEDSTORE}.remote_frontend",
+    f"{SEEDSTORE}.remote_convert",
     f"{SEEDSTORE}.server",
     f"{SEEDSTORE}.servicer",
     f"{SEEDSTORE}.index",
@@ -113,7 +120,7 @@ def test_server_list_imports_only_the_blocking_call_and_prints_the_local_listing
 
     assert remote == local
     assert '"id": "seed-2"' in remote
-    assert {f"{SEEDSTORE}.remote_frontend", "agentsidecar.clients.seedstore", "grpc"} <= modules
+    assert {f"{SEEDSTORE}.remote_read", "agentsidecar.clients.seedstore", "grpc"} <= modules
     assert loaded(modules, UNUSED) == []
     # asyncio only as grpc itself imports it.
     assert loaded(modules, ("asyncio",)) == loaded(grpc_own_modules(env), ("asyncio",))
