@@ -668,9 +668,13 @@ def _trust_store() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
+# json.dumps with these arguments builds this same encoder on every call; encode() keeps no state.
+_JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _json_bytes(body: JsonValue) -> bytes:
     """A request body as httpx's client encodes `json=`: compact, UTF-8, no NaN."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _JSON_ENCODER.encode(body).encode()
 
 
 def _http_failure(adapter: str, url: URL, exc: Exception) -> errors.AdapterFailure | None:
@@ -950,7 +954,12 @@ class OpenAIAdapter:
                 events = SseReader()
                 done = False
                 while not done:
-                    chunk = await _until(body_stream.readany(), when)
+                    # At the body's end a read returns at once, so no deadline can pass during it.
+                    chunk = (
+                        await body_stream.readany()
+                        if body_stream.is_eof()
+                        else await _until(body_stream.readany(), when)
+                    )
                     if not chunk:
                         payloads = events.finish()
                         done = True
@@ -1279,6 +1288,9 @@ def _result_event(model_call: ModelToolCall, message: dict[str, JsonValue]) -> s
     return json.dumps({"id": model_call.id, "name": model_call.name, "denied": denied, "error": error})
 
 
+_UTF8_DECODER = codecs.getincrementaldecoder("utf-8")
+
+
 class SseReader:
     """Server-sent events from a byte stream: the `data` of each complete event. Pure.
 
@@ -1290,7 +1302,7 @@ class SseReader:
     __slots__ = ("_data", "_decoder", "_ignoring", "_rest")
 
     def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder = _UTF8_DECODER(errors="replace")
         self._rest = ""
         self._data: list[str] = []
         self._ignoring = False
