@@ -72,8 +72,12 @@ UNARY_HEADERS = {"Authorization": "Bearer floor", "Content-Type": "application/j
 STREAM_HEADERS = {**UNARY_HEADERS, "Accept-Encoding": "identity"}
 
 
+# The openai adapter's encoder: the bytes it sends, without building an encoder per call.
+_JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _json_bytes(body: object) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _JSON_ENCODER.encode(body).encode()
 
 
 def _forwarder(session: aiohttp.ClientSession, url: URL, model: str) -> InvokeMethod:

@@ -2,6 +2,7 @@
 
     python -m bench.profile_openai [--seconds S] [--rounds N] [--calls N] [--cprofile] [--top K]
                                    [--skip-negotiator]
+    python -m bench.profile_openai --instructions [--calls N]
 
 Starts `bench/mock_chat_server.py` in its own process, as bench_negotiator.py
 does, then:
@@ -11,7 +12,8 @@ does, then:
    request_body, the headers, the deadline, read_response of the mock's reply,
    and a whole `invoke` whose HTTP exchange returns the mock's reply at once;
 2. in this process, no gRPC: `OpenAIAdapter.invoke` against the mock vs the
-   bench's direct httpx POST (same body, same client settings), in
+   bench's direct aiohttp POST (same body; one ClientSession without
+   timeouts, the client the adapter itself uses), in
    interleaved rounds: p50 and CPU µs per call of each, so the difference is
    what the adapter does around the exchange;
 3. through the negotiator (`negotiator serve` with the bench config) and the
@@ -27,6 +29,22 @@ does, then:
 4. with --cprofile, cProfile of the adapter's in-process loop (2): the
    functions with the most own time.
 
+With --instructions (needs valgrind), none of that: instructions per call in
+the server process instead, the figure machine load cannot move (see
+bench/count_instructions.py, whose method this follows). The negotiator and
+the bare forwarder each run under `valgrind --tool=callgrind` with
+instrumentation off, pointed at the mock chat server (unary) or the mock SSE
+server (streamed; a second pair of servers); this process makes N calls to
+warm each up, switches instrumentation on, makes N more, and reads the
+server's total. Rows: Invoke to bench-openai and to bench-scripted through
+the negotiator, Invoke through the forwarder and through the floor (no
+forwarding: the prompt answered at once), InvokeStream through the
+negotiator and the forwarder. The negotiator's own share is its openai row
+minus the forwarder's; it splits into what the negotiator's generic path
+costs over the floor (scripted minus floor) and what the openai adapter's
+exchange costs over the forwarder's (openai minus scripted, against
+forwarder minus floor).
+
 Figures drift by tens of percent from minute to minute on the shared cores:
 compare rows measured in the same rounds, never across runs.
 """
@@ -40,7 +58,9 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +68,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from agentsidecar.negotiator_service.adapters._calls import Deadline, call_deadline, check_call
@@ -71,6 +92,7 @@ from bench.bench_negotiator import (
     negotiator_env,
     scripted_invoke_request,
 )
+from bench.bench_stream import stream_config
 from bench.harness import BENCH_DIR, ServerProcess, measure, open_channel, start_server_process
 from bench.mock_chat_server import COMPLETION
 
@@ -99,21 +121,21 @@ def adapter_spec(base_url: str) -> AdapterSpec:
     )
 
 
-def direct_client() -> httpx.AsyncClient:
-    """The bench baseline's client: the openai adapter's settings."""
-    return httpx.AsyncClient(follow_redirects=False, timeout=None)
+def direct_client() -> aiohttp.ClientSession:
+    """The bench baseline's client: aiohttp, as the openai adapter, with no per-phase timeouts."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout())
 
 
-def direct_post(client: httpx.AsyncClient, base_url: str) -> Call:
+def direct_post(session: aiohttp.ClientSession, base_url: str) -> Call:
     """The bench baseline: the adapter's POST, made straight from this process."""
-    url = httpx.URL(f"{base_url}/chat/completions")
+    url = URL(f"{base_url}/chat/completions")
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}
     headers = {"Authorization": f"Bearer {API_KEY}"}
 
     async def post() -> object:
-        response = await client.post(url, json=body, headers=headers)
-        response.raise_for_status()
-        return response.content
+        async with session.post(url, json=body, headers=headers, allow_redirects=False) as response:
+            response.raise_for_status()
+            return await response.read()
 
     return post
 
@@ -191,7 +213,7 @@ async def in_process(base_url: str, rounds: int, seconds: float) -> None:
     call = AdapterCall(prompt=PROMPT, options=CallOptions())
     try:
         async with direct_client() as client:
-            subjects: dict[str, Call] = {"direct httpx POST": direct_post(client, base_url)}
+            subjects: dict[str, Call] = {"direct aiohttp POST": direct_post(client, base_url)}
 
             async def adapter_invoke() -> object:
                 return await adapter.invoke(call)
@@ -208,7 +230,7 @@ async def in_process(base_url: str, rounds: int, seconds: float) -> None:
                     p50s[name].append(p50)
                     cpus[name].append(cpu)
                 cells = "  ".join(f"{p50s[n][-1]:9.3f} ms p50 {cpus[n][-1]:6.0f} µs CPU" for n in subjects)
-                difference = p50s["OpenAIAdapter.invoke"][-1] - p50s["direct httpx POST"][-1]
+                difference = p50s["OpenAIAdapter.invoke"][-1] - p50s["direct aiohttp POST"][-1]
                 print(f"  {index:5d}  {cells}   {difference * 1000:+7.0f} µs")
             cells = "  ".join(
                 f"{statistics.median(p50s[n]):9.3f} ms p50 {statistics.median(cpus[n]):6.0f} µs CPU"
@@ -335,10 +357,161 @@ async def profiled(base_url: str, calls: int, top: int) -> None:
     pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
+def _total_instructions(profile: Path) -> int:
+    annotated = subprocess.run(
+        ["callgrind_annotate", str(profile)], capture_output=True, text=True, check=True
+    ).stdout
+    for line in annotated.splitlines():
+        if "PROGRAM TOTALS" in line:
+            return int(line.split()[0].replace(",", ""))
+    raise RuntimeError(f"no PROGRAM TOTALS in callgrind_annotate {profile}")
+
+
+async def _callgrind(pid: int, *command: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        "callgrind_control",
+        *command,
+        str(pid),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    if await process.wait() != 0:
+        raise RuntimeError(f"callgrind_control {' '.join(command)} {pid} failed")
+
+
+async def _counted(server: ServerProcess, profile: Path, call: Call, calls: int) -> int:
+    """Server instructions per call over `calls` calls, after as many uncounted ones."""
+    for _ in range(calls):
+        await call()
+    await _callgrind(server.pid, "--zero")
+    await _callgrind(server.pid, "-i", "on")
+    for _ in range(calls):
+        await call()
+    await _callgrind(server.pid, "-i", "off")
+    await _callgrind(server.pid, "--dump")
+    dumps = sorted(profile.parent.glob(f"{profile.name}.*"), key=lambda path: path.stat().st_mtime)
+    return _total_instructions(dumps[-1]) // calls
+
+
+def _unary(
+    stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, request: negotiator_pb2.InvokeRequest
+) -> Call:
+    async def call() -> object:
+        return await stub.Invoke(request)
+
+    return call
+
+
+def _streaming(stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub, adapter: str) -> Call:
+    request = negotiator_pb2.InvokeStreamRequest(
+        invoke=negotiator_pb2.InvokeRequest(adapter=adapter, prompt=PROMPT)
+    )
+
+    async def call() -> object:
+        deltas = [message async for message in stub.InvokeStream(request)]
+        if not any(message.WhichOneof("kind") == "delta" for message in deltas):
+            raise RuntimeError(f"InvokeStream to {adapter or 'the forwarder'} streamed no delta")
+        return deltas
+
+    return call
+
+
+async def instructions(workdir: Path, calls: int) -> None:
+    """Callgrind counts of the negotiator's and the bare forwarder's server process per call."""
+    for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed (Debian package valgrind)")
+    rows: list[tuple[str, str, int]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        chat = await start_server_process(
+            [sys.executable, str(BENCH_DIR / "mock_chat_server.py")], log_path=workdir / "mock-chat.log"
+        )
+        stack.push_async_callback(chat.stop)
+        sse = await start_server_process(
+            [sys.executable, str(BENCH_DIR / "mock_sse_server.py")], log_path=workdir / "mock-sse.log"
+        )
+        stack.push_async_callback(sse.stop)
+        chat_url, sse_url = f"http://{chat.target}/v1", f"http://{sse.target}/v1"
+        (workdir / "unary.yaml").write_text(bench_config(chat_url))
+        (workdir / "stream.yaml").write_text(stream_config(sse_url))
+        servers = {
+            "negotiator": negotiator_argv(f"unix:{workdir / 'negotiator.sock'}", workdir / "unary.yaml"),
+            "forwarder": floor_server_argv(
+                f"unix:{workdir / 'forwarder.sock'}", forward=f"{chat_url}/chat/completions"
+            ),
+            "floor": floor_server_argv(f"unix:{workdir / 'floor.sock'}"),
+            "negotiator, SSE mock": negotiator_argv(
+                f"unix:{workdir / 'negotiator-sse.sock'}", workdir / "stream.yaml"
+            ),
+            "forwarder, SSE mock": floor_server_argv(
+                f"unix:{workdir / 'forwarder-sse.sock'}", forward=f"{sse_url}/chat/completions"
+            ),
+        }
+        for index, (name, argv) in enumerate(servers.items()):
+            profile = workdir / f"server{index}.callgrind"
+            server = await start_server_process(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    f"--callgrind-out-file={profile}",
+                    "--instr-atstart=no",
+                    *argv,
+                ],
+                log_path=workdir / f"server{index}.log",
+                env=negotiator_env(),
+                ready_timeout_s=300,
+            )
+            try:
+                channel = await open_channel(server.target)
+                try:
+                    stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+                    subjects: dict[str, Call]
+                    if name == "negotiator":
+                        openai = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+                        scripted = scripted_invoke_request()
+                        subjects = {
+                            "Invoke bench-openai": _unary(stub, openai),
+                            "Invoke bench-scripted": _unary(stub, scripted),
+                        }
+                    elif name in ("forwarder", "floor"):
+                        forwarded = negotiator_pb2.InvokeRequest(prompt=PROMPT)
+                        subjects = {"Invoke": _unary(stub, forwarded)}
+                    else:
+                        subjects = {"InvokeStream": _streaming(stub, OPENAI if "negotiator" in name else "")}
+                    for method, call in subjects.items():
+                        rows.append((name, method, await _counted(server, profile, call, calls)))
+                        print(f"  {name}: {method} {rows[-1][2]:,}", flush=True)
+                finally:
+                    await channel.close(None)
+            finally:
+                await server.stop(timeout_s=120)
+    counted = {(name, method): figure for name, method, figure in rows}
+    print(f"\nserver instructions per call, {calls} calls each (callgrind):")
+    print("| server | method | instructions/call |")
+    print("|---|---|---|")
+    for name, method, figure in rows:
+        print(f"| {name} | {method} | {figure:,} |")
+    unary_share = counted["negotiator", "Invoke bench-openai"] - counted["forwarder", "Invoke"]
+    stream_share = (
+        counted["negotiator, SSE mock", "InvokeStream"] - counted["forwarder, SSE mock", "InvokeStream"]
+    )
+    adapter = counted["negotiator", "Invoke bench-openai"] - counted["negotiator", "Invoke bench-scripted"]
+    print(
+        "negotiator's own share (negotiator - forwarder): "
+        f"Invoke {unary_share:+,}, InvokeStream {stream_share:+,}"
+    )
+    exchange = counted["forwarder", "Invoke"] - counted["floor", "Invoke"]
+    print(f"the openai exchange over the scripted adapter (openai - scripted): {adapter:+,}")
+    print(f"the forwarder's HTTP exchange over the floor's answer (forwarder - floor): {exchange:+,}")
+
+
 async def main(args: argparse.Namespace) -> None:
     os.environ[API_KEY_ENV] = API_KEY  # the in-process adapters read it, as the negotiator does
     with tempfile.TemporaryDirectory(prefix="profile-openai-") as tmp:
         workdir = Path(tmp)
+        if args.instructions:
+            await instructions(workdir, args.calls)
+            return
         async with contextlib.AsyncExitStack() as stack:
             mock = await start_server_process(
                 [sys.executable, str(BENCH_DIR / "mock_chat_server.py")], log_path=workdir / "mock-chat.log"
@@ -364,4 +537,9 @@ if __name__ == "__main__":
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--skip-negotiator", action="store_true")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count server instructions per call under callgrind instead (--calls each; try 300)",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -88,10 +88,10 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncGenerator, Awaitable, Collection, Mapping
+from collections.abc import AsyncGenerator, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from agentsidecar.negotiator_service import errors, mcp_tools
 from agentsidecar.negotiator_service.adapters._calls import Deadline, call_deadline, check_call, plain_json
@@ -163,8 +163,6 @@ MCP_TRANSPORTS_IMPLEMENTED = frozenset({"stdio", "http", "sse"})
 # with no sign of it in the reply: UNKNOWN until config states them for a server or model.
 UPSTREAM_DEPENDENT = frozenset({Capability.EFFORT, Capability.SETTINGS, Capability.PERSONA})
 _QUOTE_LIMIT = 500  # characters of a provider's body quoted in an error
-
-_T = TypeVar("_T")
 
 # Rounds of tool calls one call may take before it counts as a runaway loop.
 MAX_TOOL_ROUNDS = 16
@@ -668,9 +666,13 @@ def _trust_store() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
+# json.dumps with these arguments builds this same encoder on every call; encode() keeps no state.
+_JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _json_bytes(body: JsonValue) -> bytes:
     """A request body as httpx's client encodes `json=`: compact, UTF-8, no NaN."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _JSON_ENCODER.encode(body).encode()
 
 
 def _http_failure(adapter: str, url: URL, exc: Exception) -> errors.AdapterFailure | None:
@@ -929,16 +931,23 @@ class OpenAIAdapter:
         shortname = self._declaration.shortname
         cap = self._options.max_response_bytes
         url = self._endpoint
+        response: aiohttp.ClientResponse | None = None
         try:
-            # Compression would hold deltas back until a compressed block fills: the stream asks for none.
-            response = await _until(self._send("POST", url, body, headers, identity=True), when)
             try:
-                content_type = response.headers.get("content-type", "")
-                if response.status != 200 or not content_type.startswith("text/event-stream"):
-                    # An error, or a server that answered the whole completion at once.
-                    content = await _until(self._read_capped(response), when)
+                # The request and the first read of its answer come before any yield: one deadline
+                # scope bounds both, as it bounds each later read.
+                async with asyncio.timeout_at(when):
+                    # Compression would hold deltas back until a compressed block fills: the stream
+                    # asks for none.
+                    response = await self._send("POST", url, body, headers, identity=True)
+                    content_type = response.headers.get("content-type", "")
+                    streamed = response.status == 200 and content_type.startswith("text/event-stream")
+                    # Streamed: the first chunk of events; else the whole body (an error, or a server
+                    # that answered the whole completion at once).
+                    chunk = await (response.content.readany() if streamed else self._read_capped(response))
+                if not streamed:
                     answer = read_response(
-                        shortname, response.status, response.headers, content, produce=produce
+                        shortname, response.status, response.headers, chunk, produce=produce
                     )
                     assembly.whole(answer)
                     if isinstance(answer, AdapterReply) and answer.text:
@@ -948,12 +957,9 @@ class OpenAIAdapter:
                 # Identity was asked for, so the raw body is the events; a body encoded anyway is decoded.
                 body_stream = response.content
                 events = SseReader()
-                done = False
-                while not done:
-                    chunk = await _until(body_stream.readany(), when)
+                while True:
                     if not chunk:
                         payloads = events.finish()
-                        done = True
                     else:
                         received += len(chunk)
                         if received > cap:
@@ -967,8 +973,17 @@ class OpenAIAdapter:
                         delta = assembly.add(shortname, payload)
                         if delta:
                             yield delta
+                    if not chunk:
+                        break
+                    if body_stream.is_eof():
+                        # At the body's end a read returns at once, so no deadline can pass during it.
+                        chunk = await body_stream.readany()
+                    else:
+                        async with asyncio.timeout_at(when):
+                            chunk = await body_stream.readany()
             finally:
-                response.close()
+                if response is not None:
+                    response.close()
         except TimeoutError as exc:
             raise budget.expired(shortname) from exc
         except Exception as exc:
@@ -1255,14 +1270,6 @@ async def collect_stream(items: AsyncGenerator[StreamItem, None]) -> AdapterRepl
     raise AssertionError("OpenAIAdapter.stream ends with its reply")
 
 
-async def _until(awaitable: Awaitable[_T], when: float | None) -> _T:
-    """`awaitable`, bounded by the loop time `when` (None: unbounded); TimeoutError past it."""
-    if when is None:
-        return await awaitable
-    async with asyncio.timeout_at(when):
-        return await awaitable
-
-
 def _call_event(model_call: ModelToolCall) -> str:
     return json.dumps({"id": model_call.id, "name": model_call.name, "arguments": model_call.arguments})
 
@@ -1279,6 +1286,9 @@ def _result_event(model_call: ModelToolCall, message: dict[str, JsonValue]) -> s
     return json.dumps({"id": model_call.id, "name": model_call.name, "denied": denied, "error": error})
 
 
+_UTF8_DECODER = codecs.getincrementaldecoder("utf-8")
+
+
 class SseReader:
     """Server-sent events from a byte stream: the `data` of each complete event. Pure.
 
@@ -1290,7 +1300,7 @@ class SseReader:
     __slots__ = ("_data", "_decoder", "_ignoring", "_rest")
 
     def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder = _UTF8_DECODER(errors="replace")
         self._rest = ""
         self._data: list[str] = []
         self._ignoring = False
