@@ -9,6 +9,8 @@ model names cannot grow the label set without bound.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter
 
 from agentsidecar.negotiator_service.model import Declaration, Usage
@@ -34,7 +36,16 @@ def model_label(declaration: Declaration | None, model: str | None) -> str:
     return OTHER_MODEL
 
 
+# The counter's child per label set, looked up once: labels() checks and locks on every call.
+# Bounded as the label set is (adapters, their declared models and `other`, four kinds).
+_CHILDREN: dict[tuple[str, str, str], Any] = {}
+
+
 def count_tokens(adapter: str, model: str, usage: Usage) -> None:
     for kind, tokens in usage.counts():
         if tokens:
-            TOKENS.labels(adapter, model, kind).inc(tokens)
+            key = (adapter, model, kind)
+            child = _CHILDREN.get(key)
+            if child is None:
+                child = _CHILDREN[key] = TOKENS.labels(adapter, model, kind)
+            child.inc(tokens)
