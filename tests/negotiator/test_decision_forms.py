@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from agentsidecar.negotiator.v1 import negotiator_pb2
 from agentsidecar.negotiator_service import convert
 from agentsidecar.negotiator_service.broker import decision_line, decision_record
+from agentsidecar.negotiator_service.call_caches import CallCaches
 from agentsidecar.negotiator_service.model import (
     Capability,
     CapabilityState,
@@ -107,3 +108,41 @@ def test_the_decision_proto_is_the_message_built_from_each_verdicts_proto(decisi
     converted = convert.decision_to_proto(decision)
     assert converted == expected
     assert converted.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
+
+
+# Pairs drawn from few values, so that equal and unequal decisions both come up often.
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.builds(
+            Decision,
+            adapter=st.sampled_from(["a", "b"]),
+            declaration_version=st.sampled_from(["v1", "v2"]),
+            verdicts=st.lists(
+                st.builds(
+                    Verdict,
+                    requirement=st.builds(
+                        Requirement,
+                        capability=st.sampled_from([Capability.SETTINGS, Capability.MCP]),
+                        request_field=st.sampled_from(["options.settings", "x"]),
+                        typed_set=st.sampled_from([None, TypedSet.ACCEPTED_SETTINGS]),
+                        member=st.sampled_from(["", "seed"]),
+                    ),
+                    state=st.sampled_from(CapabilityState),
+                    allowed_unknown=st.booleans(),
+                ),
+                max_size=2,
+            ).map(tuple),
+            model=st.sampled_from(["", "m"]),
+        ),
+        min_size=2,
+        max_size=6,
+    )
+)
+def test_equal_decisions_share_one_object_and_unequal_ones_never(decisions: list[Decision]) -> None:
+    caches = CallCaches()
+    shared = [caches.shared_decision(decision) for decision in decisions]
+    for decision, kept in zip(decisions, shared, strict=True):
+        assert kept == decision
+        for other, other_kept in zip(decisions, shared, strict=True):
+            assert (kept is other_kept) == (decision == other)
