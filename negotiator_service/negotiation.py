@@ -26,6 +26,7 @@ a choice the operator makes in the config:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
@@ -769,7 +770,9 @@ def _text_formats(schema: Mapping[str, Any], text: str) -> tuple[tuple[str, str]
     return ()
 
 
-_JSON_WHITESPACE = " \t\n\r"
+# A `"format"` key given a string: the string up to its first quote or
+# backslash, and which of the two ends it (a backslash: an escape).
+_FORMAT_NAME = re.compile(r'"format"[ \t\n\r]*:[ \t\n\r]*"([^"\\]*)(["\\])')
 
 
 def _format_names(text: str) -> int:
@@ -781,24 +784,10 @@ def _format_names(text: str) -> int:
     `"format"` keys (data, a property named so) can only add to the count.
     """
     names: set[str] = set()
-    size = len(text)
-    at = text.find('"format"')
-    while at >= 0:
-        index = at + len('"format"')
-        while index < size and text[index] in _JSON_WHITESPACE:
-            index += 1
-        if index < size and text[index] == ":":
-            index += 1
-            while index < size and text[index] in _JSON_WHITESPACE:
-                index += 1
-            if index < size and text[index] == '"':
-                end = text.find('"', index + 1)
-                name = text[index + 1 : end]
-                if end < 0 or "\\" in name:
-                    return -1
-                names.add(name)
-                index = end + 1
-        at = text.find('"format"', index)
+    for name, end in _FORMAT_NAME.findall(text):
+        if end != '"':
+            return -1
+        names.add(name)
     return len(names)
 
 
