@@ -1,6 +1,6 @@
 """Instructions per call in the server process, counted by valgrind: a figure the machine's noise cannot move.
 
-    python -m bench.count_instructions [--calls N] [--schemas]
+    python -m bench.count_instructions [--calls N] [--schemas] [--cold-options]
 
 Wall-clock figures on this shared two-core machine drift by tens of percent
 from one minute to the next; an instruction count for the same binary,
@@ -44,6 +44,8 @@ ROOT = BENCH_DIR.parent
 # The client, run as `python -c CLIENT TARGET N METHOD`: N sequential calls, one caller.
 # Produce sends bench_negotiator's 20-property schema: the same one every call
 # (warm), or one of this client's own each call (cold, as the bench's cold rows).
+# The plain cold methods send new call options each call (another `seed` value,
+# one of this client's own), as the bench's "cold (new options each call)" rows.
 CLIENT = """
 import asyncio, os, sys
 import grpc
@@ -60,6 +62,7 @@ async def main(target, calls, method):
         raw = invoke.SerializeToString()
         warm = produce_request("warm")
         prefix = os.urandom(4).hex()
+        seeds = int.from_bytes(os.urandom(4), "big") * 1000
         for index in range(calls):
             if method == "Echo":
                 await echo(raw, timeout=60)
@@ -69,6 +72,11 @@ async def main(target, calls, method):
                 await stub.Produce(warm, timeout=60)
             elif method == "ProduceCold":
                 await stub.Produce(produce_request(f"{prefix}{index}"), timeout=60)
+            elif method == "InvokeCold":
+                await stub.Invoke(scripted_invoke_request(seeds + index), timeout=60)
+            elif method == "NegotiatePlainCold":
+                plain = negotiator_pb2.NegotiateRequest(invoke=scripted_invoke_request(seeds + index))
+                await stub.Negotiate(plain, timeout=60)
             elif method == "NegotiateCold":
                 cold = negotiator_pb2.NegotiateRequest(produce=produce_request(f"{prefix}{index}"))
                 await stub.Negotiate(cold, timeout=60)
@@ -173,6 +181,11 @@ def main() -> None:
         action="store_true",
         help="also Produce with the 20-property schema, warm and cold, and Negotiate with it cold",
     )
+    parser.add_argument(
+        "--cold-options",
+        action="store_true",
+        help="also Negotiate and Invoke without a schema with new call options each call",
+    )
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
@@ -195,6 +208,8 @@ def main() -> None:
         )
         negotiator_argv = [str(Path(sys.executable).parent / "negotiator"), "serve", "--config", str(config)]
         methods = ["Negotiate", "Invoke"]
+        if args.cold_options:
+            methods += ["NegotiatePlainCold", "InvokeCold"]
         if args.schemas:
             methods += ["NegotiateCold", "Produce", "ProduceCold"]
         negotiator = count("negotiator", negotiator_argv, methods, args.calls, workdir)

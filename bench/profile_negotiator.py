@@ -13,6 +13,12 @@ through the runtime's batched stderr writer, which costs less), then:
   the broker's judgement, response conversion with and without the
   server's caches, the reply's size bound, the brokered call with and
   without a time budget), each as µs per call;
+* times the cold pieces the same way, each call with an input no call
+  before it had (bench_negotiator's 20-property schema with a new tag, a
+  new `seed` setting): the schema's parse, metaschema check, compile and
+  formats walk, its whole check, a new decision's log line, proto and
+  sharing, and the dry run and brokered call of a cold Produce and of an
+  Invoke with new options;
 * with --cprofile, profiles this process (the server) while a client
   process makes N Negotiate and then N Invoke calls, and prints the
   functions with the most own time, then the negotiator's (and logging's)
@@ -24,25 +30,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import logging
+import os
 import pstats
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import jsonschema_rs
 
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
-from agentsidecar.negotiator_service import convert, negotiation
+from agentsidecar.negotiator_service import convert, model, negotiation
 from agentsidecar.negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
-from agentsidecar.negotiator_service.broker import _AuditDraft
+from agentsidecar.negotiator_service.broker import _AuditDraft, decision_line
+from agentsidecar.negotiator_service.call_caches import CallCaches
 from agentsidecar.negotiator_service.model import AdapterCall, AdapterReply, AuditOutcome, CallKind
 from agentsidecar.negotiator_service.server import Settings, create_server
-from bench.bench_negotiator import bench_config, scripted_invoke_request
-from bench.profile_openai import best_us
+from bench.bench_negotiator import bench_config, output_schema, produce_request, scripted_invoke_request
+from bench.profile_openai import best_us, best_us_async
 
 REPEATS = 7  # the machine is noisy: the fastest of several batches is the work itself
 
@@ -134,6 +144,84 @@ async def breakdown(running: object, calls: int) -> None:
         print(f"  {label:<46} {per_call * 1e6:8.1f} µs")
 
 
+def _checking(texts: list[str], compile_it: bool) -> Callable[[int], object]:
+    return lambda index: negotiation.check_schema_text(texts[index], compile=compile_it)
+
+
+def _on_new_inputs(piece: Callable[[int], object], inputs: int) -> Callable[[], object]:
+    """`piece` on input 0, then 1, and so on: each call's input is one no call before it had."""
+    numbers = iter(range(inputs))
+    return lambda: piece(next(numbers))
+
+
+async def cold_breakdown(running: object, calls: int) -> None:
+    """The pieces of a cold call, each timed on inputs no call before it had."""
+    from agentsidecar.negotiator_service.server import RunningNegotiator
+
+    assert isinstance(running, RunningNegotiator)
+    broker = running.broker
+    caches = broker.caches
+    inputs = calls + 500  # best_us makes at most this many calls
+    prefix = os.urandom(4).hex()
+
+    def schema_texts(tag: str) -> list[str]:
+        return [output_schema(f"{prefix}{tag}{index}") for index in range(inputs)]
+
+    texts = schema_texts("a")
+    parsed = [json.loads(text) for text in texts]
+    produce_calls = [convert.produce_request(produce_request(f"{prefix}d{i}")) for i in range(inputs)]
+    decisions = [broker._judge_checked(call)[0] for call in produce_calls]
+    pieces: list[tuple[str, Callable[[int], object]]] = [
+        ("model.strict_json (the schema text)", lambda i: model.strict_json(texts[i])),
+        ("metaschema check (jsonschema_rs.meta.is_valid)", lambda i: jsonschema_rs.meta.is_valid(parsed[i])),
+        ("negotiation.schema_validator (compile)", lambda i: negotiation.schema_validator(parsed[i])),
+        ("negotiation._text_formats", lambda i: negotiation._text_formats(parsed[i], texts[i])),
+        (
+            "broker.decision_line (a new decision)",
+            lambda i: decision_line("produce", decisions[i], frozenset()),
+        ),
+        ("convert.decision_to_proto (a new decision)", lambda i: convert.decision_to_proto(decisions[i])),
+        ("CallCaches.shared_decision (a new decision)", lambda i: CallCaches().shared_decision(decisions[i])),
+    ]
+    for compile_it, tag in ((False, "b"), (True, "c")):
+        label = f"check_schema_text ({'dispatch' if compile_it else 'a dry run'})"
+        pieces.append((label, _checking(schema_texts(tag), compile_it)))
+    print(f"cold pieces, {calls} calls each, every call's input new (no gRPC):")
+    for label, piece in pieces:
+        per_call_us(label, _on_new_inputs(piece, inputs), calls)
+
+    negotiate_cold = iter(
+        [negotiator_pb2.NegotiateRequest(produce=produce_request(f"{prefix}n{i}")) for i in range(inputs)]
+    )
+    negotiate_options = iter(
+        [negotiator_pb2.NegotiateRequest(invoke=scripted_invoke_request(10_000 + i)) for i in range(inputs)]
+    )
+    produce_cold = iter([produce_request(f"{prefix}p{i}") for i in range(inputs)])
+    invoke_options = iter([scripted_invoke_request(20_000 + i) for i in range(inputs)])
+
+    def negotiate(messages: Iterator[negotiator_pb2.NegotiateRequest]) -> object:
+        return caches.negotiate_response(broker.negotiate(caches.negotiate_request(next(messages))))
+
+    per_call_us("Negotiate, a new schema (convert, judge, respond)", lambda: negotiate(negotiate_cold), calls)
+    per_call_us(
+        "Negotiate, new options (convert, judge, respond)", lambda: negotiate(negotiate_options), calls
+    )
+
+    async def produce() -> None:
+        reply, decision = await broker.call(caches.produce_request(next(produce_cold)), time_budget=None)
+        caches.produce_response(reply, decision)
+
+    async def invoke() -> None:
+        reply, decision = await broker.call(caches.invoke_request(next(invoke_options)), time_budget=None)
+        caches.invoke_response(reply, decision)
+
+    for label, work in (
+        ("Produce, a new schema (convert, call, respond)", produce),
+        ("Invoke, new options (convert, call, respond)", invoke),
+    ):
+        print(f"  {label:<46} {await best_us_async(work, calls):8.1f} µs")
+
+
 async def client(target: str, calls: int, method: str) -> None:
     """The load for --cprofile, run in its own process so the profile shows the server alone."""
     async with grpc.aio.insecure_channel(target) as channel:
@@ -193,6 +281,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         try:
             await breakdown(running, args.calls)
+            await cold_breakdown(running, args.calls)
             if args.cprofile:
                 await through_grpc(running.bound[0], args.calls, args.top)
         finally:

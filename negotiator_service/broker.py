@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii as _json_text
 from typing import Any
 
 import jsonschema_rs
@@ -462,7 +463,8 @@ class Broker:
         decision = negotiation.judge(
             declaration, requirements, request.options.allow_unknown, expanded.options.model
         )
-        return decision, schema, expanded, checked
+        # An equal decision judged before brings its kept line and proto (call_caches.py).
+        return self.caches.shared_decision(decision), schema, expanded, checked
 
     def _check_settings(self, shortname: str, request: CallRequest) -> None:
         """Refuse setting values the adapter's own pure rules reject (InvalidRequest), before judging.
@@ -518,7 +520,7 @@ class Broker:
         lines = self.caches.decision_lines
         line = lines.get((decision,), details, None)
         if line is None:
-            line = json.dumps(decision_record(operation, decision, details[1]))
+            line = decision_line(operation, decision, details[1])
             lines.put((decision,), details, line)
         if sink is not None:
             sink(line)
@@ -598,6 +600,43 @@ def _own_schema(
     if schema is not None or checked is None or not request.output_schema:
         return schema
     return negotiation.fresh_schema(request.output_schema)
+
+
+def decision_line(operation: str, decision: Decision, allow_unknown: frozenset[Capability]) -> str:
+    """`json.dumps(decision_record(...))`, written out: the same text, built without the record.
+
+    Every string goes through the encoder `json.dumps` applies to strings
+    (ASCII only, escaped alike); states, outcomes and booleans are fixed
+    ASCII words, written as they are.
+    """
+    requirements: list[str] = []
+    verdicts: list[str] = []
+    allowed: list[str] = []
+    for verdict in decision.verdicts:
+        requirement = verdict.requirement
+        name = _json_text(requirement.describe())
+        requirements.append(
+            f'{{"requirement": {name}, "request_field": {_json_text(requirement.request_field)}}}'
+        )
+        flag = "true" if verdict.allowed_unknown else "false"
+        verdicts.append(
+            f'{{"requirement": {name}, "state": "{verdict.state._value_}", "allowed_unknown": {flag}}}'
+        )
+        if verdict.allowed_unknown:
+            capability = _json_text(requirement.capability._value_)
+            if capability not in allowed:
+                allowed.append(capability)
+    gaps = ", ".join([_json_text(verdict.requirement.describe()) for verdict in decision.gaps])
+    requested = ", ".join([_json_text(value) for value in sorted(c._value_ for c in allow_unknown)])
+    outcome = "accepted" if decision.accepted else "refused"
+    return (
+        f'{{"event": "negotiator.decision", "operation": {_json_text(operation)}, '
+        f'"adapter": {_json_text(decision.adapter)}, '
+        f'"declaration_version": {_json_text(decision.declaration_version)}, "outcome": "{outcome}", '
+        f'"requirements": [{", ".join(requirements)}], "verdicts": [{", ".join(verdicts)}], '
+        f'"gaps": [{gaps}], "allowed_unknown": [{", ".join(allowed)}], '
+        f'"allow_unknown_requested": [{requested}]}}'
+    )
 
 
 def decision_record(

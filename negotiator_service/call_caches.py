@@ -32,6 +32,18 @@ schemas (checked_schema)
     immutable. The parsed schema an adapter gets is never kept: a call
     whose text is known parses its own (broker._own_schema).
 
+decisions (shared_decision)
+    Key: a decision by value: its compared fields (adapter, declaration
+    version, model, and each verdict's requirement fields, state and
+    allowance), enum members by their values, so the key hashes and
+    compares as plain strings and booleans. Value: the first decision
+    judged equal to it. Sound because everything derived from a decision (its line, proto,
+    size, response, audit record) reads only those fields, so equal
+    decisions may share one object, and with it the entries the caches
+    below keep per decision object: a call judged afresh (new options, say
+    another setting value) whose verdicts match an earlier call's finds
+    them.
+
 decision_lines (Broker._log_decision)
     Key: the decision object, with the operation and allow_unknown. Value:
     the decision's JSON log line, a pure function of the three.
@@ -76,6 +88,8 @@ class CallCaches:
     """The caches of one negotiator server (the rules: this module's docstring)."""
 
     __slots__ = (
+        "_decisions",
+        "_max_entries",
         "_options",
         "_schemas",
         "decision_lines",
@@ -86,6 +100,8 @@ class CallCaches:
     )
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self._max_entries = max_entries
+        self._decisions: dict[tuple[object, ...], Decision] = {}
         self._options: IdentityCache[CallOptions] = IdentityCache(max_entries)
         self._schemas: IdentityCache[CheckedSchema] = IdentityCache(min(max_entries, MAX_SCHEMA_ENTRIES))
         self.judgements: IdentityCache[tuple[Decision, CallOptions, CheckedSchema | None]] = IdentityCache(
@@ -140,6 +156,20 @@ class CallCaches:
     def invoke_request(self, message: negotiator_pb2.InvokeRequest) -> CallRequest:
         return convert.invoke_request(message, self.call_options)
 
+    # -- decisions: one object per decision value ------------------------
+
+    def shared_decision(self, decision: Decision) -> Decision:
+        """The decision kept equal to `decision`, else `decision` itself, kept from now on."""
+        key = _decision_key(decision)
+        decisions = self._decisions
+        known = decisions.get(key)
+        if known is not None:
+            return known
+        if len(decisions) >= self._max_entries:
+            decisions.clear()
+        decisions[key] = decision
+        return decision
+
     # -- responses: convert's, with shared decision protos ---------------
 
     def decision_proto(self, decision: Decision) -> negotiator_pb2.Decision:
@@ -185,3 +215,20 @@ class CallCaches:
         if reply.usage is not None:
             bound += _FIELD + _USAGE_FIELDS * (1 + _INT64)
         return bound
+
+
+def _decision_key(decision: Decision) -> tuple[object, ...]:
+    """A decision's compared fields, equal exactly when the decisions are (an enum member by its value)."""
+    key: list[object] = [decision.adapter, decision.declaration_version, decision.model]
+    for verdict in decision.verdicts:
+        requirement = verdict.requirement
+        typed_set = requirement.typed_set
+        key += (
+            requirement.capability._value_,
+            requirement.request_field,
+            None if typed_set is None else typed_set._value_,
+            requirement.member,
+            verdict.state._value_,
+            verdict.allowed_unknown,
+        )
+    return tuple(key)

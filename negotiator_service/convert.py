@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
@@ -397,14 +398,37 @@ def verdict_to_proto(verdict: Verdict) -> negotiator_pb2.Verdict:
 
 
 def decision_to_proto(decision: Decision) -> negotiator_pb2.Decision:
-    return negotiator_pb2.Decision(
+    """The decision's proto: its verdicts (and gaps) as `verdict_to_proto` converts them.
+
+    Each verdict is added in place and filled field by field, rather than
+    built as a message of its own and copied in; a field left at its
+    default (no typed set) is not set, which proto3 encodes alike.
+    """
+    message = negotiator_pb2.Decision(
         adapter=decision.adapter,
         declaration_version=decision.declaration_version,
         accepted=decision.accepted,
-        verdicts=[verdict_to_proto(v) for v in decision.verdicts],
-        gaps=[verdict_to_proto(v) for v in decision.gaps],
         model=decision.model,
     )
+    _add_verdicts(message.verdicts, decision.verdicts)
+    if decision.gaps:
+        _add_verdicts(message.gaps, decision.gaps)
+    return message
+
+
+def _add_verdicts(
+    field: RepeatedCompositeFieldContainer[negotiator_pb2.Verdict], verdicts: Iterable[Verdict]
+) -> None:
+    """Append each verdict to a repeated Verdict field, as `verdict_to_proto` converts it."""
+    for verdict in verdicts:
+        requirement = verdict.requirement
+        added = field.add(state=STATE_TO_PROTO[verdict.state], allowed_unknown=verdict.allowed_unknown)
+        converted = added.requirement
+        converted.capability = CAPABILITY_TO_PROTO[requirement.capability]
+        if requirement.typed_set is not None:
+            converted.set = TYPED_SET_TO_PROTO[requirement.typed_set]
+        converted.member = requirement.member
+        converted.request_field = requirement.request_field
 
 
 # How a reply's decision becomes its proto: `decision_to_proto`, or a

@@ -43,6 +43,12 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+# The parser strict_json applies: a JSONDecoder holds nothing but this
+# configuration and keeps nothing between documents, so one serves every call
+# (`json.loads` with these arguments would build its like per call).
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_not_a_json_number, parse_int=_bounded_int)
+
+
 def json_depth(value: Any) -> int:
     """How deeply arrays and objects nest in a parsed JSON value (a scalar is 1)."""
     deepest = 0
@@ -68,7 +74,10 @@ def strict_json(text: str | bytes) -> JsonValue:
     malformed text).
     """
     try:
-        value = json.loads(text, parse_constant=_not_a_json_number, parse_int=_bounded_int)
+        if type(text) is str and not text.startswith("\ufeff"):
+            value = _STRICT_DECODER.decode(text)
+        else:  # bytes are decoded, and a byte order mark refused, as json.loads does
+            value = json.loads(text, parse_constant=_not_a_json_number, parse_int=_bounded_int)
     except RecursionError:
         raise JsonLimitExceeded(f"is nested more than {MAX_JSON_DEPTH} levels deep") from None
     # Fewer brackets than the limit cannot nest past it: most documents skip the walk.

@@ -26,6 +26,7 @@ a choice the operator makes in the config:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
@@ -741,11 +742,15 @@ def _options_requirements(options: CallOptions) -> tuple[Requirement, ...]:
     return tuple(requirements)
 
 
-def _first_formats(schema: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """(request field, format) of the first `format` keyword naming each format, in document order."""
+def _first_formats(schema: Mapping[str, Any], named: int = -1) -> tuple[tuple[str, str], ...]:
+    """(request field, format) of the first `format` keyword naming each format, in document order.
+
+    `named`, when not -1, is how many formats the document can name at
+    most: the walk ends once it has found that many.
+    """
     first: dict[str, str] = {}
-    if _may_hold_format(schema):  # a boolean subschema has no keywords
-        _collect_first_formats(schema, ["output_schema"], first)
+    if named != 0 and _may_hold_format(schema):  # a boolean subschema has no keywords
+        _collect_first_formats(schema, ["output_schema"], first, named)
     return tuple((pointer, string_format) for string_format, pointer in first.items())
 
 
@@ -754,11 +759,36 @@ def _text_formats(schema: Mapping[str, Any], text: str) -> tuple[tuple[str, str]
 
     A `format` key is written `"format"` in the text, or with a `\\u`
     escape (no other JSON escape writes a letter): a text holding neither
-    has no format to walk for.
+    has no format to walk for. Without an escape, the strings written after
+    the `"format"` keys (`_format_names`) are all the formats the document
+    can name, so the walk ends once it has found each of them.
     """
-    if '"format"' in text or "\\u" in text:
+    if "\\u" in text:
         return _first_formats(schema)
+    if '"format"' in text:
+        return _first_formats(schema, _format_names(text))
     return ()
+
+
+# A `"format"` key given a string: the string up to its first quote or
+# backslash, and which of the two ends it (a backslash: an escape).
+_FORMAT_NAME = re.compile(r'"format"[ \t\n\r]*:[ \t\n\r]*"([^"\\]*)(["\\])')
+
+
+def _format_names(text: str) -> int:
+    """How many different strings `text` gives a `"format"` key, or -1 when one holds an escape.
+
+    Every `format` keyword naming a format is such a key with such a string
+    (in a text without `\\u`, no other spelling writes the key), and a
+    string without a backslash is the value it parses to; other
+    `"format"` keys (data, a property named so) can only add to the count.
+    """
+    names: set[str] = set()
+    for name, end in _FORMAT_NAME.findall(text):
+        if end != '"':
+            return -1
+        names.add(name)
+    return len(names)
 
 
 # Each subschema keyword by how its value holds subschemas (see _SUBSCHEMA_KEYWORDS).
@@ -770,14 +800,17 @@ _SUBSCHEMA_SHAPES: Mapping[str, int] = MappingProxyType(
 )
 
 
-def _collect_first_formats(schema: Mapping[str, Any], path: list[str], first: dict[str, str]) -> None:
+def _collect_first_formats(
+    schema: Mapping[str, Any], path: list[str], first: dict[str, str], named: int
+) -> bool:
     """Record in `first` each format's first `format` keyword under `schema`, in document order.
 
     `path` holds the pointer's tokens as written; they are escaped and
     joined only for a format not met before, so a walk builds no pointer it
     does not report. The same subschemas as `_children` yields, in the same
     order, entering only those that hold a keyword the walk reads
-    (`_may_hold_format`, written out in the loops).
+    (`_may_hold_format`, written out in the loops). True once `first`
+    holds `named` formats: every format there is, so the walk ends.
     """
     shapes = _SUBSCHEMA_SHAPES
     walked = _WALKED
@@ -786,6 +819,8 @@ def _collect_first_formats(schema: Mapping[str, Any], path: list[str], first: di
         if shape is None:
             if keyword == "format" and isinstance(value, str) and value not in first:
                 first[value] = _pointer(path) + "/format"
+                if len(first) == named:
+                    return True
             continue
         if shape == _MAP:
             if type(value) is dict or isinstance(value, Mapping):
@@ -793,22 +828,26 @@ def _collect_first_formats(schema: Mapping[str, Any], path: list[str], first: di
                 for name, sub in value.items():
                     if (type(sub) is dict or isinstance(sub, Mapping)) and not walked.isdisjoint(sub):
                         path.append(name)
-                        _collect_first_formats(sub, path, first)
+                        if _collect_first_formats(sub, path, first, named):
+                            return True
                         path.pop()
                 path.pop()
         elif shape == _ONE and not isinstance(value, list):
             if (type(value) is dict or isinstance(value, Mapping)) and not walked.isdisjoint(value):
                 path.append(keyword)
-                _collect_first_formats(value, path, first)
+                if _collect_first_formats(value, path, first, named):
+                    return True
                 path.pop()
         elif isinstance(value, list):  # a list keyword, or the pre-2020 tuple `items`
             path.append(keyword)
             for index, sub in enumerate(value):
                 if (type(sub) is dict or isinstance(sub, Mapping)) and not walked.isdisjoint(sub):
                     path.append(str(index))
-                    _collect_first_formats(sub, path, first)
+                    if _collect_first_formats(sub, path, first, named):
+                        return True
                     path.pop()
             path.pop()
+    return False
 
 
 # The keys a schema object needs for a walk to find anything in it.

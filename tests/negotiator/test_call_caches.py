@@ -179,6 +179,59 @@ def test_a_call_like_an_earlier_one_gets_the_same_decision_and_its_own_prompt() 
     assert (expanded.prompt, expanded.options.model) == ("three", "m")
 
 
+def test_calls_with_new_options_but_equal_verdicts_share_one_decision_and_its_line() -> None:
+    lines: list[str] = []
+    registry = AdapterRegistry()
+    registry.add(
+        RegisteredAdapter(
+            adapter=FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE, Capability.SETTINGS])),
+            source="runtime",
+        )
+    )
+    broker = Broker(registry, caches=CallCaches(), decision_sink=lines.append)
+
+    def call(seed: float, model: str = "m") -> CallRequest:
+        message = options_message(seed=seed)
+        message.model = model
+        options = broker.caches.call_options(message)
+        return CallRequest(kind=CallKind.INVOKE, prompt="hi", adapter="fake", options=options)
+
+    first_call, second_call = call(1), call(2)
+    assert second_call.options is not first_call.options  # converted apart: nothing else is shared
+    first = broker.negotiate(first_call)
+    second = broker.negotiate(second_call)
+    assert second is first
+    assert lines[0] == lines[1]
+    assert broker.caches.negotiate_response(second) is broker.caches.negotiate_response(first)
+    _, _, expanded = broker._judge(second_call)
+    assert expanded.options.settings["seed"] == 2  # the call's own options go to the adapter
+    # Another model that no per-model entry judges: the same verdicts, so the same decision.
+    assert broker.negotiate(call(3, model="n")) is first
+    without_settings = dataclasses.replace(
+        first_call, options=broker.caches.call_options(negotiator_pb2.CallOptions(model="m"))
+    )
+    other = broker.negotiate(without_settings)
+    assert other is not first
+    assert [v.requirement.capability for v in other.verdicts] == [Capability.MODEL_OVERRIDE]
+    assert lines[-1] != lines[0]
+    assert broker.caches.shared_decision(dataclasses.replace(first)) is first
+
+
+def test_decisions_that_differ_in_any_compared_field_are_kept_apart() -> None:
+    caches = CallCaches(max_entries=4)
+    broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
+    base = broker.negotiate(shared_call(model="m"))
+    variants = [
+        dataclasses.replace(base, adapter="other"),
+        dataclasses.replace(base, declaration_version="sha256:0"),
+        dataclasses.replace(base, model="m2"),
+        dataclasses.replace(base, verdicts=()),
+    ]
+    kept = [caches.shared_decision(decision) for decision in (base, *variants)]
+    assert [a is b for a, b in zip(kept, (base, *variants), strict=True)] == [True] * 5
+    assert caches.shared_decision(dataclasses.replace(variants[3])) is variants[3]  # still kept: bounded
+
+
 def test_a_replaced_declaration_is_judged_afresh_for_the_same_options() -> None:
     broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.MODEL_OVERRIDE])))
     assert broker.negotiate(shared_call(model="m")).accepted

@@ -385,6 +385,34 @@ _FORMAT_SCHEMAS = st.recursive(
 )
 
 
+def test_the_formats_walk_reads_every_format_however_its_text_spells_the_names() -> None:
+    schema = {
+        "properties": {
+            "format": {"type": "string"},  # a property named "format": no format
+            "a": {"format": 'da"te'},  # a name with an escape in the text
+            "b": {"format": "email", "const": {"format": "uuid"}},  # data: not a format
+            "c": {"items": {"format": "email"}},
+            "d": {"format": "uri"},
+        }
+    }
+    expected = (
+        ("output_schema/properties/a/format", 'da"te'),
+        ("output_schema/properties/b/format", "email"),
+        ("output_schema/properties/d/format", "uri"),
+    )
+    for text in (json.dumps(schema), json.dumps(schema, separators=(",", ":")), json.dumps(schema, indent=2)):
+        assert negotiation._text_formats(schema, text) == expected
+    unescaped = {
+        "properties": {"b": {"format": "email", "const": {"format": "uuid"}}, "d": {"format": "uri"}}
+    }
+    assert negotiation._text_formats(unescaped, json.dumps(unescaped)) == (
+        ("output_schema/properties/b/format", "email"),
+        ("output_schema/properties/d/format", "uri"),
+    )
+    no_names = {"properties": {"format": {"type": "string"}}, "const": {"format": 1}}
+    assert negotiation._text_formats(no_names, json.dumps(no_names)) == ()
+
+
 @pytest.mark.slow
 @given(_FORMAT_SCHEMAS.filter(lambda schema: isinstance(schema, dict)))
 def test_the_formats_walk_finds_what_walking_every_subschema_finds(schema: dict[str, Any]) -> None:
@@ -392,6 +420,9 @@ def test_the_formats_walk_finds_what_walking_every_subschema_finds(schema: dict[
     assert negotiation._first_formats(schema) == expected
     text = json.dumps(schema)
     assert negotiation._text_formats(schema, text) == expected
+    # Without spaces around the colons, and with line breaks and indents.
+    for spaced in (json.dumps(schema, separators=(",", ":")), json.dumps(schema, indent="\t")):
+        assert negotiation._text_formats(schema, spaced) == expected
     # The same document with its "format" keys written with an escape.
     escaped = text.replace('"format"', '"form\\u0061t"')
     assert json.loads(escaped) == schema
