@@ -94,7 +94,8 @@ class Count:
     instructions_per_call: int
 
 
-def _total_instructions(profile: Path) -> int:
+def total_instructions(profile: Path) -> int:
+    """The PROGRAM TOTALS of a callgrind profile (callgrind_annotate's count)."""
     annotated = subprocess.run(
         ["callgrind_annotate", str(profile)], capture_output=True, text=True, check=True
     ).stdout
@@ -158,7 +159,7 @@ def count(subject: str, server_argv: list[str], methods: list[str], calls: int, 
             )
             subprocess.run(["callgrind_control", "--dump", str(process.pid)], capture_output=True, check=True)
             dumps = sorted(workdir.glob(f"{subject}.callgrind.*"), key=lambda p: p.stat().st_mtime)
-            results.append(Count(subject, method, _total_instructions(dumps[-1]) // calls))
+            results.append(Count(subject, method, total_instructions(dumps[-1]) // calls))
         return results
     finally:
         process.send_signal(signal.SIGTERM)

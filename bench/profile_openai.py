@@ -60,7 +60,6 @@ import os
 import pstats
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -93,6 +92,7 @@ from bench.bench_negotiator import (
     scripted_invoke_request,
 )
 from bench.bench_stream import stream_config
+from bench.count_instructions import total_instructions
 from bench.harness import BENCH_DIR, ServerProcess, measure, open_channel, start_server_process
 from bench.mock_chat_server import COMPLETION
 
@@ -357,16 +357,6 @@ async def profiled(base_url: str, calls: int, top: int) -> None:
     pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
-def _total_instructions(profile: Path) -> int:
-    annotated = subprocess.run(
-        ["callgrind_annotate", str(profile)], capture_output=True, text=True, check=True
-    ).stdout
-    for line in annotated.splitlines():
-        if "PROGRAM TOTALS" in line:
-            return int(line.split()[0].replace(",", ""))
-    raise RuntimeError(f"no PROGRAM TOTALS in callgrind_annotate {profile}")
-
-
 async def _callgrind(pid: int, *command: str) -> None:
     process = await asyncio.create_subprocess_exec(
         "callgrind_control",
@@ -390,7 +380,7 @@ async def _counted(server: ServerProcess, profile: Path, call: Call, calls: int)
     await _callgrind(server.pid, "-i", "off")
     await _callgrind(server.pid, "--dump")
     dumps = sorted(profile.parent.glob(f"{profile.name}.*"), key=lambda path: path.stat().st_mtime)
-    return _total_instructions(dumps[-1]) // calls
+    return total_instructions(dumps[-1]) // calls
 
 
 def _unary(
