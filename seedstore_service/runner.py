@@ -242,7 +242,7 @@ async def _supervise(run: proctree.Run, settings: RunnerSettings, started: float
     finally:
         # Also reached on cancellation: the tree must not outlive the check. Once it is
         # gone the pipe is at EOF; the rest of the output is read, briefly.
-        await run.finish()
+        await proctree.to_the_end(run.finish())
         _, late = await asyncio.wait({reader}, timeout=_DRAIN_AFTER_EXIT_S)
         for task in late:
             task.cancel()

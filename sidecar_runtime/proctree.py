@@ -27,7 +27,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -86,6 +86,22 @@ class Run:
         if not await _within(self.exited.wait(), STOP_GRACE_SECONDS):
             self.kill_group()
         await _within(self.process.wait(), REAP_SECONDS)
+
+
+async def to_the_end(work: Awaitable[None]) -> None:
+    """Await `work` to completion; a cancellation that arrives meanwhile is raised once it is done."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _within(waiting: Any, seconds: float) -> bool:

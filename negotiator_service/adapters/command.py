@@ -713,7 +713,7 @@ async def collect(
         # to its end even when a cancellation arrives meanwhile (the caller's deadline meeting
         # the run's own timeout): a second cancellation must not leave the tree running.
         run.stop()
-        await _to_the_end(_end_run(run, tasks))
+        await proctree.to_the_end(_end_run(run, tasks))
     if stdout.overflowed:
         raise OutputTooLarge
     return ProcessResult(returncode=returncode, stdout=stdout.kept(), stderr_tail=stderr.kept())
@@ -724,22 +724,6 @@ async def _end_run(run: proctree.Run, tasks: Sequence[asyncio.Task[None]]) -> No
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await run.finish()
-
-
-async def _to_the_end(work: Awaitable[None]) -> None:
-    """Await `work` to completion; a cancellation that arrives meanwhile is raised once it is done."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while True:
-        try:
-            await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 class _Capture:
