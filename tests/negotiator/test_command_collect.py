@@ -42,6 +42,8 @@ async def test_a_cancelled_collect_kills_the_tree_and_reaps_its_supervisor(
         assert loop.time() < deadline, "the command never started its child"
         await asyncio.sleep(0.02)
     child = int(pidfile.read_text())
+    await asyncio.sleep(0.2)  # the collect has started and waits for the exit
+    assert not task.done()
     # A second cancellation lands while the first one's clean-up awaits the readers: as when
     # the caller's deadline meets the run's own timeout.
     task.cancel()
