@@ -624,6 +624,10 @@ class _Agent:
         return f"the agent {how}: {tail}" if tail else f"the agent {how}"
 
     async def close(self) -> None:
+        """Close the connection, then end the agent's tree; a cancellation meanwhile waits for both."""
+        await proctree.to_the_end(self._close())
+
+    async def _close(self) -> None:
         with contextlib.suppress(Exception):
             await _within(self.conn.close(), 1.0)
         await self.run.finish()
