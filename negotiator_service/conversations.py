@@ -62,7 +62,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from agentsidecar.negotiator_service.errors import (
     AdapterInternal,
@@ -74,6 +73,7 @@ from agentsidecar.negotiator_service.errors import (
     NegotiatorError,
 )
 from agentsidecar.negotiator_service.model import AdapterReply, CallRequest, Decision, JsonValue
+from agentsidecar.sidecar_runtime.proctree import to_the_end
 
 STATE_SUBDIRECTORY = Path("agentsidecar") / "conversations"
 # How often a call waiting for a conversation held by another process looks again.
@@ -419,7 +419,7 @@ class ConversationManager:
             raise AdapterInternal(
                 decision.adapter, f"returned conversation state that is not JSON: {exc}"
             ) from exc
-        await _uncancellable(asyncio.to_thread(self.store.save, conversation_id, text, owner))
+        await to_the_end(asyncio.to_thread(self.store.save, conversation_id, text, owner))
         return reply, decision
 
     def _would_accept(self, request: CallRequest) -> bool:
@@ -469,20 +469,3 @@ class ConversationManager:
             if no_wait:
                 raise ConversationBusy(conversation_id)
             await asyncio.sleep(self._poll_seconds)
-
-
-async def _uncancellable(work: Awaitable[Any]) -> None:
-    """Finish `work` even if the caller is cancelled meanwhile, then re-raise the cancellation."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while True:
-        try:
-            await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            cancelled = True
-            if task.done():
-                break
-    task.result()  # a failed write raises here
-    if cancelled:
-        raise asyncio.CancelledError

@@ -88,8 +88,9 @@ class Run:
         await _within(self.process.wait(), REAP_SECONDS)
 
 
-async def to_the_end(work: Awaitable[None]) -> None:
-    """Await `work` to completion; a cancellation that arrives meanwhile is raised once it is done."""
+async def to_the_end(work: Awaitable[object]) -> None:
+    """Await `work` to completion (its exception, if any, is raised); a cancellation that arrives
+    meanwhile is raised once it is done. For clean-ups and writes a cancellation must not cut short."""
     task = asyncio.ensure_future(work)
     cancelled = False
     while True:
