@@ -860,14 +860,9 @@ def _fail_usage(parser: argparse.ArgumentParser, message: str) -> NoReturn:
 def _error_message(error: SidecarError, target: str, defaulted: bool = False) -> str:
     """The `error:` line's text: the server's message, or what the CLI learnt about the target."""
     hint = f" (the default; pass --server ADDR or set {SERVER_ENV})" if defaulted else ""
-    if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        # No ErrorInfo: no negotiator answered.
-        return f"cannot reach the negotiator at {target}{hint}: {error.message}"
-    if not error.reason and error.code is grpc.StatusCode.UNIMPLEMENTED:
-        wrong = cli_common.wrong_service_message(target, cli_common.NEGOTIATOR_SERVICE, "negotiator")
-        if wrong is not None:
-            return wrong
-    return error.message
+    return cli_common.failed_call_text(
+        error, target, cli_common.NEGOTIATOR_SERVICE, "negotiator", unreachable_as="the negotiator", hint=hint
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

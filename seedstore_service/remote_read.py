@@ -287,13 +287,6 @@ def _inspect_json(response: seedstore_pb2.InspectSeedResponse) -> dict[str, Any]
 
 def error_text(error: SidecarError, target: str) -> str:
     """The message a failed remote command prints: the server's, or what the CLI knows better."""
-    import grpc
-
-    if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        # No ErrorInfo: the service itself was never reached.
-        return f"cannot reach the seedstore service at {target}: {error.message}"
-    if not error.reason and error.code is grpc.StatusCode.UNIMPLEMENTED:
-        wrong = cli_common.wrong_service_message(target, cli_common.SEEDSTORE_SERVICE, "seedstore")
-        if wrong is not None:
-            return wrong
-    return error.message
+    return cli_common.failed_call_text(
+        error, target, cli_common.SEEDSTORE_SERVICE, "seedstore", unreachable_as="the seedstore service"
+    )

@@ -311,6 +311,24 @@ def served_services(target: str, timeout: float = 5.0) -> list[str] | None:
     return None
 
 
+def failed_call_text(
+    error: StatusLike, target: str, service: str, name: str, *, unreachable_as: str, hint: str = ""
+) -> str:
+    """What a CLI prints for a call to `target` that failed: the server's message, or what the
+    CLI learnt about the target. Without ErrorInfo, UNAVAILABLE and DEADLINE_EXCEEDED mean no
+    service answered (`unreachable_as` names the one expected, `hint` says where the address came
+    from); UNIMPLEMENTED means the target may serve another service than `service` (`name`)."""
+    import grpc  # here: the local commands that import this module make no call
+
+    if not error.reason and error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return f"cannot reach {unreachable_as} at {target}{hint}: {error.message}"
+    if not error.reason and error.code is grpc.StatusCode.UNIMPLEMENTED:
+        wrong = wrong_service_message(target, service, name)
+        if wrong is not None:
+            return wrong
+    return error.message
+
+
 def wrong_service_message(target: str, expected_service: str, expected_name: str) -> str | None:
     """What to say when `target` answered UNIMPLEMENTED for a method of `expected_service`.
 
