@@ -86,6 +86,8 @@ from agentsidecar.seedstore_service.store import (
     domain_dir_of,
     domain_mismatch_problem,
     file_stem,
+    parse_seed_bytes,
+    read_seed_bytes,
     read_seed_file,
     scope_from_files,
     walk_seed_files,
@@ -323,8 +325,10 @@ class SeedIndex:
                         fresh[ref.path] = entry
                         taken.add(ref.path)
                         continue
-                known = self._parsed(ref.path, old).stored if old is not None else None
-                fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns, known)
+                if old is None:
+                    fresh[ref.path] = _read_entry(ref.path, ref.domain_dir, started_ns, None)
+                else:
+                    fresh[ref.path] = self._read_again(ref.path, old, started_ns)
             # The sections of the persisted index that no longer match memory.
             dirty = {entry.domain_dir for path, entry in fresh.items() if path not in taken}
             if domain is None:
@@ -462,10 +466,9 @@ class SeedIndex:
     ) -> None:
         """Save a section's entries as the persisted index's section, and index that section as
         `_load_section` does."""
-        rows.sort(key=lambda entry: entry[indexfile.NAME])
+        data = persisted.section_data(root, section_name, rows, record)
         if saved is not None:
-            saved.write_sections({section_name: rows}, directories={section_name: record})
-        data = persisted.encode_section(root, section_name, rows, record)
+            saved.write_section_data([(section_name, data)])
         section = indexfile.open_section(data, root, section_name)
         del data
         # Encoded just now, so it opens and its columns are whole.
@@ -479,16 +482,40 @@ class SeedIndex:
         dirty: Collection[str | None],
         records: dict[str | None, persisted.DirectoryRecord],
     ) -> None:
-        """Write these sections of the persisted index from memory (best effort, see persisted.py).
+        """Write these sections of the persisted index from memory (best effort, see persisted.py),
+        and hold each as a start from the persisted index would hold it (`_hold_saved`).
 
         `records`: the directories as the walk this memory reflects listed them.
         """
+        root = str(self.store.root)
         with self._state_lock:
-            sections: dict[str | None, list[persisted.Entry]] = {section: [] for section in dirty}
+            held: dict[str | None, list[tuple[str, _Entry]]] = {section: [] for section in dirty}
             for path, entry in self._entries.items():
-                if entry.signature is None or entry.domain_dir not in sections:
-                    continue
-                name = persisted.name_in_section(str(self.store.root), path, entry.domain_dir)
+                if entry.domain_dir in held:
+                    held[entry.domain_dir].append((path, entry))
+        directories = {section: records.get(section, persisted.DirectoryRecord()) for section in held}
+        encoded = self._encoded_sections(root, held, directories)
+        saved.write_section_data(encoded)
+        for _unwritten in encoded:
+            pass  # not written (another process holds the lock): held all the same
+        self._saved_directories.update(directories)
+
+    def _encoded_sections(
+        self,
+        root: str,
+        held: dict[str | None, list[tuple[str, _Entry]]],
+        directories: dict[str | None, persisted.DirectoryRecord],
+    ) -> Iterator[tuple[str | None, bytes]]:
+        """Each section's index file, made from these entries one section at a time (a whole
+        store's entries at once would be several times what the index holds), and held once
+        made (`_hold_saved`). The entries are immutable: no lock is needed to read them."""
+        for section_name in list(held):
+            rows: list[persisted.Entry] = []
+            made_from: dict[str, tuple[str, _Entry]] = {}
+            for path, entry in held.pop(section_name):
+                if entry.signature is None:
+                    continue  # a file that could not be stat'ed: read again each time
+                name = persisted.name_in_section(root, path, section_name)
                 if entry.section is not None:
                     try:
                         whole = persisted.entry_of_row(
@@ -497,16 +524,47 @@ class SeedIndex:
                     except ValueError:
                         # The section does not hold what was written after all: save what the file holds.
                         read = read_seed_file(path, entry.domain_dir, None)
-                        whole = persisted.entry_from_parsed(name, read, time.time_ns())
-                    sections[entry.domain_dir].append(whole)
+                        rows.append(persisted.entry_from_parsed(name, read, time.time_ns()))
+                        continue
+                else:
+                    assert entry.read is not None
+                    whole = persisted.entry_from_parts(name, entry.signature, entry.checked_ns, entry.read)
+                rows.append(whole)
+                made_from[name] = (path, entry)
+            data = persisted.section_data(root, section_name, rows, directories[section_name])
+            del rows
+            self._hold_saved(root, section_name, data, made_from)
+            yield section_name, data
+
+    def _hold_saved(
+        self, root: str, section_name: str | None, data: bytes, held: dict[str, tuple[str, _Entry]]
+    ) -> None:
+        """Hold the entries a save just encoded (`data`) as a start from the persisted index holds
+        them: each decoded from its row of the section when an answer needs it, and not as the
+        parsed seed (and prepared keys) a refresh read, which cost several times as much memory.
+
+        `held`: the entry each row was made from; one that has changed since is left as it is.
+        """
+        section = indexfile.open_section(data, root, section_name)
+        if section is None:
+            return
+        kept = section.narrowed(persisted.KEPT_COLUMNS)
+        try:
+            names = section.column(indexfile.NAME)
+            for position in persisted.KEPT_COLUMNS:
+                section.column(position)  # whole now, so `kept` decodes it when asked
+        except ValueError:
+            return
+        with self._state_lock:
+            entries, seeds = self._entries, self._seeds
+            for row, name in enumerate(names):
+                path, entry = held.get(name, ("", None))
+                if entry is None or entries.get(path) is not entry:
                     continue
-                assert entry.read is not None
-                sections[entry.domain_dir].append(
-                    persisted.entry_from_parts(name, entry.signature, entry.checked_ns, entry.read)
-                )
-        directories = {section: records.get(section, persisted.DirectoryRecord()) for section in sections}
-        saved.write_sections(sections, directories=directories)
-        self._saved_directories.update(directories)
+                entries[path] = entry._replace(read=None, section=kept, row=row)
+                keys = seeds.get(path)
+                if keys is not None and keys.prepared is not None:
+                    seeds[path] = keys._replace(prepared=None)
 
     def refresh_paths(self, paths: Collection[str], known: Collection[StoredSeed] = ()) -> list[ChangeEvent]:
         """Bring only these files up to date (each read again, or dropped when gone); return what changed.
@@ -901,7 +959,7 @@ class SeedIndex:
             if not os.path.lexists(path) or os.path.isdir(path):
                 vanished.append(path)
                 continue
-            fresh[path] = _read_entry(path, entry.domain_dir, started_ns, self._parsed(path, entry).stored)
+            fresh[path] = self._read_again(path, entry, started_ns)
         self._unsaved.update(self._entries[path].domain_dir for path in stale)
         events, changed = self._apply(fresh, vanished)
         self._pending_events.extend(events)
@@ -910,6 +968,25 @@ class SeedIndex:
             self._scope_cache.clear()
             self._problem_cache.clear()
         return changed
+
+    def _read_again(self, path: str, old: _Entry, started_ns: int) -> _Entry:
+        """`old`'s file read again. When its bytes are those an entry taken from the persisted
+        index stands for (a file touched, or read again because its entry was racy), that
+        entry itself, with this read's signature and instant: the index keeps it in that
+        compact form, and decodes and parses nothing."""
+        read = read_seed_bytes(path)
+        if isinstance(read, ParsedFile):
+            return _entry_of(read, old.domain_dir, started_ns)
+        if old.section is not None and read.revision == old.revision:
+            signature = persisted.signature_of(read.stat_result)
+            return old._replace(
+                signature=old.signature if signature == old.signature else signature,
+                racy=_is_racy(read.stat_result, started_ns),
+                checked_ns=started_ns,
+            )
+        # A parse held in memory is reused when the bytes are its own (`parse_seed_bytes`).
+        known = old.read.stored if old.read is not None else None
+        return _entry_of(parse_seed_bytes(read, old.domain_dir, known), old.domain_dir, started_ns)
 
     def _parsed(self, path: str, entry: _Entry) -> ParsedFile:
         """What the entry's file parsed to; decoded (and kept a while) for a persisted entry."""
@@ -1191,12 +1268,21 @@ def _in_domain(keys: _SeedKeys, domain: str) -> bool:
 
 def _read_entry(path: str, domain_dir: str | None, started_ns: int, known: StoredSeed | None) -> _Entry:
     # `known`: an earlier parse, reused when the bytes are unchanged (a racy or just-written file).
-    parsed = read_seed_file(path, domain_dir, known)
+    return _entry_of(read_seed_file(path, domain_dir, known), domain_dir, started_ns)
+
+
+def _is_racy(stat_result: os.stat_result, started_ns: int) -> bool:
+    """Whether a file so stat'ed by a read that started at `started_ns` may change unseen."""
+    return stat_result.st_mtime_ns + _RACY_WINDOW_NS >= started_ns
+
+
+def _entry_of(parsed: ParsedFile, domain_dir: str | None, started_ns: int) -> _Entry:
+    """The entry of what a read that started at `started_ns` gave."""
     stat_result = parsed.stat_result
     if stat_result is None:
         return _Entry(None, domain_dir, parsed, True, started_ns)
     signature = persisted.signature_of(stat_result)
-    racy = stat_result.st_mtime_ns + _RACY_WINDOW_NS >= started_ns
+    racy = _is_racy(stat_result, started_ns)
     # The entry lives as long as the file is indexed: keep the five numbers, not the
     # whole os.stat_result (~570 bytes a seed, a tenth of what an indexed seed costs).
     return _Entry(signature, domain_dir, dataclasses.replace(parsed, stat_result=None), racy, started_ns)

@@ -366,6 +366,14 @@ def encode_section(
     return indexfile.encode_section(root, domain_dir, entries, (directories or DirectoryRecord()).raw())
 
 
+def section_data(
+    root: str, domain_dir: str | None, entries: Iterable[Entry], directories: DirectoryRecord | None = None
+) -> bytes:
+    """The index file of a section holding these entries: those with a signature, by name."""
+    kept = sorted((entry for entry in entries if _persistable(entry)), key=lambda entry: entry[NAME])
+    return encode_section(root, domain_dir, kept, directories)
+
+
 def decode_section(data: bytes, root: str, domain_dir: str | None) -> dict[str, Entry] | None:
     """The entries of an index file by name, or None when it is not a whole index of this section."""
     decoded = indexfile.decode_section(data, root, domain_dir)
@@ -436,7 +444,23 @@ class PersistedIndex:
         section's record, taken before the listing its entries reflect (a section
         without one is listed again on the next start).
         """
-        if not sections or not self.root.is_dir():
+        if not sections:
+            return
+        records = directories or {}
+        self.write_section_data(
+            (
+                (domain_dir, section_data(self._root_text, domain_dir, entries, records.get(domain_dir)))
+                for domain_dir, entries in sections.items()
+            ),
+            locked=locked,
+        )
+
+    def write_section_data(
+        self, sections: Iterable[tuple[str | None, bytes]], *, locked: bool = False
+    ) -> None:
+        """Replace these sections' index files with these bytes (`section_data`'s), taken one
+        at a time; skipped when another process holds the lock."""
+        if not self.root.is_dir():
             return  # a read never creates the store
         lock: contextlib.AbstractContextManager[bool] = (
             contextlib.nullcontext(True) if locked else self._try_lock()
@@ -445,13 +469,9 @@ class PersistedIndex:
             if not held:
                 return
             with contextlib.suppress(OSError, ValueError):
-                self._write(sections, directories or {})
+                self._write(sections)
 
-    def _write(
-        self,
-        sections: Mapping[str | None, Iterable[Entry]],
-        directories: Mapping[str | None, DirectoryRecord],
-    ) -> None:
+    def _write(self, sections: Iterable[tuple[str | None, bytes]]) -> None:
         from agentsidecar.seedstore_service.errors import OutsideStore
         from agentsidecar.seedstore_service.store import open_store_directory
 
@@ -460,11 +480,7 @@ class PersistedIndex:
         except OutsideStore:
             return
         try:
-            for domain_dir, entries in sections.items():
-                kept = sorted(
-                    (entry for entry in entries if _persistable(entry)), key=lambda entry: entry[NAME]
-                )
-                data = encode_section(self._root_text, domain_dir, kept, directories.get(domain_dir))
+            for domain_dir, data in sections:
                 name = section_file_name(domain_dir)
                 temp_name = f".{name}.tmp-{os.urandom(6).hex()}"
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -483,8 +499,6 @@ class PersistedIndex:
                     raise
         finally:
             os.close(directory_fd)
-
-    # -- loading ---------------------------------------------------------
 
     def scan(self, domain: str | None) -> tuple[list[IndexedFile], list[Problem]]:
         """Every seed file of the scope (the walk's order) with an up-to-date entry, and the walk's problems.

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from agentsidecar.seedstore_service import errors, location
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed, Verification
@@ -226,6 +226,24 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
     from, so it is reused rather than parsed again. Any other bytes are
     parsed, so an edit by another program is never missed.
     """
+    read = read_seed_bytes(path)
+    if isinstance(read, ParsedFile):
+        return read
+    return parse_seed_bytes(read, domain_dir, known)
+
+
+class SeedBytes(NamedTuple):
+    """A seed file's bytes as read, with the stat result of the open file and their revision."""
+
+    path: str
+    stat_result: os.stat_result
+    data: bytes
+    revision: str
+
+
+def read_seed_bytes(path: str) -> SeedBytes | ParsedFile:
+    """The bytes of one seed file (`parse_seed_bytes` parses them), or the ParsedFile of a file
+    that cannot be read (or is not a regular file, or holds too many bytes); never raises."""
     try:
         # O_NONBLOCK: a FIFO named like a seed must not hang the reader; it is refused below.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -250,7 +268,14 @@ def read_seed_file(path: str, domain_dir: str | None = None, known: StoredSeed |
             f"more than the {MAX_SEED_FILE_BYTES} a seed file may hold"
         )
         return ParsedFile(path, None, Problem(path, 0, reason), "", False, stat_result, 0)
-    revision = revision_of(data)
+    return SeedBytes(path, stat_result, data, revision_of(data))
+
+
+def parse_seed_bytes(
+    read: SeedBytes, domain_dir: str | None = None, known: StoredSeed | None = None
+) -> ParsedFile:
+    """What a seed file's bytes parse to (`domain_dir` and `known`: see `read_seed_file`)."""
+    path, stat_result, data, revision = read
     if known is not None and known.revision == revision and known.path == path:
         mismatched = domain_dir is not None and known.seed.domain != domain_dir
         domain_line = _domain_key_line(data.decode("utf-8")) if mismatched else 0

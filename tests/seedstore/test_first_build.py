@@ -250,3 +250,35 @@ def test_a_build_whose_workers_cannot_start_reads_the_sections_itself(root: Path
     assert "bootstrapping phase" in done.stderr  # the workers did not start
     index = refreshed(root, persisted_index=False)
     assert done.stdout.split() == [str(len(index.scope(None).seeds)), str(len(index.problems(None)))]
+
+
+@pytest.mark.parametrize("change", ["edited", "touched"])
+def test_files_a_refresh_reads_again_are_held_as_the_build_holds_them(
+    root: Path, change: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No decoded seed is kept for answers: what stays alive is only what the index holds.
+    monkeypatch.setattr(index_module, "_DECODED_CACHE_SIZE", 0)
+    index = built(root)
+    # Every file changes, or is only touched (as a store restored or checked out just before
+    # the start, whose files the build found racy): the refresh reads them all again.
+    for path in sorted(root.rglob("*.y*ml")):
+        if path.is_file() and not path.is_symlink() and "broken" not in path.name:
+            if change == "edited":
+                path.write_bytes(path.read_bytes() + b"\n")
+            else:
+                os.utime(path)
+    gc.collect()
+    before = sum(isinstance(thing, Seed) for thing in gc.get_objects())
+    assert [event.kind for event in index.refresh()] == []  # same seeds, other bytes
+    stats = index.last_refresh
+    assert stats is not None
+    assert stats.read == stats.files
+    gc.collect()
+    assert sum(isinstance(thing, Seed) for thing in gc.get_objects()) == before
+    assert answers(index) == answers(refreshed(root, persisted_index=False))
+    # Held so, they are compared and told as any entry is.
+    (root / "voice" / "piper.yaml").write_text(seed_text("piper", "voice", "speech_synthesis", "speech"))
+    (root / "audio" / "espeak.yml").unlink()
+    events = index.refresh()
+    assert [(event.kind, event.id) for event in events] == [("removed", "espeak"), ("updated", "piper")]
+    assert answers(index) == answers(refreshed(root, persisted_index=False))

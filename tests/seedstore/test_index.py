@@ -29,8 +29,10 @@ from agentsidecar.seedstore_service.seedfile import dump_seed, revision_of
 from agentsidecar.seedstore_service.store import (
     LoadedScope,
     ParsedFile,
+    SeedBytes,
     SeedStore,
     StoredSeed,
+    read_seed_bytes,
     read_seed_file,
 )
 
@@ -390,7 +392,12 @@ def test_refresh_rereads_only_changed_files(root: Path, monkeypatch: pytest.Monk
         reads.append(path)
         return read_seed_file(path, domain_dir, known)
 
+    def counting_bytes(path: str) -> SeedBytes | ParsedFile:
+        reads.append(path)
+        return read_seed_bytes(path)
+
     monkeypatch.setattr("agentsidecar.seedstore_service.index.read_seed_file", counting_read)
+    monkeypatch.setattr("agentsidecar.seedstore_service.index.read_seed_bytes", counting_bytes)
     seed_index = SeedIndex(SeedStore(root))
     seed_index.refresh()
     assert len(reads) == 5

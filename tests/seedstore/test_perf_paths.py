@@ -39,9 +39,11 @@ from agentsidecar.seedstore_service.seedfile import dump_seed, dump_seed_via_emi
 from agentsidecar.seedstore_service.store import (
     Locator,
     ParsedFile,
+    SeedBytes,
     SeedStore,
     StoredSeed,
     locate_in_scope,
+    read_seed_bytes,
     read_seed_file,
     walk_seed_files,
 )
@@ -368,12 +370,23 @@ class ReadCounter:
         monkeypatch.setattr(
             "agentsidecar.seedstore_service.index.read_seed_file", self._reader(self.index_reads)
         )
+        monkeypatch.setattr(
+            "agentsidecar.seedstore_service.index.read_seed_bytes", self._bytes_reader(self.index_reads)
+        )
 
     @staticmethod
     def _reader(into: list[str]) -> Callable[[str, str | None, StoredSeed | None], ParsedFile]:
         def read(path: str, domain_dir: str | None = None, known: StoredSeed | None = None) -> ParsedFile:
             into.append(path)
             return read_seed_file(path, domain_dir, known)
+
+        return read
+
+    @staticmethod
+    def _bytes_reader(into: list[str]) -> Callable[[str], SeedBytes | ParsedFile]:
+        def read(path: str) -> SeedBytes | ParsedFile:
+            into.append(path)
+            return read_seed_bytes(path)
 
         return read
 
