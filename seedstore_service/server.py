@@ -47,6 +47,7 @@ from agentsidecar.seedstore_service.operations import (
 from agentsidecar.seedstore_service.runner import DEFAULT_PATH
 from agentsidecar.seedstore_service.servicer import SeedStoreServicer
 from agentsidecar.seedstore_service.store import SeedStore, resolve_store_root
+from agentsidecar.sidecar_runtime.memory import release_freed_memory
 from agentsidecar.sidecar_runtime.serve_args import add_serve_arguments as add_runtime_serve_arguments
 from agentsidecar.sidecar_runtime.serve_args import server_options_from_args
 from agentsidecar.sidecar_runtime.server import (
@@ -238,6 +239,7 @@ async def create_server(settings: Settings) -> SeedStoreServer:
         # from the persisted index it saves would (SeedIndex.build).
         await asyncio.to_thread(index.build)
         _log_refresh(index, "seed index built")
+        await asyncio.to_thread(release_freed_memory)
     options = replace(
         settings.server_options or ServerOptions(listen=()),
         listen=settings.listen,
@@ -268,6 +270,10 @@ async def create_server(settings: Settings) -> SeedStoreServer:
 def _message_bytes(event: ChangeEvent) -> int:
     return convert.change_to_proto(event).ByteSize()
 
+
+# A refresh that read at least this many files freed far more memory than the index keeps of
+# them: the allocator is asked to hand it back (`release_freed_memory`).
+TRIM_AFTER_FILES_READ = 1000
 
 # The share of one core the background walk may use; see refresh_pause.
 MAX_REFRESH_CPU_SHARE = 0.05
@@ -316,6 +322,9 @@ def _timed_refresh(operations: SeedOperations) -> float:
     index = getattr(operations, "index", None)  # a test stand-in may have none
     if events and index is not None:
         _log_refresh(index, "seed index refreshed after edits")
+    stats = index.last_refresh if index is not None else None
+    if stats is not None and stats.read >= TRIM_AFTER_FILES_READ:
+        release_freed_memory()
     return spent
 
 
