@@ -311,7 +311,16 @@ def list_response(listing: SeedListing) -> pb.ListSeedsResponse:
 def list_page_response(
     listing: SeedListing, request: pb.ListSeedsRequest, max_bytes: int
 ) -> pb.ListSeedsResponse:
-    """The page of `listing` the request asks for, its repeated items within `max_bytes` (see `paging`)."""
+    """The page of `listing` (sorted as `SeedOperations.list_seeds` sorts it) the request asks
+    for, its repeated items within `max_bytes` (see `paging`)."""
+    # Pages size their seeds in order from the first, so the page's protos are the first sized.
+    sized: list[pb.SeedEntry] = []
+
+    def entry_bytes(entry: ListedSeed) -> int:
+        message = listed_seed_to_proto(entry)
+        sized.append(message)
+        return message.ByteSize()
+
     page = paging.page_of(
         listing.entries,
         listing.problems,
@@ -319,13 +328,13 @@ def list_page_response(
         page_size=request.page_size,
         page_token=request.page_token,
         max_bytes=max_bytes,
-        entry_bytes=lambda entry: listed_seed_to_proto(entry).ByteSize(),
+        entry_bytes=entry_bytes,
         problem_bytes=_problem_bytes,
     )
     return pb.ListSeedsResponse(
         seed_store=listing.seed_store,
         domain=listing.domain,
-        seeds=[listed_seed_to_proto(entry) for entry in page.entries],
+        seeds=sized[: len(page.entries)],
         problems=problems_to_proto(page.problems),
         next_page_token=page.next_page_token,
     )

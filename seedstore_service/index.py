@@ -71,10 +71,10 @@ from collections import OrderedDict
 from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from agentsidecar.seedstore_service import indexfile, persisted, ranking
-from agentsidecar.seedstore_service.model import Problem, Seed
+from agentsidecar.seedstore_service import indexfile, paging, persisted, ranking
+from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed
 from agentsidecar.seedstore_service.names import canonical
 from agentsidecar.seedstore_service.seedtext import validate_identifier
 from agentsidecar.seedstore_service.store import (
@@ -86,6 +86,7 @@ from agentsidecar.seedstore_service.store import (
     domain_dir_of,
     domain_mismatch_problem,
     file_stem,
+    listed_seed,
     parse_seed_bytes,
     read_seed_bytes,
     read_seed_file,
@@ -267,8 +268,11 @@ class SeedIndex:
         # Occurrences of each bigram in the haystack of all texts, counted on first use; dropped
         # with the bigram's haystack.
         self._bigram_counts: dict[str, int] = {}
+        # Answers built from the whole of a scope, dropped together when any entry changes
+        # (`_answers_changed`).
         self._scope_cache: dict[str | None, LoadedScope] = {}
         self._problem_cache: dict[str | None, tuple[Problem, ...]] = {}
+        self._listing_cache: dict[str | None, tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]] = {}
         # The persisted index is consulted for files this index has not read yet (the first
         # refresh after a start) and saved after a whole refresh that read any file.
         self.last_refresh: RefreshStats | None = None
@@ -362,8 +366,7 @@ class SeedIndex:
                 if walk_changed:
                     self._walk_problems = tuple(walk_problems)
                 if changed or walk_changed:
-                    self._scope_cache.clear()
-                    self._problem_cache.clear()
+                    self._answers_changed()
             read = len(fresh) - len(taken)
             if saved is not None and domain is None and dirty:
                 self._save(saved, dirty, records)
@@ -423,8 +426,7 @@ class SeedIndex:
                 self._walk_problems = tuple(walk_problems)
                 self._swept = True
                 self._checked = set()
-                self._scope_cache.clear()
-                self._problem_cache.clear()
+                self._answers_changed()
             self.last_refresh = RefreshStats(len(refs), 0, len(refs), time.perf_counter() - started)
 
     def _index_sections(
@@ -548,7 +550,7 @@ class SeedIndex:
         section = indexfile.open_section(data, root, section_name)
         if section is None:
             return
-        kept = section.narrowed(persisted.KEPT_COLUMNS)
+        kept = persisted.kept_of(section)
         try:
             names = section.column(indexfile.NAME)
             for position in persisted.KEPT_COLUMNS:
@@ -596,8 +598,7 @@ class SeedIndex:
             with self._state_lock:
                 events, changed = self._apply(fresh, vanished)
                 if changed:
-                    self._scope_cache.clear()
-                    self._problem_cache.clear()
+                    self._answers_changed()
             return events
 
     def _apply(self, fresh: dict[str, _Entry], vanished: list[str]) -> tuple[list[ChangeEvent], bool]:
@@ -780,8 +781,7 @@ class SeedIndex:
                 self._saved_directories = dict(records)
                 self._swept = False
                 self._checked = set()
-                self._scope_cache.clear()
-                self._problem_cache.clear()
+                self._answers_changed()
                 listed_again = self._list_changed_sections(records)
                 self._ensure_current(suspect)
             files = len(self._entries)
@@ -842,8 +842,7 @@ class SeedIndex:
         events, changed = self._apply(fresh, vanished)
         self._pending_events.extend(events)
         if changed:
-            self._scope_cache.clear()
-            self._problem_cache.clear()
+            self._answers_changed()
         return len(fresh)
 
     def _load_section(
@@ -857,7 +856,7 @@ class SeedIndex:
         (`_parsed`), and `_save` makes the entries whole again. The paths of entries that
         must be read before use (racy, or a problem) go to `suspect`.
         """
-        kept = section.narrowed(persisted.KEPT_COLUMNS)
+        kept = persisted.kept_of(section)
         try:
             names = section.column(indexfile.NAME)
             columns = [
@@ -965,8 +964,7 @@ class SeedIndex:
         self._pending_events.extend(events)
         self._checked.update(stale)
         if changed:
-            self._scope_cache.clear()
-            self._problem_cache.clear()
+            self._answers_changed()
         return changed
 
     def _read_again(self, path: str, old: _Entry, started_ns: int) -> _Entry:
@@ -1083,6 +1081,56 @@ class SeedIndex:
             scope = LoadedScope(tuple(seeds), self._problems(domain))
             self._scope_cache[domain] = scope
             return scope
+
+    def listing(self, domain: str | None) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
+        """What `SeedStore.listing(domain)` returns, from memory (as of the last refresh), the rows
+        sorted by (domain, id, path) and the problems by (path, line, reason).
+
+        No seed is decoded for an entry taken from the persisted index: its row is the one the
+        index wrote for the same bytes (`persisted.listed_of_row`).
+        """
+        if domain is not None:
+            validate_identifier(domain, "domain")
+        with self._state_lock:
+            cached = self._listing_cache.get(domain)
+            if cached is not None:
+                return cached
+            paths = [path for path, keys in self._seeds.items() if domain is None or _in_domain(keys, domain)]
+            if self._ensure_current(paths):
+                return self.listing(domain)
+            rows_of: dict[indexfile.Section, list[Any] | None] = {}
+            listed = [self._listed(path, rows_of) for path in paths]
+            listed.sort(key=paging.seed_key)
+            problems = sorted(self._problems(domain), key=paging.problem_key)
+            listing = (tuple(listed), tuple(problems))
+            self._listing_cache[domain] = listing
+            return listing
+
+    def _listed(self, path: str, rows_of: dict[indexfile.Section, list[Any] | None]) -> ListedSeed:
+        """The `list` row of the seed in `path`; `rows_of` holds each section's rows for one listing."""
+        entry = self._entries[path]
+        section = entry.section
+        if entry.read is None and section is not None:
+            if section not in rows_of:
+                try:
+                    rows_of[section] = section.column(indexfile.ROW, keep=False)
+                except ValueError:
+                    rows_of[section] = None  # not the block written: each seed is decoded instead
+            rows = rows_of[section]
+            if rows is not None:
+                keys = self._seeds[path]
+                with contextlib.suppress(ValueError):
+                    return persisted.listed_of_row(
+                        path, keys.seed_id, keys.seed_domain, rows[entry.row], entry.revision
+                    )
+        stored = self._stored(path)
+        return listed_seed(stored.seed, path, stored.revision)
+
+    def _answers_changed(self) -> None:
+        """Drop what was built from whole scopes: an entry, or the walk's problems, changed."""
+        self._scope_cache.clear()
+        self._problem_cache.clear()
+        self._listing_cache.clear()
 
     def problems(self, domain: str | None) -> tuple[Problem, ...]:
         """What `scope(domain).problems` holds, without building the scope."""

@@ -34,7 +34,8 @@ import gc
 import os
 import stat
 import zlib
-from operator import attrgetter
+from itertools import chain
+from operator import attrgetter, itemgetter
 from struct import error as StructError
 from struct import pack, unpack_from
 
@@ -42,7 +43,7 @@ from agentsidecar.seedstore_service.names import is_identifier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
     Entry = list[Any]
@@ -695,6 +696,8 @@ class Section:
         texts and the listing: what a reader keeps for later, in bytes of its own (not the
         file's), without the bytes of a column it has decoded already."""
         positions = tuple(positions)
+        if not _SEED_ONLY_POSITIONS.isdisjoint(positions):
+            positions = (*positions, PROBLEM)  # those columns are checked against it (`column`)
         kept = {_column_block(position) for position in (NAME, *positions)}
         if seeds:
             kept.add(SEEDS_BLOCK)
@@ -719,8 +722,9 @@ class Section:
                 section._columns[position] = values
         return section
 
-    def column(self, position: int) -> list[Any]:
-        """The values at `position` of every entry, in entry order.
+    def column(self, position: int, *, keep: bool = True) -> list[Any]:
+        """The values at `position` of every entry, in entry order; without `keep`, a column not
+        decoded yet is decoded for this caller only (the section keeps its bytes, not the values).
 
         Raises:
             ValueError: the column is not a JSON list of one value per entry (the file is
@@ -746,10 +750,101 @@ class Section:
             raise ValueError(str(error)) from None
         if not isinstance(values, list) or len(values) != self.count:
             raise ValueError("a column does not hold one value per entry")
-        if position == NAME and not set(map(type, values)) <= {str}:
-            raise ValueError("a name is not a string")
-        self._columns[position] = values
+        if not _COLUMN_CHECKS[position](values):
+            raise ValueError(f"column {position} holds a value the index never writes")
+        if position in _SEED_ONLY_POSITIONS and (
+            PROBLEM in self._columns or self._blocks[_column_block(PROBLEM)]
+        ):
+            # Null exactly where the entry is a problem: no reader meets a seed without them.
+            problems = self.column(PROBLEM)
+            if [value is None for value in values] != [problem is not None for problem in problems]:
+                raise ValueError(f"column {position} is null for another entry than a problem")
+        if keep:
+            self._columns[position] = values
         return values
+
+
+def _of_types(values: Iterable[Any], *types: type) -> bool:
+    return set(map(type, values)) <= set(types)
+
+
+def _all_lists(values: list[Any], length: int | None = None) -> bool:
+    """Whether every value is a list (of `length` items, when given)."""
+    return _of_types(values, list) and (length is None or not values or set(map(len, values)) == {length})
+
+
+def _string_lists(values: list[Any]) -> bool:
+    return _all_lists(values) and _of_types(chain.from_iterable(values), str)
+
+
+def _line_reasons(values: list[Any]) -> bool:
+    """[line, reason] pairs, as a note or a problem is written."""
+    return (
+        _all_lists(values, 2)
+        and _of_types(map(itemgetter(0), values), int)
+        and _of_types(map(itemgetter(1), values), str)
+    )
+
+
+def _non_null(values: list[Any]) -> list[Any]:
+    return [value for value in values if value is not None]
+
+
+def _rows(values: list[Any]) -> bool:
+    """`list` rows: [kind, provides, status, risks]."""
+    rows = _non_null(values)
+    return (
+        _all_lists(rows, 4)
+        and _of_types(map(itemgetter(0), rows), str)
+        and _of_types(map(itemgetter(2), rows), str)
+        and _string_lists([*map(itemgetter(1), rows), *map(itemgetter(3), rows)])
+    )
+
+
+def _keys(values: list[Any]) -> bool:
+    """Search keys: [provides, texts]."""
+    keys = _non_null(values)
+    return _all_lists(keys, 2) and _string_lists(list(chain.from_iterable(keys)))
+
+
+def _ranks(values: list[Any]) -> bool:
+    """Rank inputs: [preferred_for, avoid_for, priority, external_service, may_cost_money, risks, gates]."""
+    ranks = _non_null(values)
+    return (
+        _all_lists(ranks, 7)
+        and _string_lists([rank[index] for rank in ranks for index in (0, 1, 5, 6)])
+        and _of_types(map(itemgetter(2), ranks), int, type(None))
+        and _of_types([rank[index] for rank in ranks for index in (3, 4)], bool)
+    )
+
+
+def _signature_values(values: list[Any]) -> bool:
+    return _of_types(values, int, type(None))
+
+
+# What each column may hold: the types `persisted.entry_from_parts` writes, so that a reader never
+# meets a value of another type, whoever wrote the file (a file with valid checksums and other
+# values is treated as damaged).
+_COLUMN_CHECKS: dict[int, Callable[[list[Any]], bool]] = {
+    NAME: lambda values: _of_types(values, str),
+    SIZE: _signature_values,
+    MTIME: _signature_values,
+    CTIME: _signature_values,
+    INO: _signature_values,
+    DEV: _signature_values,
+    CHECKED: lambda values: _of_types(values, int),
+    REVISION: lambda values: _of_types(values, str),
+    ID: lambda values: _of_types(values, str, type(None)),
+    DOMAIN: lambda values: _of_types(values, str),
+    NOTES: lambda values: _all_lists(values) and _line_reasons(list(chain.from_iterable(values))),
+    PROBLEM: lambda values: _line_reasons(_non_null(values)),
+    DOMAIN_LINE: lambda values: _of_types(values, int),
+    ROW: _rows,
+    KEYS: _keys,
+    RANK: _ranks,
+}
+# The columns a seed's entry holds a value in and a problem's entry holds null in.
+_SEED_ONLY_POSITIONS = frozenset((ID, ROW, KEYS, RANK))
 
 
 def _listing_keys_of(value: Any) -> tuple[tuple[str, str, str], tuple[str, str, str]] | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service import errors, paging
 from agentsidecar.seedstore_service.model import (
     ListedSeed,
     Outcome,
@@ -42,7 +42,6 @@ from agentsidecar.seedstore_service.store import (
     Locator,
     SeedStore,
     StoredSeed,
-    listed_seed,
     locate_in_scope,
     os_error_text,
 )
@@ -398,9 +397,18 @@ class SeedOperations:
         return self._from_memory(lambda: self.plan_verify(request, may_refresh=False))
 
     def list_seeds(self, domain: str | None) -> SeedListing:
-        scope = self._scope(domain)
-        entries = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
-        return SeedListing(self.seed_store, domain, entries, scope.problems)
+        """The scope's `list` rows sorted by (domain, id, path) and its problems by (path, line,
+        reason): the order `paging` cuts pages in."""
+        if self.index is not None:
+            entries, problems = self.index.listing(domain)
+            return SeedListing(self.seed_store, domain, entries, problems)
+        rows, found = self.store.listing(domain)
+        return SeedListing(
+            self.seed_store,
+            domain,
+            tuple(sorted(rows, key=paging.seed_key)),
+            tuple(sorted(found, key=paging.problem_key)),
+        )
 
     def inspect(self, seed_id: str, domain: str | None) -> SeedView:
         stored, problems = self._locate(seed_id, domain)

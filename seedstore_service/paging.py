@@ -130,20 +130,21 @@ def page_of(
     entry_bytes: Callable[[ListedSeed], int],
     problem_bytes: Callable[[Problem], int],
 ) -> Page:
-    """The page of the listing (`entries`, `problems`, in any order) that `page_token` asks for.
+    """The page of the listing (`entries` sorted by `seed_key`, `problems` by `problem_key`)
+    that `page_token` asks for.
 
     At most `page_size` items (see `effective_page_size`) whose sizes sum to at
     most `max_bytes`; a page always holds at least one item when any are left.
+    Only the page's items are sized, so a page costs its own items, not the listing's.
     """
     limit = effective_page_size(page_size)
     position = decode_token(page_token, domain)
-    seeds = sorted(entries, key=seed_key)
-    broken = sorted(problems, key=problem_key)
+    seeds, broken = entries, problems
     if position.problem is not None:
         seed_start = len(seeds)
-        problem_start = bisect.bisect_right([problem_key(p) for p in broken], position.problem)
+        problem_start = bisect.bisect_right(broken, position.problem, key=problem_key)
     else:
-        seed_start = 0 if position.seed is None else _after(seeds, seed_key, position.seed)
+        seed_start = 0 if position.seed is None else bisect.bisect_right(seeds, position.seed, key=seed_key)
         problem_start = 0
     budget = _Budget(limit, max_bytes)
     page_seeds = budget.take(seeds, seed_start, entry_bytes)
@@ -166,10 +167,6 @@ def page_of(
 _Item = TypeVar("_Item")
 
 
-def _after(items: Sequence[_Item], key: Callable[[_Item], SeedKey], position: SeedKey) -> int:
-    return bisect.bisect_right([key(item) for item in items], position)
-
-
 class _Budget:
     """Counts items and bytes across the seeds and then the problems of one page."""
 
@@ -180,7 +177,8 @@ class _Budget:
 
     def take(self, items: Sequence[_Item], start: int, size: Callable[[_Item], int]) -> list[_Item]:
         taken: list[_Item] = []
-        for item in items[start:]:
+        for index in range(start, len(items)):
+            item = items[index]
             if self.count <= 0:
                 break
             cost = size(item) + _ITEM_OVERHEAD_BYTES

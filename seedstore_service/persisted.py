@@ -186,17 +186,34 @@ class IndexedFile:
     def listed(self) -> ListedSeed:
         """The `list` row of the seed, from the entry (no Seed is built)."""
         entry = self.entry
-        kind, provides, status, risks = entry[ROW]
-        return ListedSeed(
-            id=entry[ID],
-            domain=entry[DOMAIN],
+        return listed_of_row(self.path, entry[ID], entry[DOMAIN], entry[ROW], entry[REVISION])
+
+
+def listed_of_row(path: str, seed_id: str, domain: str, row: Any, revision: str) -> ListedSeed:
+    """The `list` row of the seed in `path` from its entry's ROW value (no Seed is built).
+
+    Raises:
+        ValueError: `row` is not a value the index writes (the caller decodes the seed instead).
+    """
+    try:
+        kind, provides, status, risks = row
+        if type(provides) is not list or type(risks) is not list:
+            raise TypeError("provides and risks are lists")
+        listed = ListedSeed(
+            id=seed_id,
+            domain=domain,
             kind=kind,
-            path=self.path,
+            path=path,
             provides=tuple(provides),
             verification_status=_STATUSES[status],
             risks=tuple(risks),
-            revision=entry[REVISION],
+            revision=revision,
         )
+    except (TypeError, ValueError, KeyError):
+        raise ValueError(f"the list row of {path} is not one the index writes") from None
+    if type(kind) is not str or not all(type(value) is str for value in (*listed.provides, *listed.risks)):
+        raise ValueError(f"the list row of {path} is not one the index writes")
+    return listed
 
 
 def mismatch_problem(path: str, domain: str, declared: str, line: int) -> Problem:
@@ -307,8 +324,22 @@ def stored_from_entry(path: str, entry: Entry) -> Any:
     return StoredSeed(seed_from_json(json.loads(entry[SEED])), path, entry[REVISION], notes)
 
 
+# What answering from an entry raises when the entry holds values the index never writes: a
+# section file with valid checksums that another program wrote. Such an answer is made again
+# from the files (`PersistedIndex.scan(trust=False)`), which also replaces the entries.
+ENTRY_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
 # The columns a start from the index keeps of a section to decode its seeds later (`parsed_of_row`).
 KEPT_COLUMNS = (REVISION, NOTES, PROBLEM, DOMAIN_LINE)
+# The columns it also keeps as written, unchecked: the `list` rows, which a listing decodes
+# when it is asked for (`listed_of_row`), so that no seed is decoded to list it.
+LISTED_COLUMNS = (ROW,)
+
+
+def kept_of(section: indexfile.Section) -> indexfile.Section:
+    """What a start from the index keeps of `section`: `KEPT_COLUMNS` and `LISTED_COLUMNS`."""
+    return section.narrowed((*KEPT_COLUMNS, *LISTED_COLUMNS))
 
 
 def parsed_of_row(path: str, section: indexfile.Section, row: int) -> Any:
@@ -500,11 +531,12 @@ class PersistedIndex:
         finally:
             os.close(directory_fd)
 
-    def scan(self, domain: str | None) -> tuple[list[IndexedFile], list[Problem]]:
+    def scan(self, domain: str | None, *, trust: bool = True) -> tuple[list[IndexedFile], list[Problem]]:
         """Every seed file of the scope (the walk's order) with an up-to-date entry, and the walk's problems.
 
         Files that are new, changed or racy are read (and parsed when their bytes
-        changed); the sections that changed are saved.
+        changed); the sections that changed are saved. Without `trust`, every file is read
+        and parsed, and its entry made again from it (`ENTRY_ERRORS`).
         """
         from agentsidecar.seedstore_service.store import read_seed_file, walk_seed_files
 
@@ -534,7 +566,8 @@ class PersistedIndex:
             except OSError:
                 found = None
             if (
-                entry is None
+                not trust
+                or entry is None
                 or found is None
                 or entry[SIZE] != found.st_size
                 or entry[MTIME] != found.st_mtime_ns
@@ -545,7 +578,7 @@ class PersistedIndex:
             ):
                 checked_ns = time.time_ns()
                 known = None
-                if entry is not None and entry[PROBLEM] is None:
+                if trust and entry is not None and entry[PROBLEM] is None:
                     with contextlib.suppress(Exception):
                         known = stored_from_entry(ref.path, entry)
                 parsed = read_seed_file(ref.path, ref.domain_dir, known)

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from agentsidecar.seedstore_service.quickread import _Request
 
 SERVER_OPTION = "--server"
+# The most seeds a ListSeeds reply holds (`paging.MAX_PAGE_SIZE`, which imports the error tree these
+# reads leave out): a listing takes as few round trips as the server's message limit allows.
+LIST_PAGE_SIZE = 10_000
 # The switches of the plain forms: a `--server` right after one of them is an option of its own.
 _SWITCHES = frozenset(("--json", "--explain", "--local-only"))
 
@@ -147,7 +150,7 @@ def _call(client: SeedStoreClient, request: _Request) -> tuple[dict[str, Any], S
     if command == "store":
         return render.store_json(client.get_store().seed_store), ()
     if command == "list":
-        listing = client.list_all_seeds(pb.ListSeedsRequest(domain=domain))
+        listing = client.list_all_seeds(pb.ListSeedsRequest(domain=domain, page_size=LIST_PAGE_SIZE))
         return _list_json(listing), _problems(listing.problems)
     if command == "search":
         found = client.search_seeds(

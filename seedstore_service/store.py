@@ -42,12 +42,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple, TypeVar
 
 from agentsidecar.seedstore_service import errors, location
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed, Verification
 from agentsidecar.seedstore_service.names import MAX_IDENTIFIER_LENGTH, canonical
 from agentsidecar.seedstore_service.persisted import (
+    ENTRY_ERRORS,
+    IndexedFile,
     PersistedIndex,
     assemble_problems,
     mismatch_problem,
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
 
 LOCK_FILE_NAME = ".seedstore.lock"
 _TEMP_MARKER = ".tmp-"
+_T = TypeVar("_T")
 # flock contention is polled; the default 50 ms makes a busy store crawl.
 _LOCK_POLL_SECONDS = 0.002
 _DEFAULT_LOCK_TIMEOUT_SECONDS = 30.0
@@ -326,6 +329,19 @@ def malformed_error(problem: Problem) -> errors.SeedMalformed:
     return error
 
 
+def _loaded(
+    files: list[IndexedFile], domain: str | None, walk_problems: list[Problem], requested: str | None = None
+) -> LoadedScope:
+    """The scope of the persisted index's entries; with `requested`, without the seeds a search
+    of it excludes."""
+    seeds = [
+        stored_from_entry(indexed.path, indexed.entry)
+        for indexed in files
+        if indexed.in_scope(domain) and (requested is None or indexed.could_match(requested))
+    ]
+    return LoadedScope(tuple(seeds), tuple(assemble_problems(files, domain, walk_problems)))
+
+
 def scope_from_files(
     parsed_files: Iterable[ParsedFile], domain: str | None, walk_problems: Iterable[Problem] = ()
 ) -> LoadedScope:
@@ -556,13 +572,9 @@ class SeedStore:
         if domain is not None:
             validate_identifier(domain, "domain")
         if self.persisted is not None:
-            files, walk_problems = self.persisted.scan(domain)
-            seeds = [
-                stored_from_entry(indexed.path, indexed.entry)
-                for indexed in files
-                if indexed.in_scope(domain)
-            ]
-            return LoadedScope(tuple(seeds), tuple(assemble_problems(files, domain, walk_problems)))
+            return self._from_entries(
+                domain, lambda files, walk_problems: _loaded(files, domain, walk_problems)
+            )
         refs, walk_problems = walk_seed_files(self.root, domain)
         parsed = [read_seed_file(ref.path, ref.domain_dir) for ref in refs]
         return scope_from_files(parsed, domain, walk_problems)
@@ -576,13 +588,9 @@ class SeedStore:
             return self.load(domain)
         if domain is not None:
             validate_identifier(domain, "domain")
-        files, walk_problems = self.persisted.scan(domain)
-        seeds = [
-            stored_from_entry(indexed.path, indexed.entry)
-            for indexed in files
-            if indexed.in_scope(domain) and indexed.could_match(requested)
-        ]
-        return LoadedScope(tuple(seeds), tuple(assemble_problems(files, domain, walk_problems)))
+        return self._from_entries(
+            domain, lambda files, walk_problems: _loaded(files, domain, walk_problems, requested)
+        )
 
     def listing(self, domain: str | None) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
         """The `list` rows of the scope and its problems; no Seed is built for a seed the index holds."""
@@ -592,9 +600,14 @@ class SeedStore:
             scope = self.load(domain)
             rows = tuple(listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds)
             return rows, scope.problems
-        files, walk_problems = self.persisted.scan(domain)
-        rows = tuple(indexed.listed() for indexed in files if indexed.in_scope(domain))
-        return rows, tuple(assemble_problems(files, domain, walk_problems))
+
+        def listed(
+            files: list[IndexedFile], walk_problems: list[Problem]
+        ) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
+            rows = tuple(indexed.listed() for indexed in files if indexed.in_scope(domain))
+            return rows, tuple(assemble_problems(files, domain, walk_problems))
+
+        return self._from_entries(domain, listed)
 
     def locate(self, seed_id: str, domain: str | None) -> tuple[StoredSeed, tuple[Problem, ...]]:
         validate_identifier(seed_id, "capability id")
@@ -602,18 +615,36 @@ class SeedStore:
             validate_identifier(domain, "domain")
         if self.persisted is not None:
             # Only the seeds holding the id are built; the answer is the whole scope's.
-            files, walk_problems = self.persisted.scan(domain)
-            loaded = [indexed for indexed in files if indexed.in_scope(domain)]
-            matches = tuple(
-                stored_from_entry(indexed.path, indexed.entry)
-                for indexed in loaded
-                if indexed.seed_id == seed_id
-            )
-            problems = tuple(assemble_problems(files, domain, walk_problems))
-            scope = LoadedScope(matches, problems)
-            return locate_in_scope(scope, seed_id, (indexed.path for indexed in loaded)), problems
+            def matching(
+                files: list[IndexedFile], walk_problems: list[Problem]
+            ) -> tuple[LoadedScope, list[str]]:
+                loaded = [indexed for indexed in files if indexed.in_scope(domain)]
+                matches = tuple(
+                    stored_from_entry(indexed.path, indexed.entry)
+                    for indexed in loaded
+                    if indexed.seed_id == seed_id
+                )
+                return LoadedScope(matches, tuple(assemble_problems(files, domain, walk_problems))), [
+                    indexed.path for indexed in loaded
+                ]
+
+            scope, paths = self._from_entries(domain, matching)
+            return locate_in_scope(scope, seed_id, paths), scope.problems
         scope = self.load(domain)
         return locate_in_scope(scope, seed_id), scope.problems
+
+    def _from_entries(
+        self, domain: str | None, answer: Callable[[list[IndexedFile], list[Problem]], _T]
+    ) -> _T:
+        """`answer` of the persisted index's entries for the scope; when an entry holds values
+        the index never writes (`persisted.ENTRY_ERRORS`), `answer` of entries made from the files."""
+        assert self.persisted is not None
+        files, walk_problems = self.persisted.scan(domain)
+        try:
+            return answer(files, walk_problems)
+        except ENTRY_ERRORS:
+            files, walk_problems = self.persisted.scan(domain, trust=False)
+            return answer(files, walk_problems)
 
     def _locate_for_write(
         self, seed_id: str, domain: str | None, locate: Locator | None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,11 @@ import pytest
 
 from agentsidecar.clients.seedstore import SeedStoreClient
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
-from agentsidecar.seedstore_service import indexfile, persisted, seedtext
+from agentsidecar.seedstore_service import indexfile, paging, persisted, seedtext
 from agentsidecar.seedstore_service.index import SeedIndex
 from agentsidecar.seedstore_service.operations import SeedOperations
 from agentsidecar.seedstore_service.ranking import SearchQuery
-from agentsidecar.seedstore_service.store import SeedStore
+from agentsidecar.seedstore_service.store import SeedStore, listed_seed
 
 from .conftest import ServerThread
 from .test_persisted_index import DOMAINS, SEARCHES, seed_text
@@ -52,8 +54,16 @@ def assert_answers_as_the_files(
             outcome = SeedOperations(reference).search(query)
             assert index.search(query) == (outcome.result, outcome.problems), (capability, domain)
         assert index.scope(domain) == reference.load(domain)
+        assert index.listing(domain) == _listing_of(reference, domain)
     for seed_id in ["say", "espeak", "x", "broken", *ids]:
         assert index.lookup(seed_id, None) == _lookup_of(reference, seed_id)
+
+
+def _listing_of(reference: SeedStore, domain: str | None) -> Any:
+    """The listing as `list_seeds` orders it, every row made from a decoded seed."""
+    scope = reference.load(domain)
+    rows = [listed_seed(stored.seed, stored.path, stored.revision) for stored in scope.seeds]
+    return (tuple(sorted(rows, key=paging.seed_key)), tuple(sorted(scope.problems, key=paging.problem_key)))
 
 
 def _lookup_of(reference: SeedStore, seed_id: str) -> Any:
@@ -263,3 +273,91 @@ def test_lookups_after_the_start_and_after_writes_before_the_first_lookup_answer
     swept.refresh()
     assert swept._paths_by_id is not None  # the sweep builds them, so no answer waits for them
     assert_answers_as_the_files(swept, root, ids=("piper", "speaker"))
+
+
+def test_a_listing_after_the_start_decodes_no_seed_and_follows_every_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "capabilities"
+    write_store(root)
+    decoded: list[object] = []
+    real_seed_from_json = seedtext.seed_from_json
+
+    def counting(value: Any) -> Any:
+        decoded.append(value)
+        return real_seed_from_json(value)
+
+    monkeypatch.setattr(persisted, "seed_from_json", counting)
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    reference = SeedStore(root, persisted_index=False)
+    for domain in [None, *DOMAINS]:
+        assert index.listing(domain) == _listing_of(reference, domain)
+    assert decoded == []  # every row came from the section's list rows
+    # The rows stay out of the section's decoded columns: a listing keeps only its answer.
+    section = next(entry.section for entry in index._entries.values() if entry.section is not None)
+    assert indexfile.ROW not in section._columns
+
+    # Each kind of change is in the next listing: an edit, a new file, a removal, a file that
+    # stops being a seed.
+    (root / "voice" / "say.yml").write_text(seed_text("say", "voice", "speech_to_text"))
+    (root / "audio" / "festival.yml").write_text(seed_text("festival", "audio"))
+    (root / "voice" / "piper.yml").unlink()
+    (root / "audio" / "espeak.yml").write_text("id: espeak\nkind: [\n")
+    index.refresh()
+    for domain in [None, *DOMAINS]:
+        assert index.listing(domain) == _listing_of(reference, domain)
+    assert_answers_as_the_files(index, root, ids=("festival", "piper"))
+
+
+def replace_column(root: Path, section: str, position: int, values: Any) -> None:
+    """Put `values` as the section file's column at `position`, every checksum made to match:
+    a file no check can tell from one the index wrote, holding what it never writes."""
+    path = root / persisted.INDEX_DIR_NAME / indexfile.section_file_name(section)
+    head, _newline, body = path.read_bytes().partition(b"\n")
+    header = json.loads(head)
+    lengths = header["blocks"][0::2]
+    blocks, offset = [], 0
+    for length in lengths:
+        blocks.append(body[offset : offset + length])
+        offset += length
+    blocks[1 + indexfile.COLUMN_POSITIONS.index(position)] = json.dumps(values).encode()
+    header["blocks"] = [number for block in blocks for number in (len(block), zlib.crc32(block))]
+    path.write_bytes(json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(blocks))
+    assert indexfile.open_section(path.read_bytes(), str(root), section) is not None
+
+
+def test_list_rows_that_are_not_the_ones_the_index_writes_are_made_from_the_seeds(tmp_path: Path) -> None:
+    root = tmp_path / "capabilities"
+    write_store(root)
+    # Rows of the wrong shape or types, one per entry: each such seed is decoded instead.
+    replace_column(root, "voice", indexfile.ROW, [["cli", "not a list", "unverified", []], "row"])
+    # A column that is not one value per entry: the whole section's rows come from its seeds.
+    replace_column(root, "audio", indexfile.ROW, {"k": 1})
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    assert_answers_as_the_files(index, root)
+
+
+def test_the_service_lists_a_store_started_from_the_persisted_index_as_the_files_in_any_page_size(
+    home: Path, start_server: Callable[..., ServerThread]
+) -> None:
+    root = home / "capabilities"
+    write_store(root)
+    for number in range(30):
+        (root / "audio" / f"extra{number:02}.yml").write_text(seed_text(f"extra{number:02}", "audio"))
+    time.sleep(persisted.RACY_WINDOW_NS / 1e9 + 0.1)
+    SeedStore(root).load(None)
+    reference = SeedStore(root, persisted_index=False)
+    server = start_server(refresh_interval=60.0)
+    with SeedStoreClient(server.unix_target) as client:
+        for domain in [None, "audio"]:
+            expected_rows, expected_problems = _listing_of(reference, domain)
+            for page_size in (1, 7, 10_000):
+                listing = client.list_all_seeds(pb.ListSeedsRequest(domain=domain, page_size=page_size))
+                assert [(seed.id, seed.path, seed.kind, seed.revision) for seed in listing.seeds] == [
+                    (row.id, row.path, row.kind, row.revision) for row in expected_rows
+                ]
+                assert [(problem.path, problem.reason) for problem in listing.problems] == [
+                    (problem.path, problem.reason) for problem in expected_problems
+                ]

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -689,6 +690,8 @@ def _entry(name: str, seed_id: str | None) -> list[object]:
     entry[indexfile.NAME], entry[indexfile.ID] = name, seed_id
     entry[indexfile.SIZE : indexfile.CHECKED + 1] = [1, 2, 3, 4, 5, 6]
     entry[indexfile.SEED] = b""
+    if seed_id is None:  # a file that is not a seed: the index holds its problem and no id
+        entry[indexfile.PROBLEM] = [1, "not a seed"]
     return entry
 
 
@@ -825,3 +828,37 @@ def test_the_console_command_prints_a_list_as_cli_prints_it(settled: Path) -> No
         result = run_seedstore(settled, *argv)
         assert result.returncode == 0, result.stderr
         assert result.stdout == full(argv), argv
+
+
+def _forged_rows(count: int) -> list[Any]:
+    shapes: list[Any] = [["cli", "not a list", "unverified", []], "row", ["cli", [1], "unverified", []]]
+    return [shapes[number % len(shapes)] for number in range(count)]
+
+
+# Columns of the voice section replaced with values the index never writes, each checksum valid.
+_FORGERIES: dict[str, tuple[int, Any]] = {
+    "list rows": (indexfile.ROW, _forged_rows),
+    "search keys": (indexfile.KEYS, lambda count: [["tts", 7]] * count),
+    "ranks": (indexfile.RANK, lambda count: ["high"] * count),
+    "ids": (indexfile.ID, lambda count: [None] * count),
+    "notes": (indexfile.NOTES, lambda count: [[["line", 1]]] * count),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(_FORGERIES))
+def test_a_forged_column_never_changes_an_answer(store: Path, forgery: str) -> None:
+    """A section file another program wrote, every checksum valid, its values not ones the index
+    writes: the quick path declines or answers as the files do, and the full CLI answers as the
+    files do (and makes the entries again from them)."""
+    from .test_persisted_start import replace_column
+
+    expected = {argv: full(argv) for argv in COMMANDS}
+    position, values = _FORGERIES[forgery]
+    section = store / indexfile.INDEX_DIR_NAME / indexfile.section_file_name("voice")
+    count = json.loads(section.read_bytes().partition(b"\n")[0])["count"]
+    for argv in COMMANDS:
+        replace_column(store, "voice", position, values(count))
+        answered = quick(argv)
+        assert answered is None or answered == expected[argv], argv
+        replace_column(store, "voice", position, values(count))
+        assert full(argv) == expected[argv], argv

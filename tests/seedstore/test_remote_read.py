@@ -210,6 +210,12 @@ def test_split_server_takes_the_option_out_where_cli_py_accepts_it() -> None:
     assert remote_read.split_server(["list"], {SERVER_ENV: ""}) is None
 
 
+def test_a_listing_asks_for_the_largest_page_the_service_gives() -> None:
+    from agentsidecar.seedstore_service import paging
+
+    assert remote_read.LIST_PAGE_SIZE == paging.MAX_PAGE_SIZE
+
+
 def test_status_names_are_remote_convert_s() -> None:
     names = remote_read._Names()
     for value in [*pb.VerificationStatus.values(), 99]:
