@@ -512,7 +512,7 @@ class Section:
     are decoded, and its other blocks checked, when first used (`column`, `seeds`,
     `signatures_hold`, `listing`)."""
 
-    __slots__ = ("_blocks", "_columns", "_crcs", "_seeds", "count", "listing_keys", "record")
+    __slots__ = ("_blocks", "_columns", "_crcs", "_seeds", "_unchecked", "count", "listing_keys", "record")
 
     def __init__(
         self,
@@ -528,7 +528,8 @@ class Section:
         self._blocks = blocks  # BLOCK_COUNT of them, in the body's order
         self._crcs = crcs  # each block's CRC-32 as written, None once checked
         self._seeds: list[bytes] | None = None
-        self._columns: dict[int, list[Any]] = {}
+        self._columns: dict[int, list[Any]] = {}  # decoded and checked whole
+        self._unchecked: dict[int, list[Any]] = {}  # decoded for `value`, each value checked alone
 
     def block(self, index: int) -> bytes | memoryview:
         """The block at `index` (the body's order).
@@ -744,24 +745,58 @@ class Section:
             values = list(unpack_from(f"<{self.count}{code}", block, 8 * k * self.count))
             self._columns[position] = values
             return values
+        values = self._unchecked.pop(position) if position in self._unchecked else self._decoded(position)
+        self._check(position, values)
+        if keep:
+            self._columns[position] = values
+        return values
+
+    def value(self, position: int, index: int) -> Any:
+        """`column(position)[index]`, checked alone (as a column of one value) unless the column
+        was checked whole: a reader that uses a few entries' values pays for those only.
+
+        Raises:
+            ValueError: as `column` does, for the column's block or for this value.
+        """
+        found = self._columns.get(position)
+        if found is not None:
+            return found[index]
+        if position == SEED or position in _PACKED_POSITIONS:
+            return self.column(position)[index]
+        values = self._unchecked.get(position)
+        if values is None:
+            values = self._unchecked[position] = self._decoded(position)
+        value = values[index]
+        if not _COLUMN_CHECKS[position]([value]) or (
+            position in _SEED_ONLY_POSITIONS
+            and self._problems_held()
+            and (value is None) != (self.column(PROBLEM)[index] is not None)
+        ):
+            raise ValueError(f"column {position} holds a value the index never writes")
+        return value
+
+    def _decoded(self, position: int) -> list[Any]:
         try:
             values = _decode_json(self.column_block(position))
         except (TypeError, RecursionError) as error:
             raise ValueError(str(error)) from None
         if not isinstance(values, list) or len(values) != self.count:
             raise ValueError("a column does not hold one value per entry")
+        return values
+
+    def _problems_held(self) -> bool:
+        return PROBLEM in self._columns or bool(self._blocks[_column_block(PROBLEM)])
+
+    def _check(self, position: int, values: list[Any]) -> None:
         if not _COLUMN_CHECKS[position](values):
             raise ValueError(f"column {position} holds a value the index never writes")
-        if position in _SEED_ONLY_POSITIONS and (
-            PROBLEM in self._columns or self._blocks[_column_block(PROBLEM)]
+        # Null exactly where the entry is a problem: no reader meets a seed without them.
+        if (
+            position in _SEED_ONLY_POSITIONS
+            and self._problems_held()
+            and not _null_where_problems(values, self.column(PROBLEM))
         ):
-            # Null exactly where the entry is a problem: no reader meets a seed without them.
-            problems = self.column(PROBLEM)
-            if [value is None for value in values] != [problem is not None for problem in problems]:
-                raise ValueError(f"column {position} is null for another entry than a problem")
-        if keep:
-            self._columns[position] = values
-        return values
+            raise ValueError(f"column {position} is null for another entry than a problem")
 
 
 def _of_types(values: Iterable[Any], *types: type) -> bool:
@@ -777,28 +812,26 @@ def _string_lists(values: list[Any]) -> bool:
     return _all_lists(values) and _of_types(chain.from_iterable(values), str)
 
 
+def _items(values: list[Any], *indexes: int) -> list[Any]:
+    """The items at `indexes` of every value, one flat list."""
+    if len(indexes) == 1:
+        return list(map(itemgetter(indexes[0]), values))
+    return list(chain.from_iterable(map(itemgetter(*indexes), values)))
+
+
 def _line_reasons(values: list[Any]) -> bool:
     """[line, reason] pairs, as a note or a problem is written."""
-    return (
-        _all_lists(values, 2)
-        and _of_types(map(itemgetter(0), values), int)
-        and _of_types(map(itemgetter(1), values), str)
-    )
+    return _all_lists(values, 2) and _of_types(_items(values, 0), int) and _of_types(_items(values, 1), str)
 
 
 def _non_null(values: list[Any]) -> list[Any]:
-    return [value for value in values if value is not None]
+    return values if None not in values else [value for value in values if value is not None]
 
 
 def _rows(values: list[Any]) -> bool:
     """`list` rows: [kind, provides, status, risks]."""
     rows = _non_null(values)
-    return (
-        _all_lists(rows, 4)
-        and _of_types(map(itemgetter(0), rows), str)
-        and _of_types(map(itemgetter(2), rows), str)
-        and _string_lists([*map(itemgetter(1), rows), *map(itemgetter(3), rows)])
-    )
+    return _all_lists(rows, 4) and _of_types(_items(rows, 0, 2), str) and _string_lists(_items(rows, 1, 3))
 
 
 def _keys(values: list[Any]) -> bool:
@@ -812,10 +845,17 @@ def _ranks(values: list[Any]) -> bool:
     ranks = _non_null(values)
     return (
         _all_lists(ranks, 7)
-        and _string_lists([rank[index] for rank in ranks for index in (0, 1, 5, 6)])
-        and _of_types(map(itemgetter(2), ranks), int, type(None))
-        and _of_types([rank[index] for rank in ranks for index in (3, 4)], bool)
+        and _string_lists(_items(ranks, 0, 1, 5, 6))
+        and _of_types(_items(ranks, 2), int, type(None))
+        and _of_types(_items(ranks, 3, 4), bool)
     )
+
+
+def _null_where_problems(values: list[Any], problems: list[Any]) -> bool:
+    """Whether `values` is null exactly where `problems` is not."""
+    if None not in values:
+        return problems.count(None) == len(problems)
+    return [value is None for value in values] == [problem is not None for problem in problems]
 
 
 def _signature_values(values: list[Any]) -> bool:

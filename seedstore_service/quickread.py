@@ -392,14 +392,15 @@ def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | Non
         provides, texts = section.column(KEYS)[index]
         if not could_match(provides, texts, requested):
             continue
-        seed_id = section.column(ID)[index]
-        rank = section.column(RANK)[index]
+        # Only the candidates' values are decoded checked (`Section.value`).
+        seed_id = section.value(ID, index)
+        rank = section.value(RANK, index)
         preferred_for, avoid_for, priority, external_service, may_cost_money, risks, gates = rank
         result = score(
             requested,
             capability,
             seed_id=seed_id,
-            status=section.column(ROW)[index][2],
+            status=section.value(ROW, index)[2],
             provides=provides,
             texts=texts,
             preferred_for=preferred_for,
@@ -412,7 +413,7 @@ def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | Non
         )
         if result is not None:
             points, reasons = result
-            key = rank_key(points, seed_id, section.column(DOMAIN)[index], path)
+            key = rank_key(points, seed_id, section.value(DOMAIN, index), path)
             scored.append((key, points, reasons, risks, gates))
     scored.sort(key=lambda item: item[0])
     selected, ask_policy = select([(key[1], points) for key, points, _reasons, _risks, _gates in scored])

@@ -722,6 +722,26 @@ def test_an_id_is_counted_as_a_whole_value_of_the_column() -> None:
     assert section.count_of(indexfile.ID, 'a","seed-1') == 1  # decoded: it needs escaping
 
 
+def test_a_value_is_checked_alone_and_a_column_whole() -> None:
+    entries = [_entry(f"{k}.yml", seed_id) for k, seed_id in enumerate(["a", "b", None])]
+    entries[1][indexfile.DOMAIN] = 7  # not a string: never one the index writes
+    for entry in entries:
+        entry[indexfile.DOMAIN] = "d" if entry[indexfile.DOMAIN] is None else entry[indexfile.DOMAIN]
+    entries[1][indexfile.ID] = None  # a seed's entry (no problem) without an id
+    section = _section_of(entries)
+    assert section.value(indexfile.DOMAIN, 0) == "d"
+    assert section.value(indexfile.ID, 0) == "a"
+    assert section.value(indexfile.ID, 2) is None  # the problem's entry: null, as written
+    with pytest.raises(ValueError, match="holds a value the index never writes"):
+        section.value(indexfile.DOMAIN, 1)
+    with pytest.raises(ValueError, match="holds a value the index never writes"):
+        section.value(indexfile.ID, 1)
+    with pytest.raises(ValueError, match="holds a value the index never writes"):
+        section.column(indexfile.DOMAIN)
+    with pytest.raises(ValueError, match="is null for another entry than a problem"):
+        section.column(indexfile.ID)
+
+
 _ROW_TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=12)
 
 
