@@ -6,6 +6,7 @@ objects printed, this module only writes them.
 
 from __future__ import annotations
 
+from agentsidecar.seedstore_service.indexfile import list_row_text
 from agentsidecar.sidecar_runtime import cli_common
 
 TYPE_CHECKING = False
@@ -46,32 +47,24 @@ def dumps(output: dict[str, Any], style: str) -> str:
 
 
 def _row_text(row: Any) -> str:
-    encode = cli_common.encode_string
+    """The row as `indexfile.list_row_text` writes it (the persisted index's listing uses the same
+    template); `_NotARow` for any row of another shape."""
     if type(row) is not dict or tuple(row) != _ROW_KEYS:
         raise _NotARow
     for key in _ROW_STRINGS:
         if type(row[key]) is not str:
             raise _NotARow
-    return (
-        "    {\n"
-        f'      "id": {encode(row["id"])},\n'
-        f'      "domain": {encode(row["domain"])},\n'
-        f'      "kind": {encode(row["kind"])},\n'
-        f'      "path": {encode(row["path"])},\n'
-        f'      "provides": {_strings_text(row["provides"], encode)},\n'
-        f'      "verification_status": {encode(row["verification_status"])},\n'
-        f'      "risk": {_strings_text(row["risk"], encode)},\n'
-        f'      "revision": {encode(row["revision"])}\n'
-        "    }"
-    )
-
-
-def _strings_text(values: Any, encode: Any) -> str:
-    if type(values) is not list:
-        raise _NotARow
-    if not values:
-        return "[]"
-    for value in values:
-        if type(value) is not str:
+    provides, risks = row["provides"], row["risk"]
+    for values in (provides, risks):
+        if type(values) is not list or any(type(value) is not str for value in values):
             raise _NotARow
-    return "[\n" + ",\n".join("        " + encode(value) for value in values) + "\n      ]"
+    return list_row_text(
+        row["id"],
+        row["domain"],
+        row["kind"],
+        row["path"],
+        provides,
+        row["verification_status"],
+        risks,
+        row["revision"],
+    )

@@ -68,10 +68,10 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from agentsidecar.seedstore_service import indexfile, paging, persisted, ranking
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, Seed
@@ -100,6 +100,8 @@ _SEPARATOR = "\x00"  # never produced by canonical()
 _ALL_TEXTS = ""  # the haystack key of the all-texts haystack (bucket keys are bigrams)
 # How many seeds decoded from the persisted index are kept for answers that need them again.
 _DECODED_CACHE_SIZE = 4096
+# What `_whole_scope` builds and keeps.
+_Answer = TypeVar("_Answer")
 
 ChangeKind = str  # "added" | "updated" | "removed" | "verified" | "malformed"
 
@@ -1068,19 +1070,12 @@ class SeedIndex:
 
     def scope(self, domain: str | None) -> LoadedScope:
         """What `SeedStore.load(domain)` returns, from memory (as of the last refresh)."""
-        if domain is not None:
-            validate_identifier(domain, "domain")
-        with self._state_lock:
-            cached = self._scope_cache.get(domain)
-            if cached is not None:
-                return cached
-            paths = [path for path, keys in self._seeds.items() if domain is None or _in_domain(keys, domain)]
-            if self._ensure_current(paths):
-                return self.scope(domain)
+
+        def build(paths: list[str]) -> LoadedScope:
             seeds = [self._stored(path) for path in sorted(paths)]
-            scope = LoadedScope(tuple(seeds), self._problems(domain))
-            self._scope_cache[domain] = scope
-            return scope
+            return LoadedScope(tuple(seeds), self._problems(domain))
+
+        return self._whole_scope(self._scope_cache, domain, build)
 
     def listing(self, domain: str | None) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
         """What `SeedStore.listing(domain)` returns, from memory (as of the last refresh), the rows
@@ -1089,22 +1084,32 @@ class SeedIndex:
         No seed is decoded for an entry taken from the persisted index: its row is the one the
         index wrote for the same bytes (`persisted.listed_of_row`).
         """
+
+        def build(paths: list[str]) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
+            rows_of: dict[indexfile.Section, list[Any] | None] = {}
+            listed = sorted((self._listed(path, rows_of) for path in paths), key=paging.seed_key)
+            return tuple(listed), tuple(sorted(self._problems(domain), key=paging.problem_key))
+
+        return self._whole_scope(self._listing_cache, domain, build)
+
+    def _whole_scope(
+        self, cache: dict[str | None, _Answer], domain: str | None, build: Callable[[list[str]], _Answer]
+    ) -> _Answer:
+        """`build` of the paths of the seeds in scope, each checked against its file first
+        (`_ensure_current`), kept in `cache` until an entry changes (`_answers_changed`)."""
         if domain is not None:
             validate_identifier(domain, "domain")
         with self._state_lock:
-            cached = self._listing_cache.get(domain)
+            cached = cache.get(domain)
             if cached is not None:
                 return cached
-            paths = [path for path, keys in self._seeds.items() if domain is None or _in_domain(keys, domain)]
-            if self._ensure_current(paths):
-                return self.listing(domain)
-            rows_of: dict[indexfile.Section, list[Any] | None] = {}
-            listed = [self._listed(path, rows_of) for path in paths]
-            listed.sort(key=paging.seed_key)
-            problems = sorted(self._problems(domain), key=paging.problem_key)
-            listing = (tuple(listed), tuple(problems))
-            self._listing_cache[domain] = listing
-            return listing
+            while True:
+                seeds = self._seeds.items()
+                paths = [path for path, keys in seeds if domain is None or _in_domain(keys, domain)]
+                if not self._ensure_current(paths):
+                    break
+            answer = cache[domain] = build(paths)
+            return answer
 
     def _listed(self, path: str, rows_of: dict[indexfile.Section, list[Any] | None]) -> ListedSeed:
         """The `list` row of the seed in `path`; `rows_of` holds each section's rows for one listing."""

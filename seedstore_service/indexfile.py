@@ -409,8 +409,8 @@ def list_row_text(
     risks: list[str],
     revision: str,
 ) -> str:
-    """One row of `list` as the CLI prints it in the pretty style: `cli_output`'s template for
-    `render.list_row_json`'s object, byte for byte (the tests compare the two)."""
+    """One row of `list` as the CLI prints it in the pretty style: `render.list_row_json`'s
+    object as `cli_common.dumps` writes it, byte for byte (the tests compare the two)."""
     from _json import encode_basestring as encode
 
     return (

@@ -59,6 +59,19 @@ def assert_answers_as_the_files(
         assert index.lookup(seed_id, None) == _lookup_of(reference, seed_id)
 
 
+def count_decoded_seeds(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The seeds the persisted index decodes from now on, one item each."""
+    decoded: list[object] = []
+    real_seed_from_json = seedtext.seed_from_json
+
+    def counting(value: Any) -> Any:
+        decoded.append(value)
+        return real_seed_from_json(value)
+
+    monkeypatch.setattr(persisted, "seed_from_json", counting)
+    return decoded
+
+
 def _listing_of(reference: SeedStore, domain: str | None) -> Any:
     """The listing as `list_seeds` orders it, every row made from a decoded seed."""
     scope = reference.load(domain)
@@ -81,14 +94,7 @@ def test_the_index_starts_from_the_persisted_index_without_a_seed_and_checks_wha
     edit_keeping_size_and_mtime(root / "voice" / "say.yml", "text_to_speech", "text_to_sound_")
     (root / "audio" / "x.yml").unlink()
 
-    decoded: list[object] = []
-    real_seed_from_json = seedtext.seed_from_json
-
-    def counting(value: Any) -> Any:
-        decoded.append(value)
-        return real_seed_from_json(value)
-
-    monkeypatch.setattr(persisted, "seed_from_json", counting)
+    decoded = count_decoded_seeds(monkeypatch)
     index = SeedIndex(SeedStore(root))
     assert index.start_from_persisted()
     assert decoded == []  # no seed is built to start
@@ -280,14 +286,7 @@ def test_a_listing_after_the_start_decodes_no_seed_and_follows_every_change(
 ) -> None:
     root = tmp_path / "capabilities"
     write_store(root)
-    decoded: list[object] = []
-    real_seed_from_json = seedtext.seed_from_json
-
-    def counting(value: Any) -> Any:
-        decoded.append(value)
-        return real_seed_from_json(value)
-
-    monkeypatch.setattr(persisted, "seed_from_json", counting)
+    decoded = count_decoded_seeds(monkeypatch)
     index = SeedIndex(SeedStore(root))
     assert index.start_from_persisted()
     reference = SeedStore(root, persisted_index=False)

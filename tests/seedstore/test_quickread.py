@@ -767,10 +767,12 @@ def test_a_stored_list_row_is_the_row_the_cli_prints(
     risks: list[str],
     revision: str,
 ) -> None:
-    from agentsidecar.seedstore_service import cli_output, render
+    from agentsidecar.seedstore_service import render
+    from agentsidecar.sidecar_runtime import cli_common
 
     row = render.list_row_json(seed_id, domain, kind, path, provides, status, risks, revision)
-    printed = cli_output.dumps(render.listing_json("/r", None, [row], ()), "pretty")
+    # The generic printer, key by key: what the template must write.
+    printed = cli_common.dumps(render.listing_json("/r", None, [row], ()), "pretty")
     stored = indexfile.list_row_text(seed_id, domain, kind, path, provides, status, risks, revision)
     assert printed == '{\n  "seed_store": "/r",\n  "domain": null,\n  "seeds": [\n' + stored + "\n  ]\n}"
 
