@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["dumps"]
+__all__ = ["dumps", "listing_text"]
 
 _ROW_KEYS = ("id", "domain", "kind", "path", "provides", "verification_status", "risk", "revision")
 _ROW_STRINGS = ("id", "domain", "kind", "path", "verification_status", "revision")
@@ -34,15 +34,21 @@ def dumps(output: dict[str, Any], style: str) -> str:
     if style != "pretty" or type(seeds) is not list or not seeds:
         return cli_common.dumps(output, style)
     try:
-        rows = [_row_text(row) for row in seeds]
-    except _NotARow:
+        return listing_text({**output, "seeds": []}, [_row_text(row) for row in seeds])
+    except (_NotARow, ValueError):
         return cli_common.dumps(output, style)
+
+
+def listing_text(output: dict[str, Any], rows: list[str]) -> str:
+    """`output` (a `list` result whose `seeds` is empty) in the pretty style with `rows` (each
+    written by `indexfile.list_row_text`) as its seeds."""
+    if not rows:
+        return cli_common.pretty(output)
     # Every other part of the output by the generic printer; its `"seeds": []` line (a raw
     # newline never occurs inside a JSON string, so the line is the key's) takes the rows.
-    rest = cli_common.pretty({**output, "seeds": []})
-    head, found, tail = rest.partition(_SEEDS_LINE)
+    head, found, tail = cli_common.pretty(output).partition(_SEEDS_LINE)
     if not found:
-        return cli_common.dumps(output, style)
+        raise ValueError("the output holds no empty `seeds` line")
     return f'{head}\n  "seeds": [\n' + ",\n".join(rows) + f"\n  ]{tail}"
 
 

@@ -492,20 +492,21 @@ def main() -> int:
     """The `seedstore` console command."""
     argv = sys.argv[1:]
     # One command, then the process exits: the cyclic collector would only scan the decoded
-    # index again and again (cli.main pauses it the same way).
+    # index, or the service's reply, again and again (cli.main pauses it the same way).
     collecting = gc.isenabled()
     gc.disable()
     try:
         answered = _answer(argv, os.environ)
+        if answered is None:
+            from agentsidecar.seedstore_service.remote_read import answer as answer_remote
+
+            remote = answer_remote(argv, os.environ, sys.stdout, sys.stderr)
+            if remote is not None:
+                return remote
     finally:
         if collecting:
             gc.enable()
     if answered is None:
-        from agentsidecar.seedstore_service.remote_read import answer as answer_remote
-
-        remote = answer_remote(argv, os.environ, sys.stdout, sys.stderr)
-        if remote is not None:
-            return remote
         from agentsidecar.seedstore_service.cli import main as full_main
 
         return full_main(argv)

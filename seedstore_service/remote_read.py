@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import cast
 
 from agentsidecar.seedstore_service import cli_output, render
+from agentsidecar.seedstore_service.indexfile import list_row_text
 from agentsidecar.seedstore_service.location import SERVER_ENV, TOKEN_FILE_ENV
 from agentsidecar.seedstore_service.quickread import parse
 from agentsidecar.sidecar_runtime import cli_common
@@ -117,8 +118,9 @@ def _answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr:
         client = SeedStoreClient(target, token_file=env.get(TOKEN_FILE_ENV) or None)
     except (ValueError, OSError):
         return None  # cli.py says why, as a usage error
+    style = request.value("json-style") or cli_common.DEFAULT_JSON_STYLE
     try:
-        output, problems = _call(client, request)
+        output, problems = _call(client, request, style)
     except _Unanswerable:
         return None
     except Exception as error:
@@ -138,11 +140,14 @@ def _answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr:
         client.close()
     for problem in problems:
         print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)
-    style = request.value("json-style") or cli_common.DEFAULT_JSON_STYLE
-    return cli_common.write_result(cli_output.dumps(output, style) + "\n", stdout)
+    text = output if isinstance(output, str) else cli_output.dumps(output, style)
+    return cli_common.write_result(text + "\n", stdout)
 
 
-def _call(client: SeedStoreClient, request: _Request) -> tuple[dict[str, Any], Sequence[Problem]]:
+def _call(
+    client: SeedStoreClient, request: _Request, style: str
+) -> tuple[dict[str, Any] | str, Sequence[Problem]]:
+    """The command's result (an object to print in `style`, or its text) and the warnings."""
     from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 
     command, positional, domain = request.command, request.positional or "", request.value("domain")
@@ -151,6 +156,8 @@ def _call(client: SeedStoreClient, request: _Request) -> tuple[dict[str, Any], S
         return render.store_json(client.get_store().seed_store), ()
     if command == "list":
         listing = client.list_all_seeds(pb.ListSeedsRequest(domain=domain, page_size=LIST_PAGE_SIZE))
+        if style == "pretty":
+            return _list_text(listing), _problems(listing.problems)
         return _list_json(listing), _problems(listing.problems)
     if command == "search":
         found = client.search_seeds(
@@ -221,25 +228,41 @@ def _by_member_name(numbers: Iterable[tuple[str, int]], prefix: str, members: An
 
 
 def _list_json(response: seedstore_pb2.ListSeedsResponse) -> dict[str, Any]:
+    rows = [render.list_row_json(*fields) for fields in _list_rows(response)]
+    return render.listing_json(
+        response.seed_store, _optional(response, "domain"), rows, _problems(response.problems)
+    )
+
+
+def _list_text(response: seedstore_pb2.ListSeedsResponse) -> str:
+    """`cli_output.dumps(_list_json(response), "pretty")`, each row written from its fields."""
+    rows = [list_row_text(*fields) for fields in _list_rows(response)]
+    empty = render.listing_json(
+        response.seed_store, _optional(response, "domain"), [], _problems(response.problems)
+    )
+    return cli_output.listing_text(empty, rows)
+
+
+def _list_rows(
+    response: seedstore_pb2.ListSeedsResponse,
+) -> list[tuple[str, str, str, str, list[str], str, list[str], str]]:
+    """Each seed's `list` row fields (`render.list_row_json`'s arguments), sorted as
+    render.list_json sorts the entries: domain, id, path."""
     names = _Names()
-    # Sorted as render.list_json sorts the entries: domain, id, path.
     entries = sorted(response.seeds, key=lambda entry: (entry.domain, entry.id, entry.path))
-    rows = [
-        render.list_row_json(
+    return [
+        (
             entry.id,
             entry.domain,
             entry.kind,
             entry.path,
-            entry.provides,
+            list(entry.provides),
             names.status(entry.verification_status),
             names.risks(entry.risks),
             entry.revision,
         )
         for entry in entries
     ]
-    return render.listing_json(
-        response.seed_store, _optional(response, "domain"), rows, _problems(response.problems)
-    )
 
 
 def _search_json(response: seedstore_pb2.SearchSeedsResponse) -> dict[str, Any]:
