@@ -100,6 +100,9 @@ _SEPARATOR = "\x00"  # never produced by canonical()
 _ALL_TEXTS = ""  # the haystack key of the all-texts haystack (bucket keys are bigrams)
 # How many seeds decoded from the persisted index are kept for answers that need them again.
 _DECODED_CACHE_SIZE = 4096
+# A search matching more seeds than this scores the ones not decoded from their sections'
+# columns (`SeedIndex.search`): as many as the decoded cache holds.
+_COLUMN_SCORING_MIN = _DECODED_CACHE_SIZE
 # What `_whole_scope` builds and keeps.
 _Answer = TypeVar("_Answer")
 
@@ -1086,8 +1089,8 @@ class SeedIndex:
         """
 
         def build(paths: list[str]) -> tuple[tuple[ListedSeed, ...], tuple[Problem, ...]]:
-            rows_of: dict[indexfile.Section, list[Any] | None] = {}
-            listed = sorted((self._listed(path, rows_of) for path in paths), key=paging.seed_key)
+            columns: _Columns = {}
+            listed = sorted((self._listed(path, columns) for path in paths), key=paging.seed_key)
             return tuple(listed), tuple(sorted(self._problems(domain), key=paging.problem_key))
 
         return self._whole_scope(self._listing_cache, domain, build)
@@ -1111,17 +1114,13 @@ class SeedIndex:
             answer = cache[domain] = build(paths)
             return answer
 
-    def _listed(self, path: str, rows_of: dict[indexfile.Section, list[Any] | None]) -> ListedSeed:
-        """The `list` row of the seed in `path`; `rows_of` holds each section's rows for one listing."""
+    def _listed(self, path: str, columns: _Columns) -> ListedSeed:
+        """The `list` row of the seed in `path`; from its section's `list` rows for an entry taken
+        from the persisted index (`persisted.listed_of_row`)."""
         entry = self._entries[path]
         section = entry.section
         if entry.read is None and section is not None:
-            if section not in rows_of:
-                try:
-                    rows_of[section] = section.column(indexfile.ROW, keep=False)
-                except ValueError:
-                    rows_of[section] = None  # not the block written: each seed is decoded instead
-            rows = rows_of[section]
+            rows = _column(section, indexfile.ROW, columns)
             if rows is not None:
                 keys = self._seeds[path]
                 with contextlib.suppress(ValueError):
@@ -1201,26 +1200,71 @@ class SeedIndex:
         """Exactly `ranking.search(scope seeds, query)`, scoring only the seeds that can match."""
         ranking.validate_query(query)
         with self._state_lock:
-            problems = self._problems(query.domain)
             requested = canonical(query.capability)
-            if not requested:
-                # Everything with an alias or evidence text matches "": the linear reference is as good.
-                seeds = self.scope(query.domain).seeds
-                return ranking.search(((stored.seed, stored.path) for stored in seeds), query), problems
-            matched = self._matching_paths(requested)
-            if self._ensure_current(matched):
-                matched = self._matching_paths(requested)
+            while True:
                 problems = self._problems(query.domain)
+                # "" is in every text: every seed with an alias or evidence text matches it.
+                matched = self._matching_paths(requested) if requested else set(self._seeds)
+                if not self._ensure_current(matched):
+                    break
             candidates: list[ranking.RankedCandidate] = []
+            # More seeds than the decoded cache holds would each be decoded again by the next such
+            # search: those are scored from their sections' columns instead, decoded for this
+            # search only. Fewer are decoded, and kept for the searches that follow.
+            columns: _Columns | None = {} if len(matched) > _COLUMN_SCORING_MIN else None
             # Path order, as the reference iterates: finish_search's sort is stable.
             for path in sorted(matched):
                 keys = self._seeds[path]
                 if query.domain is not None and not _in_domain(keys, query.domain):
                     continue
-                candidate = ranking.score_prepared(self._prepared(path, keys), requested, query)
+                candidate = self._candidate(path, keys, requested, query, columns)
                 if candidate is not None:
                     candidates.append(candidate)
             return ranking.finish_search(candidates, query), problems
+
+    def _candidate(
+        self,
+        path: str,
+        keys: _SeedKeys,
+        requested: str,
+        query: ranking.SearchQuery,
+        columns: _Columns | None,
+    ) -> ranking.RankedCandidate | None:
+        """`ranking.score_prepared` of the seed in `path`; given `columns`, for an entry taken from
+        the persisted index whose seed is not decoded, from its section's rank inputs and `list`
+        row (the values `ranking.prepare_seed` gives for the same bytes): no seed is decoded."""
+        entry = self._entries[path]
+        section = entry.section
+        if (
+            columns is not None
+            and keys.prepared is None
+            and entry.read is None
+            and section is not None
+            and path not in self._decoded
+        ):
+            ranks = _column(section, indexfile.RANK, columns)
+            rows = _column(section, indexfile.ROW, columns)
+            if ranks is not None and rows is not None:
+                preferred_for, avoid_for, priority, external_service, may_cost_money, risks, gates = ranks[
+                    entry.row
+                ]
+                inputs = ranking.ScoreInputs(
+                    seed_id=keys.seed_id,
+                    domain=keys.seed_domain,
+                    path=path,
+                    status=rows[entry.row][2],
+                    provides=keys.provides,
+                    texts=keys.texts,
+                    preferred_for=preferred_for,
+                    avoid_for=avoid_for,
+                    priority=priority,
+                    external_service=external_service,
+                    may_cost_money=may_cost_money,
+                    risks=risks,
+                    required_gates=gates,
+                )
+                return ranking.score_inputs(requested, query, inputs)
+        return ranking.score_prepared(self._prepared(path, keys), requested, query)
 
     def _matching_paths(self, requested: str) -> set[str]:
         matched: set[str] = set(_holders(self._by_provides, requested))
@@ -1272,6 +1316,20 @@ class SeedIndex:
 
 
 _Holders = str | set[str]
+# The columns of sections one answer decoded (`_column`), for that answer only.
+_Columns = dict[tuple[indexfile.Section, int], list[Any] | None]
+
+
+def _column(section: indexfile.Section, position: int, columns: _Columns) -> list[Any] | None:
+    """`section.column(position)`, decoded once per answer and not kept by the section; None when
+    it is not the column written (each seed it would answer for is decoded instead)."""
+    key = (section, position)
+    if key not in columns:
+        try:
+            columns[key] = section.column(position, keep=False)
+        except ValueError:
+            columns[key] = None
+    return columns[key]
 
 
 def _add_holder(postings: dict[str, _Holders], key: str, path: str) -> bool:

@@ -68,6 +68,7 @@ from agentsidecar.seedstore_service.indexfile import (
     NAME,
     NOTES,
     PROBLEM,
+    RANK,
     REVISION,
     ROW,
     SEED,
@@ -332,14 +333,15 @@ ENTRY_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError)
 
 # The columns a start from the index keeps of a section to decode its seeds later (`parsed_of_row`).
 KEPT_COLUMNS = (REVISION, NOTES, PROBLEM, DOMAIN_LINE)
-# The columns it also keeps as written, unchecked: the `list` rows, which a listing decodes
-# when it is asked for (`listed_of_row`), so that no seed is decoded to list it.
-LISTED_COLUMNS = (ROW,)
+# The columns it also keeps as written, unchecked: the `list` rows and the rank inputs, which a
+# listing or a search decodes when it is asked for (`listed_of_row`, `SeedIndex._candidate`),
+# so that no seed is decoded to list or to score it.
+ANSWER_COLUMNS = (ROW, RANK)
 
 
 def kept_of(section: indexfile.Section) -> indexfile.Section:
-    """What a start from the index keeps of `section`: `KEPT_COLUMNS` and `LISTED_COLUMNS`."""
-    return section.narrowed((*KEPT_COLUMNS, *LISTED_COLUMNS))
+    """What a start from the index keeps of `section`: `KEPT_COLUMNS` and `ANSWER_COLUMNS`."""
+    return section.narrowed((*KEPT_COLUMNS, *ANSWER_COLUMNS))
 
 
 def parsed_of_row(path: str, section: indexfile.Section, row: int) -> Any:

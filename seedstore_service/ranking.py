@@ -8,8 +8,9 @@ seeds its lookups narrowed down, so its results must equal `search`'s.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentsidecar.seedstore_service.model import Seed
 from agentsidecar.seedstore_service.names import canonical
@@ -195,18 +196,60 @@ def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -
     match widely (SkillSpec's quirk); empty ones were left out by `prepare_seed`.
     """
     seed = prepared.seed
+    return score_inputs(
+        requested,
+        query,
+        ScoreInputs(
+            seed_id=seed.id,
+            domain=seed.domain,
+            path=prepared.path,
+            status=seed.verification_status.value,
+            provides=prepared.provides,
+            texts=prepared.texts,
+            preferred_for=prepared.preferred_for,
+            avoid_for=prepared.avoid_for,
+            priority=seed.rank.default_priority,
+            external_service=seed.risk.external_service,
+            may_cost_money=seed.risk.may_cost_money,
+            risks=prepared.risks,
+            required_gates=prepared.required_gates,
+        ),
+    )
+
+
+class ScoreInputs(NamedTuple):
+    """What scoring reads of one seed: a `PreparedSeed`'s forms, or the persisted index's
+    columns for it (its search keys, rank inputs and `list` row), which hold the same values."""
+
+    seed_id: str
+    domain: str
+    path: str
+    status: str
+    provides: Collection[str]
+    texts: Collection[str]
+    preferred_for: Collection[str]
+    avoid_for: Collection[str]
+    priority: int | None
+    external_service: bool
+    may_cost_money: bool
+    risks: Sequence[str]
+    required_gates: Sequence[str]
+
+
+def score_inputs(requested: str, query: SearchQuery, inputs: ScoreInputs) -> RankedCandidate | None:
+    """`score_prepared` of a seed known by its `ScoreInputs` alone."""
     scored = score(
         requested,
         query.capability,
-        seed_id=seed.id,
-        status=seed.verification_status.value,
-        provides=prepared.provides,
-        texts=prepared.texts,
-        preferred_for=prepared.preferred_for,
-        avoid_for=prepared.avoid_for,
-        priority=seed.rank.default_priority,
-        external_service=seed.risk.external_service,
-        may_cost_money=seed.risk.may_cost_money,
+        seed_id=inputs.seed_id,
+        status=inputs.status,
+        provides=inputs.provides,
+        texts=inputs.texts,
+        preferred_for=inputs.preferred_for,
+        avoid_for=inputs.avoid_for,
+        priority=inputs.priority,
+        external_service=inputs.external_service,
+        may_cost_money=inputs.may_cost_money,
         preferred_seed=query.preferred_seed,
         local_only=query.local_only,
     )
@@ -214,13 +257,13 @@ def score_prepared(prepared: PreparedSeed, requested: str, query: SearchQuery) -
         return None
     points, reasons = scored
     return RankedCandidate(
-        id=seed.id,
-        domain=seed.domain,
-        path=prepared.path,
+        id=inputs.seed_id,
+        domain=inputs.domain,
+        path=inputs.path,
         score=points,
         reasons=tuple(reasons),
-        risks=prepared.risks,
-        required_gates=prepared.required_gates,
+        risks=tuple(inputs.risks),
+        required_gates=tuple(inputs.required_gates),
     )
 
 

@@ -360,3 +360,32 @@ def test_the_service_lists_a_store_started_from_the_persisted_index_as_the_files
                 assert [(problem.path, problem.reason) for problem in listing.problems] == [
                     (problem.path, problem.reason) for problem in expected_problems
                 ]
+
+
+@pytest.mark.parametrize("forged", [False, True], ids=["as written", "rank inputs forged"])
+def test_a_search_matching_many_seeds_scores_them_from_the_columns_as_the_files_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forged: bool
+) -> None:
+    """A search matching more seeds than the decoded cache holds scores those not decoded from
+    their sections' rank inputs and `list` rows: the same answer, and no seed decoded for it."""
+    import agentsidecar.seedstore_service.index as index_module
+
+    monkeypatch.setattr(index_module, "_COLUMN_SCORING_MIN", 0)
+    root = tmp_path / "capabilities"
+    write_store(root)
+    if forged:
+        section = root / persisted.INDEX_DIR_NAME / indexfile.section_file_name("voice")
+        count = json.loads(section.read_bytes().partition(b"\n")[0])["count"]
+        replace_column(root, "voice", indexfile.RANK, [["high"]] * count)
+    decoded = count_decoded_seeds(monkeypatch)
+    index = SeedIndex(SeedStore(root))
+    assert index.start_from_persisted()
+    reference = SeedStore(root, persisted_index=False)
+    for capability in SEARCHES:
+        for domain in [None, *DOMAINS]:
+            query = SearchQuery(capability, domain)
+            outcome = SeedOperations(reference).search(query)
+            assert index.search(query) == (outcome.result, outcome.problems), (capability, domain)
+    # Forged rank inputs are never scored: the voice seeds are decoded instead.
+    assert bool(decoded) == forged
+    assert_answers_as_the_files(index, root)
