@@ -11,6 +11,7 @@ functions are re-exported here, so `convert` has both. Pure: no I/O, no grpc cal
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from agentsidecar.common.v1 import common_pb2 as common
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
@@ -73,6 +74,9 @@ from agentsidecar.seedstore_service.remote_convert import verify_request as veri
 from agentsidecar.seedstore_service.render import SCAN_MESSAGE
 from agentsidecar.seedstore_service.runner import CheckFinished, CheckStarted
 from agentsidecar.seedstore_service.seedfile import validate_identifier
+
+if TYPE_CHECKING:
+    from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 # --- enums ----------------------------------------------------------------------
 
@@ -286,8 +290,9 @@ def inspect_response(view: SeedView) -> pb.InspectSeedResponse:
     )
 
 
-def listed_seed_to_proto(entry: ListedSeed) -> pb.SeedEntry:
-    return pb.SeedEntry(
+def _add_listed_seed(seeds: RepeatedCompositeFieldContainer[pb.SeedEntry], entry: ListedSeed) -> pb.SeedEntry:
+    """`entry` as a SeedEntry appended to the repeated field `seeds` (made in place, not copied)."""
+    return seeds.add(
         id=entry.id,
         domain=entry.domain,
         kind=entry.kind,
@@ -300,12 +305,14 @@ def listed_seed_to_proto(entry: ListedSeed) -> pb.SeedEntry:
 
 
 def list_response(listing: SeedListing) -> pb.ListSeedsResponse:
-    return pb.ListSeedsResponse(
+    response = pb.ListSeedsResponse(
         seed_store=listing.seed_store,
         domain=listing.domain,
-        seeds=[listed_seed_to_proto(entry) for entry in listing.entries],
         problems=problems_to_proto(listing.problems),
     )
+    for entry in listing.entries:
+        _add_listed_seed(response.seeds, entry)
+    return response
 
 
 def list_page_response(
@@ -313,13 +320,13 @@ def list_page_response(
 ) -> pb.ListSeedsResponse:
     """The page of `listing` (sorted as `SeedOperations.list_seeds` sorts it) the request asks
     for, its repeated items within `max_bytes` (see `paging`)."""
-    # Pages size their seeds in order from the first, so the page's protos are the first sized.
-    sized: list[pb.SeedEntry] = []
+    response = pb.ListSeedsResponse(seed_store=listing.seed_store, domain=listing.domain)
+    seeds = response.seeds
 
+    # Pages size their seeds in order from the first: the page's seeds are the first sized,
+    # each sized where it is made, in the reply; the one sized past the budget is dropped.
     def entry_bytes(entry: ListedSeed) -> int:
-        message = listed_seed_to_proto(entry)
-        sized.append(message)
-        return message.ByteSize()
+        return _add_listed_seed(seeds, entry).ByteSize()
 
     page = paging.page_of(
         listing.entries,
@@ -331,13 +338,10 @@ def list_page_response(
         entry_bytes=entry_bytes,
         problem_bytes=_problem_bytes,
     )
-    return pb.ListSeedsResponse(
-        seed_store=listing.seed_store,
-        domain=listing.domain,
-        seeds=sized[: len(page.entries)],
-        problems=problems_to_proto(page.problems),
-        next_page_token=page.next_page_token,
-    )
+    del seeds[len(page.entries) :]
+    response.problems.extend(problems_to_proto(page.problems))
+    response.next_page_token = page.next_page_token
+    return response
 
 
 def _problem_bytes(problem: Problem) -> int:
