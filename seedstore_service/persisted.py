@@ -27,9 +27,12 @@ The files stay the source of truth; the index only saves parsing them again.
   the directory record, one JSON list per column of the entries, the entries'
   signatures packed, the `list` rows as the CLI prints them, and each entry's
   seed JSON text on a line of its own; a reader checks each block it uses
-  before it uses it. indexfile.py holds the format. A truncated, foreign,
-  corrupt or other-version file is ignored, and the section rebuilt from the
-  seed files.
+  before it uses it, and each column's values against the types the index
+  writes (`indexfile.Section.column`, `Section.value`). indexfile.py holds the
+  format. A truncated, foreign, corrupt or other-version file, or one with
+  valid checksums holding values of other types, is ignored, and the section
+  rebuilt from the seed files. The checksums guard against damage, not
+  against a writer: a program that may write the index may write the seeds.
 * Writing: a section is rewritten only when something in it changed, to a
   temporary name in the index directory then renamed over the old one (through
   a descriptor of that directory, as every write of the store is), while
