@@ -767,12 +767,7 @@ class Section:
         if values is None:
             values = self._unchecked[position] = self._decoded(position)
         value = values[index]
-        if not _COLUMN_CHECKS[position]([value]) or (
-            position in _SEED_ONLY_POSITIONS
-            and self._problems_held()
-            and (value is None) != (self.column(PROBLEM)[index] is not None)
-        ):
-            raise ValueError(f"column {position} holds a value the index never writes")
+        self._check(position, [value], index)
         return value
 
     def _decoded(self, position: int) -> list[Any]:
@@ -787,16 +782,16 @@ class Section:
     def _problems_held(self) -> bool:
         return PROBLEM in self._columns or bool(self._blocks[_column_block(PROBLEM)])
 
-    def _check(self, position: int, values: list[Any]) -> None:
+    def _check(self, position: int, values: list[Any], index: int | None = None) -> None:
+        """Raise ValueError unless `values` (the column at `position`, or its one value at
+        `index`) are of the types the index writes there."""
         if not _COLUMN_CHECKS[position](values):
             raise ValueError(f"column {position} holds a value the index never writes")
         # Null exactly where the entry is a problem: no reader meets a seed without them.
-        if (
-            position in _SEED_ONLY_POSITIONS
-            and self._problems_held()
-            and not _null_where_problems(values, self.column(PROBLEM))
-        ):
-            raise ValueError(f"column {position} is null for another entry than a problem")
+        if position in _SEED_ONLY_POSITIONS and self._problems_held():
+            problems = self.column(PROBLEM)
+            if not _null_where_problems(values, problems if index is None else [problems[index]]):
+                raise ValueError(f"column {position} is null for another entry than a problem")
 
 
 def _of_types(values: Iterable[Any], *types: type) -> bool:

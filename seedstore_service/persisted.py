@@ -194,30 +194,26 @@ class IndexedFile:
 
 
 def listed_of_row(path: str, seed_id: str, domain: str, row: Any, revision: str) -> ListedSeed:
-    """The `list` row of the seed in `path` from its entry's ROW value (no Seed is built).
+    """The `list` row of the seed in `path` from its entry's ROW value (no Seed is built); the
+    value's shape and types were checked with its column (`indexfile.Section.column`).
 
     Raises:
-        ValueError: `row` is not a value the index writes (the caller decodes the seed instead).
+        ValueError: the row's status is not one the index writes (the caller decodes the seed).
     """
-    try:
-        kind, provides, status, risks = row
-        if type(provides) is not list or type(risks) is not list:
-            raise TypeError("provides and risks are lists")
-        listed = ListedSeed(
-            id=seed_id,
-            domain=domain,
-            kind=kind,
-            path=path,
-            provides=tuple(provides),
-            verification_status=_STATUSES[status],
-            risks=tuple(risks),
-            revision=revision,
-        )
-    except (TypeError, ValueError, KeyError):
-        raise ValueError(f"the list row of {path} is not one the index writes") from None
-    if type(kind) is not str or not all(type(value) is str for value in (*listed.provides, *listed.risks)):
-        raise ValueError(f"the list row of {path} is not one the index writes")
-    return listed
+    kind, provides, status, risks = row
+    verification_status = _STATUSES.get(status)
+    if verification_status is None:
+        raise ValueError(f"the list row of {path} holds a status the index never writes")
+    return ListedSeed(
+        id=seed_id,
+        domain=domain,
+        kind=kind,
+        path=path,
+        provides=tuple(provides),
+        verification_status=verification_status,
+        risks=tuple(risks),
+        revision=revision,
+    )
 
 
 def mismatch_problem(path: str, domain: str, declared: str, line: int) -> Problem:

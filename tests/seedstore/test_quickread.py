@@ -734,7 +734,7 @@ def test_a_value_is_checked_alone_and_a_column_whole() -> None:
     assert section.value(indexfile.ID, 2) is None  # the problem's entry: null, as written
     with pytest.raises(ValueError, match="holds a value the index never writes"):
         section.value(indexfile.DOMAIN, 1)
-    with pytest.raises(ValueError, match="holds a value the index never writes"):
+    with pytest.raises(ValueError, match="is null for another entry than a problem"):
         section.value(indexfile.ID, 1)
     with pytest.raises(ValueError, match="holds a value the index never writes"):
         section.column(indexfile.DOMAIN)
