@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,11 +97,14 @@ def _read_ready_line(process: subprocess.Popen[str], name: str, stderr_path: Pat
     pytest.fail(f"{name} printed no READY line within {READY_TIMEOUT_SECONDS}s:\n{stderr_path.read_text()}")
 
 
-def _start(name: str) -> Iterator[Sidecar]:
+def _start(name: str, prepare: Callable[[Path], None] | None = None) -> Iterator[Sidecar]:
+    """The sidecar serving on a Unix socket and on loopback TCP; `prepare(home)` runs first."""
     # A short directory of our own: Unix socket paths must stay under ~107 bytes.
     work = Path(tempfile.mkdtemp(prefix=f"grpcurl-{name}-"))
     socket_path = work / f"{name}.sock"
     home = work / "home"
+    if prepare is not None:
+        prepare(home)
     stderr_path = work / "stderr.log"
     with stderr_path.open("w") as stderr:
         process = subprocess.Popen(
@@ -142,6 +145,26 @@ def _start(name: str) -> Iterator[Sidecar]:
 @pytest.fixture(scope="module")
 def seedstore() -> Iterator[Sidecar]:
     yield from _start("seedstore")
+
+
+def _stocked_store(home: Path) -> None:
+    """Seven seeds in three domains, their persisted index written (the service starts from it)."""
+    from agentsidecar.seedstore_service.patch import AddSpec
+    from agentsidecar.seedstore_service.store import SeedStore
+
+    store = SeedStore(home / "capabilities")
+    for number, domain in enumerate(["voice", "image", "voice", "audio", "image", "voice", "audio"]):
+        store.add(
+            AddSpec(
+                id=f"tool-{number}", domain=domain, kind="cli", command=f"tool-{number}", provides=("task",)
+            )
+        )
+    store.load(None)
+
+
+@pytest.fixture(scope="module")
+def stocked_seedstore() -> Iterator[Sidecar]:
+    yield from _start("seedstore", _stocked_store)
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +251,37 @@ def test_get_store_and_list_seeds(grpcurl: Path, seedstore: Sidecar, transport: 
     )
     assert listing["seeds"] == []
     assert listing["domain"] == "nothing-here"
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 10])
+def test_list_seeds_pages_follow_the_token_to_the_whole_listing(
+    grpcurl: Path, stocked_seedstore: Sidecar, page_size: int
+) -> None:
+    """A client of its own walks the pages by next_page_token: every seed once, in (domain, id,
+    path) order, as the files list them."""
+    from agentsidecar.seedstore_service.store import SeedStore
+
+    seen: list[tuple[str, str]] = []
+    token = ""
+    for _ in range(20):
+        request = json.dumps({"page_size": page_size, "page_token": token})
+        page = json.loads(
+            succeeded(
+                run_grpcurl(
+                    grpcurl, stocked_seedstore, "tcp", "-d", request, f"{SEEDSTORE_SERVICE}/ListSeeds"
+                )
+            )
+        )
+        seeds = page.get("seeds", [])
+        assert 1 <= len(seeds) <= page_size
+        seen.extend((seed["domain"], seed["id"]) for seed in seeds)
+        token = page.get("next_page_token", "")
+        if not token:
+            break
+    rows, problems = SeedStore(stocked_seedstore.home / "capabilities", persisted_index=False).listing(None)
+    assert problems == ()
+    assert seen == sorted((row.domain, row.id) for row in rows)
+    assert len(seen) == 7
 
 
 @pytest.mark.parametrize("transport", ["uds", "tcp"])
