@@ -103,6 +103,9 @@ _DECODED_CACHE_SIZE = 4096
 # A search matching more seeds than this scores the ones not decoded from their sections'
 # columns (`SeedIndex.search`): as many as the decoded cache holds.
 _COLUMN_SCORING_MIN = _DECODED_CACHE_SIZE
+# The most scopes (domains, and the whole store) each answer cache keeps: a caller names the
+# domain, and every name that is an identifier is a scope, so the caches are bounded.
+_CACHED_SCOPES = 256
 # What `_whole_scope` builds and keeps.
 _Answer = TypeVar("_Answer")
 
@@ -1111,7 +1114,8 @@ class SeedIndex:
                 paths = [path for path, keys in seeds if domain is None or _in_domain(keys, domain)]
                 if not self._ensure_current(paths):
                     break
-            answer = cache[domain] = build(paths)
+            answer = build(paths)
+            _remember(cache, domain, answer)
             return answer
 
     def _listed(self, path: str, columns: _Columns) -> ListedSeed:
@@ -1193,7 +1197,7 @@ class SeedIndex:
                 problems.extend(parsed.stored.notes)
         problems.sort(key=lambda problem: problem.path)
         result = tuple(problems)
-        self._problem_cache[domain] = result
+        _remember(self._problem_cache, domain, result)
         return result
 
     def search(self, query: ranking.SearchQuery) -> tuple[ranking.SearchResult, tuple[Problem, ...]]:
@@ -1318,6 +1322,13 @@ class SeedIndex:
 _Holders = str | set[str]
 # The columns of sections one answer decoded (`_column`), for that answer only.
 _Columns = dict[tuple[indexfile.Section, int], list[Any] | None]
+
+
+def _remember(cache: dict[str | None, _Answer], domain: str | None, answer: _Answer) -> None:
+    """Keep `answer` for `domain`, the earliest kept one dropped when `_CACHED_SCOPES` are kept."""
+    if len(cache) >= _CACHED_SCOPES:
+        del cache[next(iter(cache))]
+    cache[domain] = answer
 
 
 def _column(section: indexfile.Section, position: int, columns: _Columns) -> list[Any] | None:

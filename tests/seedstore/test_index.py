@@ -485,3 +485,28 @@ def test_scope_and_search_report_problems_of_their_scope_only(root: Path) -> Non
     assert [problem.path for problem in audio_problems] == [str(root / "audio" / "broken.yml")]
     assert all_problems == audio_problems
     assert sorted(candidate.id for candidate in result.candidates) == ["mixer", "say"]
+
+
+def test_the_answer_caches_keep_a_bounded_number_of_scopes_whatever_domains_callers_name(
+    tmp_path: Path,
+) -> None:
+    """Every identifier a caller sends as a domain is a scope: the listing, scope and problem
+    caches keep at most `_CACHED_SCOPES` of them, and answer as before for each."""
+    from agentsidecar.seedstore_service import index as index_module
+
+    root = tmp_path / "capabilities"
+    (root / "voice").mkdir(parents=True)
+    (root / "voice" / "say.yml").write_text(
+        dump_seed(Seed(id="say", domain="voice", kind="cli", command="say", provides=("tts",)))
+    )
+    index = SeedIndex(SeedStore(root))
+    index.refresh()
+    named = index_module._CACHED_SCOPES + 50
+    for number in range(named):
+        assert index.listing(f"nowhere-{number}") == ((), ())
+        index.search(ranking.SearchQuery("tts", f"nowhere-{number}"))
+        assert index.scope(f"nowhere-{number}").seeds == ()
+    for cache in (index._listing_cache, index._scope_cache, index._problem_cache):
+        assert len(cache) == index_module._CACHED_SCOPES
+    assert [row.id for row in index.listing("voice")[0]] == ["say"]
+    assert [row.id for row in index.listing(None)[0]] == ["say"]
