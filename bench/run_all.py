@@ -22,7 +22,15 @@ from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 
-from bench import bench_cli, bench_echo, bench_litellm, bench_negotiator, bench_seedstore, bench_stream
+from bench import (
+    bench_cli,
+    bench_echo,
+    bench_litellm,
+    bench_negotiator,
+    bench_seedstore,
+    bench_stream,
+    bench_validators,
+)
 from bench.harness import BENCH_DIR, ServerStartError, Settings, compile_sources
 from bench.report import Row, missing_row, render_table
 
@@ -39,6 +47,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "stream": bench_stream.run,
     # LiteLLM proxy as a peer on the same mocks; a row says why when it is not installed.
     "litellm": bench_litellm.run,
+    # The output-schema validator against its alternatives, in process, on the cold Produce's schemas.
+    "validators": bench_validators.run,
 }
 
 
