@@ -33,8 +33,10 @@ import contextlib
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -457,6 +459,18 @@ async def run(settings: Settings, rows: list[Row]) -> None:
             window(echo_invoke, settings), window(floor_invoke, settings), rounds=settings.rounds
         )
         rows.append(floor_row("Invoke p50, 1 caller", floor_single, "p50_ms"))
+        # Issue 3's goal held directly: the negotiator's Invoke against the floor, same rounds.
+        over_floor = await compare(
+            window(floor_invoke, settings), window(invoke, settings), rounds=settings.rounds
+        )
+        rows.append(
+            compared_ratio(
+                f"Invoke ({SCRIPTED}) p50 vs the floor's Invoke p50 (no negotiation), 1 caller",
+                over_floor,
+                "p50_ms",
+                1.1,
+            )
+        )
 
         loaded = await compare(
             window(echo_invoke, settings, concurrency=IN_FLIGHT),
@@ -484,6 +498,7 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         rows += await schema_rows(settings, stub, echo_channel)
         rows += await _before_tree_rows(settings, stack, workdir, config, stub)
         rows += await _openai_rows(settings, stub, forwarder_stub, base_url)
+        rows += await _cold_openai_rows(settings, workdir, config, base_url)
         rows += await _openai_before_rows(settings, stack, workdir, config, stub, forwarder_stub, base_url)
 
 
@@ -694,6 +709,84 @@ async def _openai_before_rows(
     return rows
 
 
+async def _cold_openai_rows(settings: Settings, workdir: Path, config: Path, base_url: str) -> list[Row]:
+    """The openai path cold: a fresh negotiator's first Invoke to the openai adapter (its HTTP
+    client connects to the mock on that call) vs a fresh Python process's first direct POST of
+    the same body (`bench_negotiator.py --cold-direct BASE_URL httpx|aiohttp`, timed inside that
+    process, its client made before), alternated, median of the repeats."""
+    request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+    direct: dict[str, list[float]] = {"httpx": [], "aiohttp": []}
+    through: list[float] = []
+    for attempt in range(settings.startup_repeats):
+        for name, attempts in direct.items():
+            attempts.append(await _cold_direct_post(base_url, name))
+        server = await start_server_process(
+            negotiator_argv(f"unix:{workdir / f'cold-openai{attempt}.sock'}", config),
+            log_path=workdir / f"cold-openai{attempt}.log",
+            env=negotiator_env(),
+        )
+        try:
+            channel = await open_channel(server.target)
+            try:
+                stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+                started = time.perf_counter()
+                reply = await stub.Invoke(request)
+                through.append(time.perf_counter() - started)
+            finally:
+                await channel.close(None)
+        finally:
+            await server.stop()
+        if reply.text != "pong":
+            raise RuntimeError(f"{OPENAI} returned {reply.text!r}, not the mock's reply")
+    negotiator_ms = statistics.median(through) * 1000
+    rows = []
+    for name, attempts in direct.items():
+        direct_ms = statistics.median(attempts) * 1000
+        rows.append(
+            info_row(
+                f"openai path: Invoke ({OPENAI}), cold (first call of a fresh negotiator) vs a fresh "
+                f"process's first direct {name} POST, median of {len(attempts)}",
+                f"{negotiator_ms:.3f} ms",
+                f"{direct_ms:.3f} ms",
+                f"{negotiator_ms / direct_ms:.2f}x, {negotiator_ms - direct_ms:+.3f} ms",
+            )
+        )
+    return rows
+
+
+async def _cold_direct_post(base_url: str, client_name: str) -> float:
+    """The first direct POST of a fresh Python process with `client_name`, timed inside it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.bench_negotiator",
+        "--cold-direct",
+        base_url,
+        client_name,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    output, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"the cold direct POST exited with {process.returncode}")
+    return float(output)
+
+
+async def _one_direct_post(base_url: str, client_name: str) -> None:
+    """Print the seconds of this process's first POST, its client made just before (as the
+    negotiator makes its own at start-up)."""
+    if client_name == "aiohttp":
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout()) as session:
+            post = _direct_aiohttp_post(session, base_url)
+            started = time.perf_counter()
+            await post()
+    else:
+        async with httpx.AsyncClient(follow_redirects=False, timeout=None) as client:
+            post = _direct_post(client, base_url)
+            started = time.perf_counter()
+            await post()
+    print(time.perf_counter() - started)
+
+
 def _direct_post(client: httpx.AsyncClient, base_url: str) -> Callable[[], Awaitable[object]]:
     """An openai rows' baseline: the adapter's POST made straight from the bench with httpx."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}
@@ -722,7 +815,9 @@ def _direct_aiohttp_post(session: aiohttp.ClientSession, base_url: str) -> Calla
     return direct
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["--cold-direct"]:
+    asyncio.run(_one_direct_post(sys.argv[2], sys.argv[3]))
+elif __name__ == "__main__":
     import tempfile
 
     from bench.report import render_table
