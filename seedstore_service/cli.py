@@ -882,8 +882,7 @@ def _command(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO, s
     if respelling is not None:
         output = respelling.output(output)
         problems = [respelling.problem(problem) for problem in problems]
-    for problem in problems:
-        print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)
+    cli_common.print_warnings(problems, stderr)
     if args.subcommand == "verify" and args.progress == "json":
         text = cli_common.dumps_line({"result": output})
     else:

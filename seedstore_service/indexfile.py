@@ -440,16 +440,24 @@ def _listing_block(
     the last; empty and None when there is no entry or one holds no seed."""
     if not rows or any(entry[ROW] is None or entry[PROBLEM] is not None for entry in rows):
         return b"", None
-    prefix = section_prefix(root, domain_dir)
-    ordered = sorted(rows, key=lambda entry: (entry[DOMAIN], entry[ID], entry[NAME]))
+    return listing_of(
+        section_prefix(root, domain_dir),
+        [(entry[DOMAIN], entry[ID], entry[NAME], entry[ROW], entry[REVISION]) for entry in rows],
+    )
+
+
+def listing_of(
+    prefix: str, seeds: list[tuple[str, str, str, list[Any], str]]
+) -> tuple[bytes, list[list[str]]]:
+    """The `list` rows of a section's seeds, each (domain, id, file name, list row, revision), in
+    `list` order, and the (domain, id, file name) of the first and the last: a listing block.
+    `seeds` is not empty."""
+    ordered = sorted(seeds, key=lambda seed: (seed[0], seed[1], seed[2]))
     texts = []
-    for entry in ordered:
-        kind, provides, status, risks = entry[ROW]
-        path = prefix + entry[NAME]
-        texts.append(
-            list_row_text(entry[ID], entry[DOMAIN], kind, path, provides, status, risks, entry[REVISION])
-        )
-    keys = [[entry[DOMAIN], entry[ID], entry[NAME]] for entry in (ordered[0], ordered[-1])]
+    for domain, seed_id, name, row, revision in ordered:
+        kind, provides, status, risks = row
+        texts.append(list_row_text(seed_id, domain, kind, prefix + name, provides, status, risks, revision))
+    keys = [[domain, seed_id, name] for domain, seed_id, name, _row, _revision in (ordered[0], ordered[-1])]
     return LISTING_SEPARATOR.join(texts).encode("utf-8", "surrogatepass"), keys
 
 

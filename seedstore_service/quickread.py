@@ -24,8 +24,10 @@ It answers only when its answer is the one `cli.main` prints, byte for byte:
   every seed file in scope has an entry in its section's index file whose
   signature is the file's now and which is not racy (persisted.py's trust rule:
   the same test a load makes before it uses an entry instead of reading the file);
-* no file in scope has a problem or a note, and with `--domain` every seed there
-  declares that domain (else the answer carries problems and warnings);
+* with `--domain`, every seed there declares that domain (else cli.py words the
+  mismatch); a file that does not parse and a seed's notes are reported as cli.py
+  reports them, in the answer's `problems` (sorted by path) and as `warning:` lines
+  on stderr before it;
 * `inspect` finds the id in exactly one file; `search`'s capability has a
   canonical form.
 
@@ -62,6 +64,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
+
+    from agentsidecar.sidecar_runtime.cli_common import ProblemLike
 
 _first = itemgetter(0)
 
@@ -141,24 +145,54 @@ def parse(argv: Sequence[str]) -> _Request | None:
 class _Vouched:
     """A section of the scope whose entries vouch for the walk's files in it (`vouched_sections`)."""
 
-    __slots__ = ("complete", "names", "prefix", "rows", "section")
+    __slots__ = ("complete", "names", "prefix", "problems", "rows", "section")
 
     def __init__(
-        self, section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None
+        self,
+        section: indexfile.Section,
+        prefix: str,
+        names: list[str],
+        rows: list[int] | None,
+        problems: list[_Problem],
     ) -> None:
         self.section = section
         self.prefix = prefix  # a file's path is the prefix and its name
-        self.names = names  # the files' names in the section, sorted
+        self.names = names  # the names of the section's files that hold a seed in scope, sorted
         # Each file's entry (`rows`; None: the files are the entries, in order).
         self.rows: Sequence[int] = rows if rows is not None else range(section.count)
         self.complete = rows is None or len(rows) == section.count  # every entry is one of the files'
+        self.problems = problems  # what the section's files report, in the files' order
+
+
+class _Problem:
+    """A problem a file reports (`model.Problem`'s fields, which render and the warnings read)."""
+
+    __slots__ = ("line", "path", "reason")
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+def problems_of(vouched: list[_Vouched]) -> list[_Problem]:
+    """The scope's problems as a load assembles them (`persisted.assemble_problems`): sorted by
+    path, each file's in its own order."""
+    problems = [problem for held in vouched for problem in held.problems]
+    problems.sort(key=_path_of)
+    return problems
+
+
+def _path_of(problem: _Problem) -> str:
+    return problem.path
 
 
 def vouched_sections(
     root: str, domain: str | None, narrow: Callable[[indexfile.Section], indexfile.Section]
 ) -> list[_Vouched] | None:
     """The sections holding the seed files of the scope, when each file has an entry that vouches
-    for it and none has a problem, a note or (with `domain`) another declared domain; else None.
+    for it and (with `domain`) none declares another domain; else None. A section keeps the
+    names and rows of its files that hold a seed, and what its files report (`_in_scope`).
 
     The walk finds what every load finds (`walk.walk_stats`); the trust test is persisted.py's, made for a
     section at once (`indexfile.Section.signatures_hold`): each entry's signature is its
@@ -201,9 +235,11 @@ def vouched_sections(
                 rows = found  # type: ignore[assignment]  # no None among them
             if not section.signatures_hold(current, rows):
                 return None
-            if not _clean(section, rows, domain):
+            in_scope = _in_scope(section, prefix, names, rows, domain)
+            if in_scope is None:
                 return None
-            vouched.append(_Vouched(narrow(section), prefix, names, rows))
+            names, rows, problems = in_scope
+            vouched.append(_Vouched(narrow(section), prefix, names, rows, problems))
     except (OSError, ValueError):
         return None  # a file gone since the walk, or a block or column that is not one
     return vouched
@@ -248,6 +284,37 @@ def _clean(section: indexfile.Section, rows: list[int] | None, domain: str | Non
         problem[row] is None and not notes[row] and (domains is None or domains[row] == domain)
         for row in rows
     )
+
+
+def _in_scope(
+    section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None, domain: str | None
+) -> tuple[list[str], list[int] | None, list[_Problem]] | None:
+    """The names and rows of the files that hold a seed in scope, and what the files report, as
+    `persisted.IndexedFile.problems` and `in_scope` say: a file that does not parse reports its
+    problem and holds none, a seed its notes; None when (with `domain`) a seed declares another
+    domain, whose problem cli.py words.
+
+    Raises:
+        ValueError: a column is not one.
+    """
+    if _clean(section, rows, domain):
+        return names, rows, []
+    problem_of, notes_of = section.column(PROBLEM), section.column(NOTES)
+    domains = section.column(DOMAIN) if domain is not None else None
+    kept_names: list[str] = []
+    kept_rows: list[int] = []
+    problems: list[_Problem] = []
+    for name, row in zip(names, range(section.count) if rows is None else rows, strict=True):
+        problem = problem_of[row]
+        if problem is not None:
+            problems.append(_Problem(prefix + name, problem[0], problem[1]))
+            continue
+        if domains is not None and domains[row] != domain:
+            return None
+        problems.extend(_Problem(prefix + name, line, reason) for line, reason in notes_of[row])
+        kept_names.append(name)
+        kept_rows.append(row)
+    return kept_names, kept_rows, problems
 
 
 def _all_none(values: list[Any]) -> bool:
@@ -312,35 +379,54 @@ class _Listing:
         return chunks
 
 
-def _listed(root: str, domain: str | None, vouched: list[_Vouched]) -> _Listing | None:
-    """The pretty `list` output from the sections' listing blocks; None when a section holds
-    none, or entries for files the walk did not find, or the sections' rows interleave.
+def _listed(
+    root: str, domain: str | None, vouched: list[_Vouched], problems: Sequence[ProblemLike]
+) -> _Listing | None:
+    """The pretty `list` output from the sections' listing blocks, a section's rows written from
+    its columns where its block does not list exactly its files' seeds (some of its files hold
+    none, or it has entries for files the walk did not find); None when the sections' rows
+    interleave.
 
     Raises:
-        ValueError: a listing block is not the one written.
+        ValueError: a listing block or a column is not the one written.
     """
     spans = []
     for held in vouched:
-        keys = held.section.listing_keys
-        if keys is None or not held.complete:
-            return None
+        section = held.section
+        keys: Sequence[Sequence[str]] | None = section.listing_keys
+        if keys is not None and held.complete:
+            block = section.listing() or b""
+        elif held.names:
+            # Some of the section's files hold no seed (they report a problem): its rows are
+            # written from its columns, as the index writes a listing block.
+            domains, ids, rows, revisions = (section.column(p) for p in (DOMAIN, ID, ROW, REVISION))
+            block, keys = indexfile.listing_of(
+                held.prefix,
+                [
+                    (domains[r], ids[r], name, rows[r], revisions[r])
+                    for name, r in zip(held.names, held.rows, strict=True)
+                ],
+            )
+        else:
+            continue  # no seed in the section
         (first_domain, first_id, first_name), (last_domain, last_id, last_name) = keys
         first = (first_domain, first_id, held.prefix + first_name)
         last = (last_domain, last_id, held.prefix + last_name)
-        spans.append((first, last, held.section))
+        spans.append((first, last, block))
     if not spans:
         return None
     spans.sort(key=_first)
     for k in range(1, len(spans)):
         if not spans[k - 1][1] < spans[k][0]:
             return None  # the sections' rows interleave: `_list` sorts them
-    head, found, tail = cli_common.pretty(render.listing_json(root, domain, [], ())).partition(_SEEDS_LINE)
+    empty = render.listing_json(root, domain, [], problems)
+    head, found, tail = cli_common.pretty(empty).partition(_SEEDS_LINE)
     if not found:
         return None
-    return _Listing(head, [section.listing() or b"" for _first_key, _last, section in spans], tail)
+    return _Listing(head, [block for _first_key, _last, block in spans], tail)
 
 
-def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
+def _list(root: str, domain: str | None, scope: _Scope, problems: Sequence[ProblemLike]) -> dict[str, Any]:
     ids, domains, rows_in, revisions = (scope.values(p) for p in (ID, DOMAIN, ROW, REVISION))
     paths = [path for path, _section, _index in scope.files]
     order = sorted(range(len(paths)), key=lambda k: (domains[k], ids[k], paths[k]))
@@ -350,10 +436,12 @@ def _list(root: str, domain: str | None, scope: _Scope) -> dict[str, Any]:
         rows.append(
             render.list_row_json(ids[k], domains[k], kind, paths[k], provides, status, risks, revisions[k])
         )
-    return render.listing_json(root, domain, rows, ())
+    return render.listing_json(root, domain, rows, problems)
 
 
-def _inspect(root: str, seed_id: str, vouched: list[_Vouched]) -> dict[str, Any] | None:
+def _inspect(
+    root: str, seed_id: str, vouched: list[_Vouched], problems: Sequence[ProblemLike]
+) -> dict[str, Any] | None:
     found: tuple[_Vouched, int] | None = None
     for held in vouched:
         section = held.section
@@ -371,15 +459,17 @@ def _inspect(root: str, seed_id: str, vouched: list[_Vouched]) -> dict[str, Any]
                 return None  # ambiguous: cli.py reports it
             found = (held, row)
     if found is None:
-        return None  # not found: cli.py reports it
+        return None  # not found (or a file that does not parse may be the seed): cli.py reports it
     held, row = found
     section = held.section
     path = held.prefix + held.names[held.rows.index(row)]
     seed = indexfile.loads(section.seeds()[row])
-    return render.inspect_json(root, path, section.column(REVISION)[row], seed, ())
+    return render.inspect_json(root, path, section.column(REVISION)[row], seed, problems)
 
 
-def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | None:
+def _search(
+    root: str, request: _Request, scope: _Scope, problems: Sequence[ProblemLike]
+) -> dict[str, Any] | None:
     capability = request.positional
     assert capability is not None
     requested = canonical(capability)
@@ -422,17 +512,23 @@ def _search(root: str, request: _Request, scope: _Scope) -> dict[str, Any] | Non
         for key, points, reasons, risks, gates in scored
     ]
     return render.search_result_json(
-        root, capability, request.value("domain"), selected, ask_policy, candidates, ()
+        root, capability, request.value("domain"), selected, ask_policy, candidates, problems
     )
 
 
-def answer(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """What `cli.main(argv)` prints on stdout (without the final newline), or None (module docstring)."""
+def answer(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, Sequence[ProblemLike]] | None:
+    """What `cli.main(argv)` prints on stdout (without the final newline) and the problems it
+    prints as warnings before it, or None (module docstring)."""
     answered = _answer(argv, env)
-    return answered.text() if isinstance(answered, _Listing) else answered
+    if answered is None:
+        return None
+    output, problems = answered
+    return (output.text() if isinstance(output, _Listing) else output), problems
 
 
-def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | None:
+def _answer(
+    argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[str | _Listing, Sequence[ProblemLike]] | None:
     request = parse(argv)
     if request is None or env.get(SERVER_ENV):
         return None
@@ -441,6 +537,7 @@ def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | Non
         return None
     style = request.value("json-style") or cli_common.DEFAULT_JSON_STYLE
     output: dict[str, Any] | None
+    problems: Sequence[ProblemLike] = ()
     if request.command == "store":
         output = render.store_json(root)
     else:
@@ -450,10 +547,11 @@ def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | Non
                 vouched = vouched_sections(root, domain, _kept_for_list)
                 if vouched is None:
                     return None
-                listed = _listed(root, domain, vouched) if style == "pretty" else None
+                problems = problems_of(vouched)
+                listed = _listed(root, domain, vouched, problems) if style == "pretty" else None
                 if listed is not None:
-                    return listed
-                output = _list(root, domain, _Scope(vouched))
+                    return listed, problems
+                output = _list(root, domain, _Scope(vouched), problems)
             elif request.command == "inspect":
                 seed_id = request.positional
                 assert seed_id is not None
@@ -464,12 +562,14 @@ def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | Non
                 vouched = vouched_sections(root, domain, kept_for_inspect)
                 if vouched is None:
                     return None
-                output = _inspect(root, seed_id, vouched)
+                problems = problems_of(vouched)
+                output = _inspect(root, seed_id, vouched, problems)
             else:
                 vouched = vouched_sections(root, domain, _kept_for_search)
                 if vouched is None:
                     return None
-                output = _search(root, request, _Scope(vouched))
+                problems = problems_of(vouched)
+                output = _search(root, request, _Scope(vouched), problems)
         except ValueError:
             return None  # a column or a block of a section is not what was written
     if output is None:
@@ -477,7 +577,7 @@ def _answer(argv: Sequence[str], env: Mapping[str, str]) -> str | _Listing | Non
     # Imported here: a pretty `list` written from the listing blocks needs none of it.
     from agentsidecar.seedstore_service import cli_output
 
-    return cli_output.dumps(output, style)
+    return cli_output.dumps(output, style), problems
 
 
 def _kept_for_list(section: indexfile.Section) -> indexfile.Section:
@@ -510,12 +610,14 @@ def main() -> int:
         from agentsidecar.seedstore_service.cli import main as full_main
 
         return full_main(argv)
-    if isinstance(answered, _Listing):
-        written = _write_listing(answered)
+    output, problems = answered
+    cli_common.print_warnings(problems)
+    if isinstance(output, _Listing):
+        written = _write_listing(output)
         if written is not None:
             return written
-        answered = answered.text()
-    return cli_common.write_result(answered + "\n")
+        output = output.text()
+    return cli_common.write_result(output + "\n")
 
 
 def _write_listing(listing: _Listing) -> int | None:

@@ -22,8 +22,6 @@ A failed call prints what cli.py prints for it: `error_text`, then the status's 
 
 from __future__ import annotations
 
-from typing import cast
-
 from agentsidecar.seedstore_service import cli_output, render
 from agentsidecar.seedstore_service.indexfile import list_row_text
 from agentsidecar.seedstore_service.location import SERVER_ENV, TOKEN_FILE_ENV
@@ -37,10 +35,9 @@ if TYPE_CHECKING:
 
     from agentsidecar.clients.errors import SidecarError
     from agentsidecar.clients.seedstore import SeedStoreClient
-    from agentsidecar.common.v1 import common_pb2
     from agentsidecar.seedstore.v1 import seedstore_pb2
-    from agentsidecar.seedstore_service.model import Problem
     from agentsidecar.seedstore_service.quickread import _Request
+    from agentsidecar.sidecar_runtime.cli_common import ProblemLike
 
 SERVER_OPTION = "--server"
 # The most seeds a ListSeeds reply holds (`paging.MAX_PAGE_SIZE`, which imports the error tree these
@@ -138,15 +135,14 @@ def _answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr:
         return 130
     finally:
         client.close()
-    for problem in problems:
-        print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)
+    cli_common.print_warnings(problems, stderr)
     text = output if isinstance(output, str) else cli_output.dumps(output, style)
     return cli_common.write_result(text + "\n", stdout)
 
 
 def _call(
     client: SeedStoreClient, request: _Request, style: str
-) -> tuple[dict[str, Any] | str, Sequence[Problem]]:
+) -> tuple[dict[str, Any] | str, Sequence[ProblemLike]]:
     """The command's result (an object to print in `style`, or its text) and the warnings."""
     from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 
@@ -157,8 +153,8 @@ def _call(
     if command == "list":
         listing = client.list_all_seeds(pb.ListSeedsRequest(domain=domain, page_size=LIST_PAGE_SIZE))
         if style == "pretty":
-            return _list_text(listing), _problems(listing.problems)
-        return _list_json(listing), _problems(listing.problems)
+            return _list_text(listing), listing.problems
+        return _list_json(listing), listing.problems
     if command == "search":
         found = client.search_seeds(
             pb.SearchSeedsRequest(
@@ -169,19 +165,14 @@ def _call(
                 broaden=False,
             )
         )
-        return _search_json(found), _problems(found.problems)
+        return _search_json(found), found.problems
     assert command == "inspect"
     inspected = client.inspect_seed(pb.InspectSeedRequest(id=positional, domain=domain))
-    return _inspect_json(inspected), _problems(inspected.problems)
+    return _inspect_json(inspected), inspected.problems
 
 
 def _optional(message: Any, field: str) -> str | None:
     return getattr(message, field) if message.HasField(field) else None
-
-
-def _problems(messages: Sequence[common_pb2.Problem]) -> Sequence[Problem]:
-    # render and the warnings read `path`, `line` and `reason`, which a common.Problem has too.
-    return cast("Sequence[Problem]", messages)
 
 
 class _Names:
@@ -229,17 +220,13 @@ def _by_member_name(numbers: Iterable[tuple[str, int]], prefix: str, members: An
 
 def _list_json(response: seedstore_pb2.ListSeedsResponse) -> dict[str, Any]:
     rows = [render.list_row_json(*fields) for fields in _list_rows(response)]
-    return render.listing_json(
-        response.seed_store, _optional(response, "domain"), rows, _problems(response.problems)
-    )
+    return render.listing_json(response.seed_store, _optional(response, "domain"), rows, response.problems)
 
 
 def _list_text(response: seedstore_pb2.ListSeedsResponse) -> str:
     """`cli_output.dumps(_list_json(response), "pretty")`, each row written from its fields."""
     rows = [list_row_text(*fields) for fields in _list_rows(response)]
-    empty = render.listing_json(
-        response.seed_store, _optional(response, "domain"), [], _problems(response.problems)
-    )
+    empty = render.listing_json(response.seed_store, _optional(response, "domain"), [], response.problems)
     return cli_output.listing_text(empty, rows)
 
 
@@ -289,7 +276,7 @@ def _search_json(response: seedstore_pb2.SearchSeedsResponse) -> dict[str, Any]:
         _optional(response, "selected"),
         ask_policy,
         candidates,
-        _problems(response.problems),
+        response.problems,
     )
 
 
@@ -307,7 +294,7 @@ def _inspect_json(response: seedstore_pb2.InspectSeedResponse) -> dict[str, Any]
         response.path,
         response.revision,
         seed_to_json(seed),
-        _problems(response.problems),
+        response.problems,
     )
 
 

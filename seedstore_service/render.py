@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from agentsidecar.seedstore_service.broadening import Broadening
-    from agentsidecar.seedstore_service.model import ListedSeed, Outcome, Problem, Seed, VerificationStatus
+    from agentsidecar.seedstore_service.model import ListedSeed, Outcome, Seed, VerificationStatus
     from agentsidecar.seedstore_service.ranking import RankedCandidate, SearchResult
+    from agentsidecar.sidecar_runtime.cli_common import ProblemLike
 
 __all__ = [
     "SCAN_MESSAGE",
@@ -48,7 +49,7 @@ STATUS_WRITTEN = "written"
 STATUS_UPDATED = "updated"
 
 
-def _with_problems(result: dict[str, Any], problems: Sequence[Problem]) -> dict[str, Any]:
+def _with_problems(result: dict[str, Any], problems: Sequence[ProblemLike]) -> dict[str, Any]:
     if problems:
         result["problems"] = [
             {"path": problem.path, "line": problem.line, "reason": problem.reason} for problem in problems
@@ -61,7 +62,7 @@ def store_json(seed_store: str) -> dict[str, Any]:
 
 
 def written_json(
-    seed_store: str, seed: Seed, path: str, status: str, *, problems: Sequence[Problem] = ()
+    seed_store: str, seed: Seed, path: str, status: str, *, problems: Sequence[ProblemLike] = ()
 ) -> dict[str, Any]:
     """add (`status="written"`), update and prefer (`"updated"`)."""
     from agentsidecar.seedstore_service.seedtext import seed_to_json
@@ -101,14 +102,14 @@ def list_row_json(
 
 
 def listing_json(
-    seed_store: str, domain: str | None, rows: list[dict[str, Any]], problems: Sequence[Problem]
+    seed_store: str, domain: str | None, rows: list[dict[str, Any]], problems: Sequence[ProblemLike]
 ) -> dict[str, Any]:
     """The `list` object of rows already in its order (domain, then id, then path)."""
     return _with_problems({"seed_store": seed_store, "domain": domain, "seeds": rows}, problems)
 
 
 def list_json(
-    seed_store: str, domain: str | None, entries: Iterable[ListedSeed], problems: Sequence[Problem]
+    seed_store: str, domain: str | None, entries: Iterable[ListedSeed], problems: Sequence[ProblemLike]
 ) -> dict[str, Any]:
     """Rows sorted by domain, then id (then path, so two files holding one id keep a fixed order)."""
     rows = [
@@ -128,7 +129,7 @@ def list_json(
 
 
 def inspect_json(
-    seed_store: str, path: str, revision: str, seed: dict[str, Any], problems: Sequence[Problem]
+    seed_store: str, path: str, revision: str, seed: dict[str, Any], problems: Sequence[ProblemLike]
 ) -> dict[str, Any]:
     """`seed`: the seed's JSON object (`seedtext.seed_to_json`)."""
     result = {"seed_store": seed_store, "path": path, "revision": revision, "seed": seed}
@@ -194,7 +195,7 @@ def search_result_json(
     selected: str | None,
     ask_policy: str | None,
     candidates: list[dict[str, Any]],
-    problems: Sequence[Problem],
+    problems: Sequence[ProblemLike],
 ) -> dict[str, Any]:
     """SkillSpec's search object of candidates already in rank order; `ask_policy` only when it applies."""
     output: dict[str, Any] = {
@@ -211,7 +212,7 @@ def search_result_json(
 
 
 def search_json(
-    seed_store: str, result: SearchResult, broadening: Broadening | None, problems: Sequence[Problem]
+    seed_store: str, result: SearchResult, broadening: Broadening | None, problems: Sequence[ProblemLike]
 ) -> dict[str, Any]:
     """SkillSpec's search object; `broadening` (when asked for) before `problems`."""
     candidates = [
@@ -233,7 +234,7 @@ def verify_json(
     status: VerificationStatus,
     outcomes: Iterable[Outcome],
     *,
-    problems: Sequence[Problem] = (),
+    problems: Sequence[ProblemLike] = (),
 ) -> dict[str, Any]:
     result = {
         "seed_store": seed_store,
@@ -253,7 +254,7 @@ def remove_json(
     id: str,
     path: str,
     *,
-    problems: Sequence[Problem] = (),
+    problems: Sequence[ProblemLike] = (),
 ) -> dict[str, Any]:
     """No `domain` key, as in SkillSpec."""
     return _with_problems({"seed_store": seed_store, "id": id, "path": path, "removed": True}, problems)

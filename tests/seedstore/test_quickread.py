@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from agentsidecar.seedstore_service import cli, indexfile, quickread, walk
 from agentsidecar.seedstore_service.model import Evidence, Rank, Risk, Seed
 from agentsidecar.seedstore_service.seedfile import dump_seed
+from agentsidecar.sidecar_runtime import cli_common
 
 PYTHON = sys.executable
 SEEDSTORE = str(Path(sys.executable).with_name("seedstore"))
@@ -138,17 +139,34 @@ def write_seed(root: Path, seed: Seed, name: str | None = None) -> Path:
     return path
 
 
-def full(argv: Sequence[str]) -> str:
-    """What `cli.main(argv)` prints on stdout (it reads the files and refreshes the index)."""
+def full_streams(argv: Sequence[str]) -> tuple[str, str, int]:
+    """What `cli.main(argv)` prints on stdout and stderr, and its exit code (it reads the files and
+    refreshes the index)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        cli.main(list(argv))
-    return stdout.getvalue()
+        code = cli.main(list(argv))
+    return stdout.getvalue(), stderr.getvalue(), code
+
+
+def full(argv: Sequence[str]) -> str:
+    return full_streams(argv)[0]
+
+
+def quick_streams(argv: Sequence[str]) -> tuple[str, str, int] | None:
+    """What `quickread.main` prints for an answer on stdout and stderr, and its exit code; None: it
+    declines (cli.py answers)."""
+    answered = quickread.answer(list(argv), os.environ)
+    if answered is None:
+        return None
+    text, problems = answered
+    warnings = io.StringIO()
+    cli_common.print_warnings(problems, warnings)
+    return text + "\n", warnings.getvalue(), 0
 
 
 def quick(argv: Sequence[str]) -> str | None:
-    text = quickread.answer(list(argv), os.environ)
-    return None if text is None else text + "\n"
+    streams = quick_streams(argv)
+    return None if streams is None else streams[0]
 
 
 @contextlib.contextmanager
@@ -340,12 +358,44 @@ def test_another_stores_index_is_never_used(store: Path, home: Path, monkeypatch
     assert quick(["list"]) == listed
 
 
-def test_a_broken_file_in_scope_is_left_to_cli(store: Path) -> None:
+# The read commands over a scope with a file that does not parse and a seed with a note.
+_REPORTING = (
+    ("list",),
+    ("list", "--domain", "voice"),
+    ("list", "--json-style", "compact"),
+    ("list", "--domain", "voice", "--json-style", "compact"),
+    ("search", "text_to_speech"),
+    ("search", "text_to_speech", "--domain", "voice", "--json"),
+    ("inspect", "piper"),
+    ("inspect", "say", "--domain", "voice"),
+    ("inspect", "noted", "--json-style", "compact"),
+)
+
+
+def test_files_that_report_problems_are_answered_as_cli_answers(store: Path) -> None:
+    """A file that does not parse and a seed's notes are reported, in the answer and as warnings
+    before it, as cli.py reports them; only what cli.py words itself is left to it."""
     (store / "voice" / "broken.yml").write_text("id: [unclosed\n", encoding="utf-8")
-    full(["list"])
-    assert quick(["list", "--domain", "voice"]) is None
-    assert quick(["search", "text_to_speech"]) is None
-    assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
+    (store / "voice" / "aaa-broken.yml").write_text("id: x\nkind: [\n", encoding="utf-8")
+    noted = Seed(id="noted", domain="voice", kind="cli", command="n", provides=("p",), aliases=("---", "!!"))
+    write_seed(store, noted)
+    with no_racy_window():
+        full(["list"])
+        for argv in _REPORTING:
+            answered = quick_streams(argv)
+            assert answered is not None, f"the quick path declined {argv}"
+            assert answered == full_streams(argv), argv
+            assert "warning: " in answered[1], argv
+            assert '"problems"' in answered[0], argv
+        # The pretty listing is still written from listing blocks, the broken file's section's
+        # rows from its columns.
+        listing = quickread._answer(["list"], os.environ)
+        assert listing is not None
+        assert isinstance(listing[0], quickread._Listing)
+        # Unknown, or maybe the broken file: cli.py words it.
+        assert quick(["inspect", "broken"]) is None
+        assert full_streams(["inspect", "broken"])[2] != 0
+        assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
 
 
 def test_a_seed_declaring_another_domain_is_left_to_cli_for_that_domain(store: Path) -> None:
@@ -392,7 +442,7 @@ def test_a_file_changed_within_the_racy_window_is_read_again(home: Path) -> None
 
 _EDITS = st.lists(
     st.tuples(
-        st.sampled_from(["rewrite", "remove", "add", "break", "damage-index", "read"]),
+        st.sampled_from(["rewrite", "remove", "add", "break", "note", "damage-index", "read"]),
         st.integers(min_value=0, max_value=len(SEEDS) - 1),
         st.sampled_from(COMMANDS),
     ),
@@ -427,14 +477,16 @@ def test_random_edits_never_make_the_quick_path_differ(edits: list[tuple[str, in
             elif action == "break":
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text("provides: [\n", encoding="utf-8")
+            elif action == "note":  # an alias with no canonical form: read, and noted
+                write_seed(root, dataclasses.replace(seed, aliases=("---",)))
             elif action == "damage-index":
                 section = root / indexfile.INDEX_DIR_NAME / indexfile.section_file_name(seed.domain)
                 if section.exists():
                     section.write_bytes(section.read_bytes()[:-3])
-            got = quick(argv)
-            assert got is None or got == full(argv), (action, argv)
-            again = quick(argv)  # after cli.main refreshed the index
-            assert again is None or again == full(argv), (action, argv)
+            got = quick_streams(argv)
+            assert got is None or got == full_streams(argv), (action, argv)
+            again = quick_streams(argv)  # after cli.main refreshed the index
+            assert again is None or again == full_streams(argv), (action, argv)
 
 
 def _renamed(seed: Seed) -> Seed:
@@ -583,9 +635,9 @@ def test_any_command_line_the_quick_path_answers_is_answered_as_cli(
         patch.setenv("SKILLSPEC_HOME", str(shared_store))
         patch.delenv("SEEDSTORE_SERVER", raising=False)
         patch.setattr(indexfile, "RACY_WINDOW_NS", 0)
-        answered = quick(argv)
+        answered = quick_streams(argv)
         if answered is not None:
-            assert answered == full(argv)
+            assert answered == full_streams(argv)
 
 
 @pytest.mark.slow
