@@ -159,6 +159,28 @@ def settle_index(home: Path, env: dict[str, str]) -> None:
     run_once([str(seedstore_executable()), "list"], env)
 
 
+def broken_file_rows(home: Path, scratch: Path, skillspec: str | None, runs: int) -> list[Row]:
+    """`list` and `inspect ID` on a copy of the store (its index too) with one file that does not
+    parse, as a hand edit leaves one: the reads report it and answer from the index all the same."""
+    broken_home = scratch / "broken-file"
+    shutil.copytree(home, broken_home, symlinks=True)
+    (broken_home / "capabilities" / "d03" / "zz-hand-edit.yml").write_text(
+        "id: [unclosed\n", encoding="utf-8"
+    )
+    env = {**os.environ, "SKILLSPEC_HOME": str(broken_home)}
+    env.pop("SEEDSTORE_SERVER", None)
+    settle_index(broken_home, env)
+    rows = []
+    exe = str(seedstore_executable())
+    for name, command in read_commands():
+        if name in ("list", "inspect ID"):
+            result = paired([exe, *command], baseline_argv(skillspec, command), env, runs)
+            goal = None if skillspec else READ_GOAL
+            rows.append(cli_row(f"`{name}`, 10,000 seeds, one file that does not parse, local", result, goal))
+    shutil.rmtree(broken_home, ignore_errors=True)
+    return rows
+
+
 def read_commands() -> list[tuple[str, list[str]]]:
     return [
         ("store", ["store"]),
@@ -248,6 +270,8 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
                             LIST_10K_GOAL_MS,
                         )
                     )
+            if count == 10_000:
+                rows += broken_file_rows(home, scratch, skillspec, args.runs)
             floor = [sys.executable, "-c", STAT_FLOOR_CODE, str(home / "capabilities")]
             result = paired(floor, baseline_argv(skillspec, ["list"]), env, args.runs)
             rows.append(
