@@ -772,13 +772,6 @@ class Respelling:
         return Problem(self.path(problem.path), problem.line, self.text(problem.reason))
 
 
-def _local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
-    """The JSON error of a local failure: the status the service would send for it."""
-    from agentsidecar.seedstore_service.status import to_rich_error
-
-    return cli_common.status_error_object(to_rich_error(error), message)
-
-
 def _serve(args: argparse.Namespace, env: Mapping[str, str], stderr: TextIO) -> int:
     import asyncio
 
@@ -863,7 +856,7 @@ def _command(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO, s
         output, problems = run_command(frontend, args, stdout, stderr)
     except SeedStoreError as error:
         message = respelling.text(error.message) if respelling is not None else error.message
-        cli_common.print_error(message, _local_error_object(error, message), stderr)
+        cli_common.print_error(message, cli_output.local_error_object(error, message), stderr)
         return 1
     except frontend.errors as error:
         # Only the remote front end's SidecarError gets here: SeedStoreError is caught above.

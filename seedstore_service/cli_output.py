@@ -1,4 +1,5 @@
-"""The seedstore CLI's JSON text: `cli_common.dumps`, with a `list` result's rows written from one template.
+"""The seedstore CLI's JSON text: `cli_common.dumps`, with a `list` result's rows written from one
+template, and the JSON error object of a local failure.
 
 The CLI layer (it serialises for a terminal or a pipe); render.py builds the
 objects printed, this module only writes them.
@@ -13,7 +14,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["dumps", "listing_text"]
+    from agentsidecar.seedstore_service.errors import SeedStoreError
+
+__all__ = ["dumps", "listing_text", "local_error_object"]
 
 _ROW_KEYS = ("id", "domain", "kind", "path", "provides", "verification_status", "risk", "revision")
 _ROW_STRINGS = ("id", "domain", "kind", "path", "verification_status", "revision")
@@ -74,3 +77,17 @@ def _row_text(row: Any) -> str:
         risks,
         row["revision"],
     )
+
+
+def local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
+    """The JSON error a local failure prints: the status the service would send for it, from the
+    same table (error_status.py, which imports no gRPC); an error with no row is the INTERNAL
+    status.py sends."""
+    from agentsidecar.seedstore_service.error_status import error_status
+
+    status = error_status(error)
+    if status is None:
+        from agentsidecar.seedstore_service.status import to_rich_error
+
+        return cli_common.status_error_object(to_rich_error(error), message)
+    return cli_common.status_error_object(status, message)

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 
 class VerificationStatus(enum.Enum):
@@ -101,6 +102,18 @@ class Problem:
     path: str
     line: int  # 1-based; 0 when unknown
     reason: str
+
+
+class ProblemLike(Protocol):
+    """What render and the warnings read of a problem: a Problem, its proto (common.v1.Problem),
+    or quickread's, made without this module."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def line(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,15 +57,15 @@ from agentsidecar.seedstore_service.indexfile import (
 from agentsidecar.seedstore_service.location import SERVER_ENV, is_normal, spelled_store_root
 from agentsidecar.seedstore_service.names import canonical, is_identifier
 from agentsidecar.seedstore_service.scoring import could_match, rank_key, score, select
-from agentsidecar.seedstore_service.walk import join_path, walk_stats
+from agentsidecar.seedstore_service.walk import file_stem, join_path, walk_stats
 from agentsidecar.sidecar_runtime import cli_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
-    from typing import Any
+    from typing import Any, TextIO
 
-    from agentsidecar.sidecar_runtime.cli_common import ProblemLike
+    from agentsidecar.seedstore_service.model import ProblemLike
 
 _first = itemgetter(0)
 
@@ -145,7 +145,7 @@ def parse(argv: Sequence[str]) -> _Request | None:
 class _Vouched:
     """A section of the scope whose entries vouch for the walk's files in it (`vouched_sections`)."""
 
-    __slots__ = ("complete", "names", "prefix", "problems", "rows", "section")
+    __slots__ = ("broken", "complete", "names", "prefix", "problems", "rows", "section")
 
     def __init__(
         self,
@@ -154,6 +154,7 @@ class _Vouched:
         names: list[str],
         rows: list[int] | None,
         problems: list[_Problem],
+        broken: list[str],
     ) -> None:
         self.section = section
         self.prefix = prefix  # a file's path is the prefix and its name
@@ -162,6 +163,7 @@ class _Vouched:
         self.rows: Sequence[int] = rows if rows is not None else range(section.count)
         self.complete = rows is None or len(rows) == section.count  # every entry is one of the files'
         self.problems = problems  # what the section's files report, in the files' order
+        self.broken = broken  # the names of its files that do not parse
 
 
 class _Problem:
@@ -238,8 +240,7 @@ def vouched_sections(
             in_scope = _in_scope(section, prefix, names, rows, domain)
             if in_scope is None:
                 return None
-            names, rows, problems = in_scope
-            vouched.append(_Vouched(narrow(section), prefix, names, rows, problems))
+            vouched.append(_Vouched(narrow(section), prefix, *in_scope))
     except (OSError, ValueError):
         return None  # a file gone since the walk, or a block or column that is not one
     return vouched
@@ -288,33 +289,35 @@ def _clean(section: indexfile.Section, rows: list[int] | None, domain: str | Non
 
 def _in_scope(
     section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None, domain: str | None
-) -> tuple[list[str], list[int] | None, list[_Problem]] | None:
-    """The names and rows of the files that hold a seed in scope, and what the files report, as
-    `persisted.IndexedFile.problems` and `in_scope` say: a file that does not parse reports its
-    problem and holds none, a seed its notes; None when (with `domain`) a seed declares another
-    domain, whose problem cli.py words.
+) -> tuple[list[str], list[int] | None, list[_Problem], list[str]] | None:
+    """The names and rows of the files that hold a seed in scope, what the files report, and the
+    names of those that do not parse, as `persisted.IndexedFile.problems` and `in_scope` say: a
+    file that does not parse reports its problem and holds none, a seed its notes; None when (with
+    `domain`) a seed declares another domain, whose problem cli.py words.
 
     Raises:
         ValueError: a column is not one.
     """
     if _clean(section, rows, domain):
-        return names, rows, []
+        return names, rows, [], []
     problem_of, notes_of = section.column(PROBLEM), section.column(NOTES)
     domains = section.column(DOMAIN) if domain is not None else None
     kept_names: list[str] = []
     kept_rows: list[int] = []
     problems: list[_Problem] = []
+    broken: list[str] = []
     for name, row in zip(names, range(section.count) if rows is None else rows, strict=True):
         problem = problem_of[row]
         if problem is not None:
             problems.append(_Problem(prefix + name, problem[0], problem[1]))
+            broken.append(name)
             continue
         if domains is not None and domains[row] != domain:
             return None
         problems.extend(_Problem(prefix + name, line, reason) for line, reason in notes_of[row])
         kept_names.append(name)
         kept_rows.append(row)
-    return kept_names, kept_rows, problems
+    return kept_names, kept_rows, problems, broken
 
 
 def _all_none(values: list[Any]) -> bool:
@@ -439,9 +442,19 @@ def _list(root: str, domain: str | None, scope: _Scope, problems: Sequence[Probl
     return render.listing_json(root, domain, rows, problems)
 
 
+class _NotFound:
+    """`inspect`'s id is held by no seed in scope, and no file that does not parse is named after
+    it (which cli.py would report instead): the SeedNotFound failure cli.py prints."""
+
+    __slots__ = ("seed_id",)
+
+    def __init__(self, seed_id: str) -> None:
+        self.seed_id = seed_id
+
+
 def _inspect(
     root: str, seed_id: str, vouched: list[_Vouched], problems: Sequence[ProblemLike]
-) -> dict[str, Any] | None:
+) -> dict[str, Any] | _NotFound | None:
     found: tuple[_Vouched, int] | None = None
     for held in vouched:
         section = held.section
@@ -459,7 +472,15 @@ def _inspect(
                 return None  # ambiguous: cli.py reports it
             found = (held, row)
     if found is None:
-        return None  # not found (or a file that does not parse may be the seed): cli.py reports it
+        if any(file_stem(name) == seed_id for held in vouched for name in held.broken):
+            return None  # the file that does not parse may be the seed: cli.py reports it
+        # An absence is reported only from checked ids: the counts above read the column as
+        # written, which a forged column could make miss the seed.
+        for held in vouched:
+            ids = held.section.column(ID)
+            if any(ids[row] == seed_id for row in held.rows):
+                return None
+        return _NotFound(seed_id)
     held, row = found
     section = held.section
     path = held.prefix + held.names[held.rows.index(row)]
@@ -518,17 +539,42 @@ def _search(
 
 def answer(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, Sequence[ProblemLike]] | None:
     """What `cli.main(argv)` prints on stdout (without the final newline) and the problems it
-    prints as warnings before it, or None (module docstring)."""
+    prints as warnings before it; None when it prints no answer (a failure) or cli.py has to run
+    (module docstring)."""
     answered = _answer(argv, env)
-    if answered is None:
+    if answered is None or isinstance(answered, _NotFound):
         return None
     output, problems = answered
     return (output.text() if isinstance(output, _Listing) else output), problems
 
 
+def run(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: TextIO) -> int | None:
+    """Print what `cli.main(argv)` prints, as it prints it, and return its exit code; None when
+    cli.py has to run (module docstring)."""
+    answered = _answer(argv, env)
+    if answered is None:
+        return None
+    if isinstance(answered, _NotFound):
+        # The errors and their status table are imported only now: no answer needs them.
+        from agentsidecar.seedstore_service.cli_output import local_error_object
+        from agentsidecar.seedstore_service.errors import SeedNotFound
+
+        error = SeedNotFound(answered.seed_id)
+        cli_common.print_error(error.message, local_error_object(error, error.message), stderr)
+        return cli_common.EXIT_FAILED
+    output, problems = answered
+    cli_common.print_warnings(problems, stderr)
+    if isinstance(output, _Listing):
+        written = _write_listing(output, stdout)
+        if written is not None:
+            return written
+        output = output.text()
+    return cli_common.write_result(output + "\n", stdout)
+
+
 def _answer(
     argv: Sequence[str], env: Mapping[str, str]
-) -> tuple[str | _Listing, Sequence[ProblemLike]] | None:
+) -> tuple[str | _Listing, Sequence[ProblemLike]] | _NotFound | None:
     request = parse(argv)
     if request is None or env.get(SERVER_ENV):
         return None
@@ -536,7 +582,7 @@ def _answer(
     if root is None or not is_normal(root):
         return None
     style = request.value("json-style") or cli_common.DEFAULT_JSON_STYLE
-    output: dict[str, Any] | None
+    output: dict[str, Any] | _NotFound | None
     problems: Sequence[ProblemLike] = ()
     if request.command == "store":
         output = render.store_json(root)
@@ -572,8 +618,8 @@ def _answer(
                 output = _search(root, request, _Scope(vouched), problems)
         except ValueError:
             return None  # a column or a block of a section is not what was written
-    if output is None:
-        return None
+    if output is None or isinstance(output, _NotFound):
+        return output
     # Imported here: a pretty `list` written from the listing blocks needs none of it.
     from agentsidecar.seedstore_service import cli_output
 
@@ -596,36 +642,26 @@ def main() -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        answered = _answer(argv, os.environ)
-        if answered is None:
+        code = run(argv, os.environ, sys.stdout, sys.stderr)
+        if code is None:
             from agentsidecar.seedstore_service.remote_read import answer as answer_remote
 
-            remote = answer_remote(argv, os.environ, sys.stdout, sys.stderr)
-            if remote is not None:
-                return remote
+            code = answer_remote(argv, os.environ, sys.stdout, sys.stderr)
     finally:
         if collecting:
             gc.enable()
-    if answered is None:
+    if code is None:
         from agentsidecar.seedstore_service.cli import main as full_main
 
         return full_main(argv)
-    output, problems = answered
-    cli_common.print_warnings(problems)
-    if isinstance(output, _Listing):
-        written = _write_listing(output)
-        if written is not None:
-            return written
-        output = output.text()
-    return cli_common.write_result(output + "\n")
+    return code
 
 
-def _write_listing(listing: _Listing) -> int | None:
+def _write_listing(listing: _Listing, stream: TextIO) -> int | None:
     """Write a listing's bytes to stdout's buffer, as `cli_common.write_result` writes its text
     (then flush; a reader gone is exit 1); None when the bytes could differ from the text's:
     stdout is no UTF-8 text stream on a binary one, or translates newlines, or the output holds
     more than ASCII."""
-    stream = sys.stdout
     buffer = getattr(stream, "buffer", None)
     encoding = str(getattr(stream, "encoding", "")).lower().replace("_", "-")
     if buffer is None or encoding not in ("utf-8", "utf8") or os.linesep != "\n":

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from agentsidecar.clients.errors import SidecarError
     from agentsidecar.clients.seedstore import SeedStoreClient
     from agentsidecar.seedstore.v1 import seedstore_pb2
+    from agentsidecar.seedstore_service.model import ProblemLike
     from agentsidecar.seedstore_service.quickread import _Request
-    from agentsidecar.sidecar_runtime.cli_common import ProblemLike
 
 SERVER_OPTION = "--server"
 # The most seeds a ListSeeds reply holds (`paging.MAX_PAGE_SIZE`, which imports the error tree these

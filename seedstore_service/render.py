@@ -22,9 +22,14 @@ if TYPE_CHECKING:
     from typing import Any
 
     from agentsidecar.seedstore_service.broadening import Broadening
-    from agentsidecar.seedstore_service.model import ListedSeed, Outcome, Seed, VerificationStatus
+    from agentsidecar.seedstore_service.model import (
+        ListedSeed,
+        Outcome,
+        ProblemLike,
+        Seed,
+        VerificationStatus,
+    )
     from agentsidecar.seedstore_service.ranking import RankedCandidate, SearchResult
-    from agentsidecar.sidecar_runtime.cli_common import ProblemLike
 
 __all__ = [
     "SCAN_MESSAGE",

@@ -62,6 +62,7 @@ from agentsidecar.seedstore_service.seedtext import (
     validate_identifier,
 )
 from agentsidecar.seedstore_service.walk import SEED_SUFFIXES as SEED_SUFFIXES
+from agentsidecar.seedstore_service.walk import file_stem as file_stem
 from agentsidecar.seedstore_service.walk import join_path as join_path
 from agentsidecar.seedstore_service.walk import os_error_text as os_error_text
 from agentsidecar.seedstore_service.walk import walk
@@ -381,15 +382,6 @@ def locate_in_scope(
             # The broken file may well be this seed: never guess, never overwrite it.
             raise malformed_error(problem)
     raise errors.SeedNotFound(seed_id)
-
-
-def file_stem(path: str) -> str:
-    """The file name without its seed suffix: what a broken file is taken to be named after."""
-    name = os.path.basename(path)
-    for suffix in SEED_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
 
 
 # ---------------------------------------------------------------------------

@@ -29,6 +29,15 @@ if TYPE_CHECKING:
 SEED_SUFFIXES = (".yml", ".yaml")
 
 
+def file_stem(path: str) -> str:
+    """The file name without its seed suffix: what a broken file is taken to be named after."""
+    name = os.path.basename(path)
+    for suffix in SEED_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def os_error_text(err: OSError) -> str:
     """An OSError as Rust's io::Error prints it, e.g. `No such file or directory (os error 2)`."""
     if err.errno is not None and err.strerror:

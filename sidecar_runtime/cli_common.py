@@ -54,7 +54,7 @@ if TYPE_CHECKING:
         def name(self) -> str: ...
 
     class ProblemLike(Protocol):
-        """A problem a command reports beside its answer: a seedstore `model.Problem`, or its proto."""
+        """A problem a command reports beside its answer (the seedstore's `model.ProblemLike`)."""
 
         @property
         def path(self) -> str: ...

@@ -30,6 +30,7 @@ from agentsidecar.negotiator_service.model import (
     TypedSet,
     Verdict,
 )
+from agentsidecar.seedstore_service import error_status
 from agentsidecar.seedstore_service import errors as serrors
 from agentsidecar.seedstore_service import status as sstatus
 from agentsidecar.sidecar_runtime import auth, handlers, limits
@@ -280,7 +281,7 @@ def test_the_cases_cover_every_row_of_both_status_tables() -> None:
     assert set(SEEDSTORE_CASES) == concrete(serrors.SeedStoreError)
     # ...and every row of both tables serves one of them (the abstract bases are never raised).
     assert all(any(issubclass(case, row) for case in NEGOTIATOR_CASES) for row in nstatus.STATUS_TABLE)
-    assert all(any(issubclass(case, row) for case in SEEDSTORE_CASES) for row in sstatus.STATUS_TABLE)
+    assert all(any(issubclass(case, row) for case in SEEDSTORE_CASES) for row in error_status.STATUS_TABLE)
     assert {(rich.domain, rich.reason) for rich, _ in RUNTIME_CASES} == {
         (auth.DOMAIN, auth.TOKEN_MISSING),
         (auth.DOMAIN, auth.TOKEN_INVALID),

@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 from agentsidecar.seedstore_service import cli, indexfile, quickread, walk
 from agentsidecar.seedstore_service.model import Evidence, Rank, Risk, Seed
 from agentsidecar.seedstore_service.seedfile import dump_seed
-from agentsidecar.sidecar_runtime import cli_common
 
 PYTHON = sys.executable
 SEEDSTORE = str(Path(sys.executable).with_name("seedstore"))
@@ -118,7 +117,6 @@ DECLINED: tuple[tuple[str, ...], ...] = (
     ("list", "--json"),
     ("inspect",),
     ("inspect", "say"),  # in two domains: ambiguous
-    ("inspect", "missing"),
     ("inspect", "a", "b"),
     ("search",),
     ("search", "text_to_speech", "--broaden"),
@@ -155,13 +153,9 @@ def full(argv: Sequence[str]) -> str:
 def quick_streams(argv: Sequence[str]) -> tuple[str, str, int] | None:
     """What `quickread.main` prints for an answer on stdout and stderr, and its exit code; None: it
     declines (cli.py answers)."""
-    answered = quickread.answer(list(argv), os.environ)
-    if answered is None:
-        return None
-    text, problems = answered
-    warnings = io.StringIO()
-    cli_common.print_warnings(problems, warnings)
-    return text + "\n", warnings.getvalue(), 0
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = quickread.run(list(argv), os.environ, stdout, stderr)
+    return None if code is None else (stdout.getvalue(), stderr.getvalue(), code)
 
 
 def quick(argv: Sequence[str]) -> str | None:
@@ -390,11 +384,27 @@ def test_files_that_report_problems_are_answered_as_cli_answers(store: Path) -> 
         # The pretty listing is still written from listing blocks, the broken file's section's
         # rows from its columns.
         listing = quickread._answer(["list"], os.environ)
-        assert listing is not None
+        assert isinstance(listing, tuple)
         assert isinstance(listing[0], quickread._Listing)
-        # Unknown, or maybe the broken file: cli.py words it.
-        assert quick(["inspect", "broken"]) is None
+        # Maybe the broken file: cli.py words it.
+        assert quick_streams(["inspect", "broken"]) is None
         assert full_streams(["inspect", "broken"])[2] != 0
+        # Unknown: the failure cli.py prints.
+        for argv in (("inspect", "nowhere"), ("inspect", "nowhere", "--domain", "voice", "--json")):
+            failed = quick_streams(argv)
+            assert failed is not None, argv
+            assert failed == full_streams(argv), argv
+            assert failed[0] == "", argv
+            assert failed[2] == 1, argv
+            assert '"reason":"SEED_NOT_FOUND"' in failed[1], argv
+
+
+def test_an_unknown_id_is_reported_as_cli_reports_it(store: Path) -> None:
+    for argv in (("inspect", "nowhere"), ("inspect", "piper", "--domain", "audio")):
+        failed = quick_streams(argv)
+        assert failed is not None, argv
+        assert failed == full_streams(argv), argv
+        assert failed[2] == 1, argv
         assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
 
 
@@ -512,6 +522,32 @@ def settled(home: Path) -> Path:
     time.sleep(indexfile.RACY_WINDOW_NS / 1e9 + 0.1)
     assert run_seedstore(home, "list").returncode == 0  # builds the index
     return home
+
+
+@pytest.mark.slow
+def test_an_unknown_id_is_reported_without_importing_grpc(settled: Path) -> None:
+    """`seedstore inspect <unknown>`: the failure cli.py prints, from the status table, no gRPC."""
+    script = (
+        "import sys\n"
+        "from agentsidecar.seedstore_service import quickread\n"
+        "sys.argv = ['seedstore', 'inspect', 'nowhere']\n"
+        "code = quickread.main()\n"
+        "sys.stdout.write(repr((code, sorted(sys.modules))))\n"
+    )
+    env = {**os.environ, "SKILLSPEC_HOME": str(settled)}
+    result = subprocess.run([PYTHON, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    code, loaded = eval(result.stdout)
+    assert code == 1
+    assert {"grpc", "agentsidecar.seedstore_service.cli", "yaml"}.isdisjoint(loaded)
+    reference = subprocess.run(
+        [PYTHON, "-m", "agentsidecar.seedstore_service.cli", "inspect", "nowhere"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.stderr, code) == (reference.stderr, reference.returncode)
+    assert "SEED_NOT_FOUND" in result.stderr
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from agentsidecar.seedstore_service import errors
+from agentsidecar.seedstore_service.error_status import STATUS_TABLE, request_field
 from agentsidecar.seedstore_service.operations import (
     ChangeFeed,
     SeedListing,
@@ -22,7 +23,7 @@ from agentsidecar.seedstore_service.operations import (
     VerifyRequest,
 )
 from agentsidecar.seedstore_service.servicer import SeedStoreServicer
-from agentsidecar.seedstore_service.status import ERROR_DOMAIN, STATUS_TABLE, request_field, to_rich_error
+from agentsidecar.seedstore_service.status import ERROR_DOMAIN, to_rich_error
 from agentsidecar.seedstore_service.store import SeedStore
 from agentsidecar.sidecar_runtime.richstatus import decode_error
 from agentsidecar.sidecar_runtime.server import ServerOptions, start_server
