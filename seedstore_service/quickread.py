@@ -28,8 +28,9 @@ It answers only when its answer is the one `cli.main` prints, byte for byte:
   mismatch); a file that does not parse and a seed's notes are reported as cli.py
   reports them, in the answer's `problems` (sorted by path) and as `warning:` lines
   on stderr before it;
-* `inspect` finds the id in exactly one file; `search`'s capability has a
-  canonical form.
+* `inspect` finds the id in at most one file (in none: cli.py's SeedNotFound failure,
+  printed from the status table, unless a file that does not parse is named after the
+  id); `search`'s capability has a canonical form.
 
 Nothing here writes: when an entry is missing or stale, cli.py reads the file and
 saves the entry, and the next call answers from it.

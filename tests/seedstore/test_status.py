@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 from agentsidecar.seedstore.v1 import seedstore_pb2 as pb
 from agentsidecar.seedstore.v1 import seedstore_pb2_grpc
 from agentsidecar.seedstore_service import errors
-from agentsidecar.seedstore_service.error_status import STATUS_TABLE, request_field
+from agentsidecar.seedstore_service.error_status import STATUS_TABLE, Code, request_field
 from agentsidecar.seedstore_service.operations import (
     ChangeFeed,
     SeedListing,
@@ -55,6 +55,13 @@ def test_every_error_class_is_in_the_table() -> None:
     assert {c for c in tree if c.__subclasses__() and not c.abstract} == REFINED
     assert set(STATUS_TABLE) <= tree
     assert {c.__name__ for c in tree if c.abstract} == {"SeedStoreError", "CallerError", "StoreError"}
+
+
+def test_the_table_names_grpc_codes_by_their_names_and_numbers() -> None:
+    """error_status.py names codes without importing grpc: each is grpc's code of that name."""
+    assert [(code.name, code.value) for code in Code] == [
+        (code.name, grpc.StatusCode[code.name].value[0]) for code in Code
+    ]
 
 
 @pytest.mark.parametrize("base", [errors.SeedStoreError, errors.CallerError, errors.StoreError])
