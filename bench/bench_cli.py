@@ -88,21 +88,32 @@ class Paired:
     cpu_ratio: float
 
 
-def run_once(argv: Sequence[str], env: dict[str, str]) -> Run:
+def run_once(argv: Sequence[str], env: dict[str, str], exit_code: int = 0) -> Run:
+    """One run of `argv`, which must exit with `exit_code`."""
     started = time.perf_counter()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}")
+    if process.returncode != exit_code:
+        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}, not {exit_code}")
     return Run(wall, usage.ru_utime + usage.ru_stime)
 
 
-def paired(subject: Sequence[str], baseline: Sequence[str], env: dict[str, str], runs: int) -> Paired:
-    run_once(subject, env)
-    run_once(baseline, env)
-    pairs = [(run_once(subject, env), run_once(baseline, env)) for _ in range(runs)]
+def paired(
+    subject: Sequence[str],
+    baseline: Sequence[str],
+    env: dict[str, str],
+    runs: int,
+    exit_codes: tuple[int, int] = (0, 0),
+) -> Paired:
+    """`runs` pairs of a subject run and a baseline run; `exit_codes`: what each must exit with."""
+    subject_exit, baseline_exit = exit_codes
+    run_once(subject, env, subject_exit)
+    run_once(baseline, env, baseline_exit)
+    pairs = [
+        (run_once(subject, env, subject_exit), run_once(baseline, env, baseline_exit)) for _ in range(runs)
+    ]
 
     def median(values: Sequence[float]) -> float:
         return statistics.median(values)
@@ -272,6 +283,21 @@ async def run(args: argparse.Namespace, rows: list[Row]) -> None:
                     )
             if count == 10_000:
                 rows += broken_file_rows(home, scratch, skillspec, args.runs)
+                unknown = ["inspect", "no-such-seed"]
+                result = paired(
+                    [exe, *unknown],
+                    baseline_argv(skillspec, unknown),
+                    env,
+                    args.runs,
+                    (1, 1 if skillspec else 0),
+                )
+                rows.append(
+                    cli_row(
+                        "`inspect UNKNOWN` (no seed has the id: the failure), 10,000 seeds, local",
+                        result,
+                        None if skillspec else READ_GOAL,
+                    )
+                )
             floor = [sys.executable, "-c", STAT_FLOOR_CODE, str(home / "capabilities")]
             result = paired(floor, baseline_argv(skillspec, ["list"]), env, args.runs)
             rows.append(

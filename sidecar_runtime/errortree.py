@@ -10,7 +10,11 @@ sends; `message` the text of the status.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+# The annotations' names only: a seedstore read that fails imports this tree (quickread.py),
+# and typing would be most of what that costs.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
 
 __all__ = ["TreeError"]
 
