@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -50,6 +50,7 @@ from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from bench.harness import (
     BENCH_DIR,
     Settings,
+    cold_direct_seconds,
     compare,
     compare_startup,
     echo_call,
@@ -709,33 +710,43 @@ async def _openai_before_rows(
     return rows
 
 
+@contextlib.asynccontextmanager
+async def fresh_negotiator(
+    workdir: Path, config: Path, name: str
+) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceAsyncStub]:
+    """A stub of a `negotiator serve` started for it (socket and log named `name` in `workdir`),
+    over a channel already connected: its first call is the server's first."""
+    server = await start_server_process(
+        negotiator_argv(f"unix:{workdir / name}.sock", config),
+        log_path=workdir / f"{name}.log",
+        env=negotiator_env(),
+    )
+    try:
+        channel = await open_channel(server.target)
+        try:
+            yield negotiator_pb2_grpc.NegotiatorServiceStub(channel)
+        finally:
+            await channel.close(None)
+    finally:
+        await server.stop()
+
+
 async def _cold_openai_rows(settings: Settings, workdir: Path, config: Path, base_url: str) -> list[Row]:
     """The openai path cold: a fresh negotiator's first Invoke to the openai adapter (its HTTP
     client connects to the mock on that call) vs a fresh Python process's first direct POST of
     the same body (`bench_negotiator.py --cold-direct BASE_URL httpx|aiohttp`, timed inside that
-    process, its client made before), alternated, median of the repeats."""
+    process, its client made before: `harness.cold_direct_seconds`), alternated, median of the
+    repeats."""
     request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
     direct: dict[str, list[float]] = {"httpx": [], "aiohttp": []}
     through: list[float] = []
     for attempt in range(settings.startup_repeats):
         for name, attempts in direct.items():
-            attempts.append(await _cold_direct_post(base_url, name))
-        server = await start_server_process(
-            negotiator_argv(f"unix:{workdir / f'cold-openai{attempt}.sock'}", config),
-            log_path=workdir / f"cold-openai{attempt}.log",
-            env=negotiator_env(),
-        )
-        try:
-            channel = await open_channel(server.target)
-            try:
-                stub = negotiator_pb2_grpc.NegotiatorServiceStub(channel)
-                started = time.perf_counter()
-                reply = await stub.Invoke(request)
-                through.append(time.perf_counter() - started)
-            finally:
-                await channel.close(None)
-        finally:
-            await server.stop()
+            attempts.append(await cold_direct_seconds("bench.bench_negotiator", base_url, name))
+        async with fresh_negotiator(workdir, config, f"cold-openai{attempt}") as stub:
+            started = time.perf_counter()
+            reply = await stub.Invoke(request)
+            through.append(time.perf_counter() - started)
         if reply.text != "pong":
             raise RuntimeError(f"{OPENAI} returned {reply.text!r}, not the mock's reply")
     negotiator_ms = statistics.median(through) * 1000
@@ -752,23 +763,6 @@ async def _cold_openai_rows(settings: Settings, workdir: Path, config: Path, bas
             )
         )
     return rows
-
-
-async def _cold_direct_post(base_url: str, client_name: str) -> float:
-    """The first direct POST of a fresh Python process with `client_name`, timed inside it."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.bench_negotiator",
-        "--cold-direct",
-        base_url,
-        client_name,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    output, _ = await process.communicate()
-    if process.returncode != 0:
-        raise RuntimeError(f"the cold direct POST exited with {process.returncode}")
-    return float(output)
 
 
 async def _one_direct_post(base_url: str, client_name: str) -> None:

@@ -30,7 +30,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -44,10 +44,17 @@ from bench.bench_negotiator import (
     OPENAI,
     PROMPT,
     floor_server_argv,
-    negotiator_argv,
-    negotiator_env,
+    fresh_negotiator,
 )
-from bench.harness import BENCH_DIR, Settings, compare, open_channel, self_timed_window, start_server_process
+from bench.harness import (
+    BENCH_DIR,
+    Settings,
+    cold_direct_seconds,
+    compare,
+    open_channel,
+    self_timed_window,
+    start_server_process,
+)
 from bench.report import Comparison, Row, compared_overhead, info_row, with_rounds
 
 GAP_MS = 5.0
@@ -184,32 +191,14 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         config = workdir / "negotiator.yaml"
         config.write_text(stream_config(base_url))
 
-        @contextlib.asynccontextmanager
-        async def fresh_negotiator(
-            name: str,
-        ) -> AsyncIterator[negotiator_pb2_grpc.NegotiatorServiceAsyncStub]:
-            server = await start_server_process(
-                negotiator_argv(f"unix:{workdir / name}.sock", config),
-                log_path=workdir / f"{name}.log",
-                env=negotiator_env(),
-            )
-            try:
-                channel = await open_channel(server.target)
-                try:
-                    yield negotiator_pb2_grpc.NegotiatorServiceStub(channel)
-                finally:
-                    await channel.close(None)
-            finally:
-                await server.stop()
-
         # Cold: alternate a fresh process's first direct request (each client) and a fresh
         # negotiator's first call.
         cold_direct: dict[str, list[float]] = {client: [] for client in DIRECT_CLIENTS}
         cold_negotiator: list[float] = []
         for attempt in range(settings.startup_repeats):
             for client_name, attempts in cold_direct.items():
-                attempts.append(await _cold_direct(url, client_name))
-            async with fresh_negotiator(f"cold{attempt}") as cold_stub:
+                attempts.append(await cold_direct_seconds("bench.bench_stream", str(url), client_name))
+            async with fresh_negotiator(workdir, config, f"cold{attempt}") as cold_stub:
                 cold_negotiator.append(await negotiator_first_delta(cold_stub)())
         negotiator_ms = statistics.median(cold_negotiator) * 1000
         for client_name, attempts in cold_direct.items():
@@ -224,7 +213,7 @@ async def run(settings: Settings, rows: list[Row]) -> None:
                 )
             )
 
-        stub = await stack.enter_async_context(fresh_negotiator("warm"))
+        stub = await stack.enter_async_context(fresh_negotiator(workdir, config, "warm"))
         forwarder = await start_server_process(
             floor_server_argv(f"unix:{workdir / 'forwarder.sock'}", forward=str(url)),
             log_path=workdir / "forwarder.log",
@@ -305,23 +294,6 @@ def _warm_rows(client_name: str, comparison: Comparison, floor: Comparison, *, s
             f"{negotiator_overhead - floor_overhead:+.3f} ms",
         ),
     ]
-
-
-async def _cold_direct(url: httpx.URL, client_name: str) -> float:
-    """The first direct SSE request of a fresh Python process with `client_name`, timed inside it."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.bench_stream",
-        "--cold-direct",
-        str(url),
-        client_name,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    output, _ = await process.communicate()
-    if process.returncode != 0:
-        raise RuntimeError(f"the cold direct request exited with {process.returncode}")
-    return float(output)
 
 
 async def _one_direct(url: str, client_name: str) -> None:

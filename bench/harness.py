@@ -457,6 +457,18 @@ async def compare_startup(
     return median_startup(echo_times), median_startup(subject_times)
 
 
+async def cold_direct_seconds(module: str, url: str, client_name: str) -> float:
+    """The seconds a fresh Python process's first direct request takes, timed inside it:
+    `python -m <module> --cold-direct URL CLIENT` prints them."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, "--cold-direct", url, client_name, stdout=asyncio.subprocess.PIPE
+    )
+    output, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"{module} --cold-direct exited with {process.returncode}")
+    return float(output)
+
+
 def compile_sources() -> None:
     """Write the bytecode of the project's packages and generated code (PYTHONDONTWRITEBYTECODE
     may be set): otherwise every process a benchmark starts compiles its imports again, which

@@ -875,7 +875,7 @@ def _command(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO, s
     if respelling is not None:
         output = respelling.output(output)
         problems = [respelling.problem(problem) for problem in problems]
-    cli_common.print_warnings(problems, stderr)
+    cli_output.print_warnings(problems, stderr)
     if args.subcommand == "verify" and args.progress == "json":
         text = cli_common.dumps_line({"result": output})
     else:

@@ -1,5 +1,5 @@
-"""The seedstore CLI's JSON text: `cli_common.dumps`, with a `list` result's rows written from one
-template, and the JSON error object of a local failure.
+"""The seedstore CLI's text: `cli_common.dumps`, with a `list` result's rows written from one
+template; the warnings before an answer; the JSON error object of a local failure.
 
 The CLI layer (it serialises for a terminal or a pipe); render.py builds the
 objects printed, this module only writes them.
@@ -12,11 +12,13 @@ from agentsidecar.sidecar_runtime import cli_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Sequence
+    from typing import Any, TextIO
 
     from agentsidecar.seedstore_service.errors import SeedStoreError
+    from agentsidecar.seedstore_service.model import ProblemLike
 
-__all__ = ["dumps", "listing_text", "local_error_object"]
+__all__ = ["dumps", "listing_text", "local_error_object", "print_warnings"]
 
 _ROW_KEYS = ("id", "domain", "kind", "path", "provides", "verification_status", "risk", "revision")
 _ROW_STRINGS = ("id", "domain", "kind", "path", "verification_status", "revision")
@@ -91,3 +93,9 @@ def local_error_object(error: SeedStoreError, message: str) -> dict[str, Any]:
 
         return cli_common.status_error_object(to_rich_error(error), message)
     return cli_common.status_error_object(status, message)
+
+
+def print_warnings(problems: Sequence[ProblemLike], stderr: TextIO) -> None:
+    """An answer's problems, before it: `warning: <path>:<line>: <reason>`, one a line."""
+    for problem in problems:
+        print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stderr)

@@ -564,7 +564,10 @@ def run(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: Tex
         cli_common.print_error(error.message, local_error_object(error, error.message), stderr)
         return cli_common.EXIT_FAILED
     output, problems = answered
-    cli_common.print_warnings(problems, stderr)
+    if problems:
+        from agentsidecar.seedstore_service.cli_output import print_warnings
+
+        print_warnings(problems, stderr)
     if isinstance(output, _Listing):
         written = _write_listing(output, stdout)
         if written is not None:

@@ -135,7 +135,7 @@ def _answer(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr:
         return 130
     finally:
         client.close()
-    cli_common.print_warnings(problems, stderr)
+    cli_output.print_warnings(problems, stderr)
     text = output if isinstance(output, str) else cli_output.dumps(output, style)
     return cli_common.write_result(text + "\n", stdout)
 

@@ -53,16 +53,6 @@ if TYPE_CHECKING:
         @property
         def name(self) -> str: ...
 
-    class ProblemLike(Protocol):
-        """A problem a command reports beside its answer (the seedstore's `model.ProblemLike`)."""
-
-        @property
-        def path(self) -> str: ...
-        @property
-        def line(self) -> int: ...
-        @property
-        def reason(self) -> str: ...
-
     class StatusLike(Protocol):
         """A status's parts: `richstatus.RichError` (sent) and `DecodedError` / `SidecarError` (received)."""
 
@@ -291,13 +281,6 @@ def status_error_object(status: StatusLike, message: str | None = None, **extra:
         [(v.type, v.subject, v.description) for v in status.precondition_violations],
         **extra,
     )
-
-
-def print_warnings(problems: Sequence[ProblemLike], stderr: TextIO | None = None) -> None:
-    """A command's problems, before its answer: `warning: <path>:<line>: <reason>`, one a line."""
-    stream = sys.stderr if stderr is None else stderr
-    for problem in problems:
-        print(f"warning: {problem.path}:{problem.line}: {problem.reason}", file=stream)
 
 
 def print_error(message: str, error: Mapping[str, Any], stderr: TextIO) -> None:
