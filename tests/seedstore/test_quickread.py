@@ -633,6 +633,11 @@ def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = home / "capabilities"
     for seed in SEEDS:
         write_seed(root, seed)
+    # What answers report too: a file that does not parse, named after no seed, and a seed's note.
+    (root / "audio" / "hand-edit.yml").write_text("id: [unclosed\n", encoding="utf-8")
+    write_seed(
+        root, Seed(id="noted", domain="voice", kind="cli", command="n", provides=("p",), aliases=("--",))
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SKILLSPEC_HOME", str(home))
         patch.delenv("SEEDSTORE_SERVER", raising=False)
@@ -646,7 +651,8 @@ _TOKENS = st.sampled_from(
         "list", "search", "inspect", "store", "verify", "--domain", "--domain=voice", "--domain=",
         "voice", "audio", "text_to_speech", "say", "piper", "--json", "--json=", "--explain",
         "--local-only", "--preferred-seed", "--preferred-seed=say", "--json-style", "compact",
-        "pretty", "--json-style=compact", "-x", "-", "--", "--broaden", "--server", "-h", "",
+        "pretty", "--json-style=compact", "-x", "-", "--", "--broaden", "--server", "-h", "", "noted",
+        "hand-edit", "nowhere",
     ]
 )  # fmt: skip
 
@@ -659,6 +665,19 @@ _COMMAND_LINES = st.one_of(
         st.lists(_TOKENS, max_size=5),
     ),
 )
+
+
+def test_the_shared_store_is_answered_with_its_problems(shared_store: Path) -> None:
+    """The random command lines below meet answers that report problems, not only declines."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SKILLSPEC_HOME", str(shared_store))
+        patch.delenv("SEEDSTORE_SERVER", raising=False)
+        patch.setattr(indexfile, "RACY_WINDOW_NS", 0)
+        for argv in (["list"], ["search", "text_to_speech"], ["inspect", "noted"], ["inspect", "nowhere"]):
+            answered = quick_streams(argv)
+            assert answered is not None, argv
+            assert answered == full_streams(argv), argv
+            assert "hand-edit.yml" in answered[1] or "SEED_NOT_FOUND" in answered[1], argv
 
 
 # Most random command lines are declined at once (no file is read): more than the default, cheaply.
