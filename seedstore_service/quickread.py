@@ -555,6 +555,15 @@ def run(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: Tex
     answered = _answer(argv, env)
     if answered is None:
         return None
+    try:
+        return _print(answered, stdout, stderr)
+    except BrokenPipeError:  # a warning or the error lines, as cli.main handles it
+        return cli_common.reader_gone(stdout)
+
+
+def _print(
+    answered: tuple[str | _Listing, Sequence[ProblemLike]] | _NotFound, stdout: TextIO, stderr: TextIO
+) -> int:
     if isinstance(answered, _NotFound):
         # The errors and their status table are imported only now: no answer needs them.
         from agentsidecar.seedstore_service.cli_output import local_error_object

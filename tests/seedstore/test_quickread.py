@@ -627,6 +627,31 @@ def test_a_reader_that_has_gone_gets_no_traceback(settled: Path, argv: list[str]
     assert result.returncode == 1  # the output could not be written; nothing else went wrong
 
 
+@pytest.mark.slow
+def test_warnings_to_a_reader_that_has_gone_end_as_cli_ends(settled: Path) -> None:
+    """`seedstore list 2>&1 | head -c 1` on a store with a file that does not parse: the warning
+    cannot be written; the quick path ends as cli.py does (exit 1, no traceback, no answer)."""
+    (settled / "capabilities" / "many" / "zz-broken.yml").write_text("id: [unclosed\n", encoding="utf-8")
+    time.sleep(indexfile.RACY_WINDOW_NS / 1e9 + 0.1)
+    assert run_seedstore(settled, "list").returncode == 0  # indexes the file
+    assert quick(["list"]) is not None
+    env = {**os.environ, "SKILLSPEC_HOME": str(settled)}
+    env.pop("SEEDSTORE_SERVER", None)
+    ended = []
+    for command in ([SEEDSTORE, "list"], [PYTHON, "-m", "agentsidecar.seedstore_service.cli", "list"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            result = subprocess.run(
+                command, env=env, stdout=subprocess.PIPE, stderr=write_end, timeout=60, check=False
+            )
+        finally:
+            os.close(write_end)
+        ended.append((result.returncode, result.stdout))
+    assert ended[0] == ended[1]
+    assert ended[0] == (1, b"")
+
+
 @pytest.fixture(scope="module")
 def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("shared")
