@@ -42,3 +42,8 @@ def canonical(text: str) -> str:
     import re
 
     return re.sub(_SEPARATORS, "_", text).strip("_").lower()
+
+
+def domain_mismatch_reason(path: str, stored_under: str, declared: str) -> str:
+    """Why a seed file is out of its directory's scope: the reason its problem gives."""
+    return f'seed {path} is stored under domain "{stored_under}" but declares domain "{declared}"'

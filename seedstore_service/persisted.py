@@ -90,6 +90,7 @@ from agentsidecar.seedstore_service.indexfile import section_file_name as sectio
 from agentsidecar.seedstore_service.indexfile import section_of_file as section_of_file
 from agentsidecar.seedstore_service.indexfile import signature_of as signature_of
 from agentsidecar.seedstore_service.model import ListedSeed, Problem, VerificationStatus
+from agentsidecar.seedstore_service.names import domain_mismatch_reason
 from agentsidecar.seedstore_service.ranking import could_match, match_keys, rank_keys, seed_gates, seed_risks
 from agentsidecar.seedstore_service.seedtext import seed_from_json, seed_to_json
 
@@ -217,9 +218,7 @@ def listed_of_row(path: str, seed_id: str, domain: str, row: Any, revision: str)
 
 
 def mismatch_problem(path: str, domain: str, declared: str, line: int) -> Problem:
-    return Problem(
-        path, line, f'seed {path} is stored under domain "{domain}" but declares domain "{declared}"'
-    )
+    return Problem(path, line, domain_mismatch_reason(path, domain, declared))
 
 
 # --- entries ---------------------------------------------------------------------

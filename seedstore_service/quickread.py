@@ -24,10 +24,9 @@ It answers only when its answer is the one `cli.main` prints, byte for byte:
   every seed file in scope has an entry in its section's index file whose
   signature is the file's now and which is not racy (persisted.py's trust rule:
   the same test a load makes before it uses an entry instead of reading the file);
-* with `--domain`, every seed there declares that domain (else cli.py words the
-  mismatch); a file that does not parse and a seed's notes are reported as cli.py
-  reports them, in the answer's `problems` (sorted by path) and as `warning:` lines
-  on stderr before it;
+* a file that does not parse, (with `--domain`) a seed there declaring another domain,
+  and a seed's notes are reported as cli.py reports them, in the answer's `problems`
+  (sorted by path) and as `warning:` lines on stderr before it;
 * `inspect` finds the id in at most one file (in none: cli.py's SeedNotFound failure,
   printed from the status table, unless a file that does not parse is named after the
   id); `search`'s capability has a canonical form.
@@ -46,6 +45,7 @@ from operator import itemgetter
 from agentsidecar.seedstore_service import indexfile, render
 from agentsidecar.seedstore_service.indexfile import (
     DOMAIN,
+    DOMAIN_LINE,
     ID,
     KEYS,
     NAME,
@@ -56,7 +56,7 @@ from agentsidecar.seedstore_service.indexfile import (
     ROW,
 )
 from agentsidecar.seedstore_service.location import SERVER_ENV, is_normal, spelled_store_root
-from agentsidecar.seedstore_service.names import canonical, is_identifier
+from agentsidecar.seedstore_service.names import canonical, domain_mismatch_reason, is_identifier
 from agentsidecar.seedstore_service.scoring import could_match, rank_key, score, select
 from agentsidecar.seedstore_service.walk import file_stem, join_path, walk_stats
 from agentsidecar.sidecar_runtime import cli_common
@@ -164,7 +164,7 @@ class _Vouched:
         self.rows: Sequence[int] = rows if rows is not None else range(section.count)
         self.complete = rows is None or len(rows) == section.count  # every entry is one of the files'
         self.problems = problems  # what the section's files report, in the files' order
-        self.broken = broken  # the names of its files that do not parse
+        self.broken = broken  # the names of its files that hold no seed in scope (they report why)
 
 
 class _Problem:
@@ -194,8 +194,8 @@ def vouched_sections(
     root: str, domain: str | None, narrow: Callable[[indexfile.Section], indexfile.Section]
 ) -> list[_Vouched] | None:
     """The sections holding the seed files of the scope, when each file has an entry that vouches
-    for it and (with `domain`) none declares another domain; else None. A section keeps the
-    names and rows of its files that hold a seed, and what its files report (`_in_scope`).
+    for it; else None. A section keeps the names and rows of its files that hold a seed in
+    scope, and what its files report (`_in_scope`).
 
     The walk finds what every load finds (`walk.walk_stats`); the trust test is persisted.py's, made for a
     section at once (`indexfile.Section.signatures_hold`): each entry's signature is its
@@ -292,9 +292,9 @@ def _in_scope(
     section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None, domain: str | None
 ) -> tuple[list[str], list[int] | None, list[_Problem], list[str]] | None:
     """The names and rows of the files that hold a seed in scope, what the files report, and the
-    names of those that do not parse, as `persisted.IndexedFile.problems` and `in_scope` say: a
-    file that does not parse reports its problem and holds none, a seed its notes; None when (with
-    `domain`) a seed declares another domain, whose problem cli.py words.
+    names of those that hold none, as `persisted.IndexedFile.problems` and `in_scope` say: a file
+    that does not parse reports its problem, (with `domain`) a seed declaring another domain the
+    mismatch, and neither is in scope; a seed in scope reports its notes.
 
     Raises:
         ValueError: a column is not one.
@@ -303,22 +303,29 @@ def _in_scope(
         return names, rows, [], []
     problem_of, notes_of = section.column(PROBLEM), section.column(NOTES)
     domains = section.column(DOMAIN) if domain is not None else None
+    domain_lines = section.column(DOMAIN_LINE) if domain is not None else None
     kept_names: list[str] = []
     kept_rows: list[int] = []
     problems: list[_Problem] = []
-    broken: list[str] = []
+    held_none: list[str] = []
     for name, row in zip(names, range(section.count) if rows is None else rows, strict=True):
         problem = problem_of[row]
         if problem is not None:
             problems.append(_Problem(prefix + name, problem[0], problem[1]))
-            broken.append(name)
+            held_none.append(name)
             continue
-        if domains is not None and domains[row] != domain:
-            return None
+        if domains is not None and domain_lines is not None and domains[row] != domain:
+            path = prefix + name
+            assert domain is not None
+            problems.append(
+                _Problem(path, domain_lines[row], domain_mismatch_reason(path, domain, domains[row]))
+            )
+            held_none.append(name)
+            continue
         problems.extend(_Problem(prefix + name, line, reason) for line, reason in notes_of[row])
         kept_names.append(name)
         kept_rows.append(row)
-    return kept_names, kept_rows, problems, broken
+    return kept_names, kept_rows, problems, held_none
 
 
 def _all_none(values: list[Any]) -> bool:
@@ -444,8 +451,8 @@ def _list(root: str, domain: str | None, scope: _Scope, problems: Sequence[Probl
 
 
 class _NotFound:
-    """`inspect`'s id is held by no seed in scope, and no file that does not parse is named after
-    it (which cli.py would report instead): the SeedNotFound failure cli.py prints."""
+    """`inspect`'s id is held by no seed in scope, and no file that holds none is named after it
+    (which cli.py would report instead): the SeedNotFound failure cli.py prints."""
 
     __slots__ = ("seed_id",)
 
@@ -474,7 +481,7 @@ def _inspect(
             found = (held, row)
     if found is None:
         if any(file_stem(name) == seed_id for held in vouched for name in held.broken):
-            return None  # the file that does not parse may be the seed: cli.py reports it
+            return None  # a file that holds no seed in scope may be this one: cli.py reports it
         # An absence is reported only from checked ids: the counts above read the column as
         # written, which a forged column could make miss the seed.
         for held in vouched:

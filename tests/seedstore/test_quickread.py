@@ -408,14 +408,26 @@ def test_an_unknown_id_is_reported_as_cli_reports_it(store: Path) -> None:
         assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
 
 
-def test_a_seed_declaring_another_domain_is_left_to_cli_for_that_domain(store: Path) -> None:
+def test_a_seed_declaring_another_domain_is_reported_for_that_domain(store: Path) -> None:
     write_seed(store, Seed(id="stray", domain="audio", kind="cli", command="stray", provides=("p",)), "stray")
     (store / "audio" / "stray.yml").rename(store / "voice" / "stray.yml")
-    full(["list"])
-    assert quick(["list", "--domain", "voice"]) is None
-    listed = quick(["list"])  # a whole-store list shows it, no problem reported
-    assert listed is not None
-    assert listed == full(["list"])
+    with no_racy_window():
+        full(["list"])
+        for argv in (
+            ("list", "--domain", "voice"),
+            ("list", "--domain", "voice", "--json-style", "compact"),
+            ("search", "text_to_speech", "--domain", "voice", "--json"),
+            ("inspect", "piper", "--domain", "voice"),
+        ):
+            answered = quick_streams(argv)
+            assert answered is not None, argv
+            assert answered == full_streams(argv), argv
+            assert 'is stored under domain "voice" but declares domain "audio"' in answered[1], argv
+        # Named after the id: cli.py reports the file instead.
+        assert quick_streams(["inspect", "stray", "--domain", "voice"]) is None
+        listed = quick(["list"])  # a whole-store list shows it, no problem reported
+        assert listed is not None
+        assert listed == full(["list"])
 
 
 @pytest.mark.slow
@@ -663,6 +675,9 @@ def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_seed(
         root, Seed(id="noted", domain="voice", kind="cli", command="n", provides=("p",), aliases=("--",))
     )
+    # And a seed stored under voice that declares audio.
+    write_seed(root, Seed(id="stray", domain="audio", kind="cli", command="s", provides=("text_to_speech",)))
+    (root / "audio" / "stray.yml").rename(root / "voice" / "stray.yml")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SKILLSPEC_HOME", str(home))
         patch.delenv("SEEDSTORE_SERVER", raising=False)
@@ -677,7 +692,7 @@ _TOKENS = st.sampled_from(
         "voice", "audio", "text_to_speech", "say", "piper", "--json", "--json=", "--explain",
         "--local-only", "--preferred-seed", "--preferred-seed=say", "--json-style", "compact",
         "pretty", "--json-style=compact", "-x", "-", "--", "--broaden", "--server", "-h", "", "noted",
-        "hand-edit", "nowhere",
+        "hand-edit", "nowhere", "stray",
     ]
 )  # fmt: skip
 
