@@ -30,6 +30,7 @@ from agentsidecar.seedstore_service.errors import (
     WatchBacklogExceeded,
     excerpt,
 )
+from agentsidecar.sidecar_runtime.violations import PreconditionViolation
 
 
 class Code(enum.Enum):
@@ -43,15 +44,6 @@ class Code(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Precondition:
-    """One PreconditionFailure violation: what must be fixed first, where, and why."""
-
-    type: str
-    subject: str
-    description: str
-
-
-@dataclass(frozen=True, slots=True)
 class ErrorStatus:
     """A seedstore error's status, as status.py sends it and the CLI prints it."""
 
@@ -61,7 +53,7 @@ class ErrorStatus:
     domain: str
     metadata: Mapping[str, str] = field(default_factory=dict)
     field_violations: tuple[tuple[str, str], ...] = ()
-    precondition_violations: tuple[Precondition, ...] = ()
+    precondition_violations: tuple[PreconditionViolation, ...] = ()
 
 
 ERROR_DOMAIN = "seedstore.agentsidecar"
@@ -126,7 +118,7 @@ def _ambiguous(error: SeedStoreError, _: Mapping[str, str] | None) -> ErrorStatu
         domain=ERROR_DOMAIN,
         metadata={"seedId": error.seed_id, "pathCount": str(len(error.paths))},
         precondition_violations=tuple(
-            Precondition(
+            PreconditionViolation(
                 type=error.reason,
                 subject=path,
                 description=f'one of several files holding seed "{error.seed_id}"; pass a domain',
@@ -146,7 +138,7 @@ def _malformed(error: SeedStoreError, _: Mapping[str, str] | None) -> ErrorStatu
         domain=ERROR_DOMAIN,
         metadata={"path": error.path, "line": str(error.line), "detail": error.detail},
         precondition_violations=(
-            Precondition(type=error.reason, subject=error.path, description=where + error.detail),
+            PreconditionViolation(type=error.reason, subject=error.path, description=where + error.detail),
         ),
     )
 
@@ -171,7 +163,7 @@ def _outside_store(error: SeedStoreError, _: Mapping[str, str] | None) -> ErrorS
         domain=ERROR_DOMAIN,
         metadata={"path": excerpt(error.path, 512)},
         precondition_violations=(
-            Precondition(
+            PreconditionViolation(
                 type=error.reason,
                 subject=error.path,
                 description="the directory is a link out of the store; writes stay inside it",

@@ -17,7 +17,7 @@ import grpc
 from agentsidecar.seedstore_service import errors
 from agentsidecar.seedstore_service.error_status import ERROR_DOMAIN as ERROR_DOMAIN
 from agentsidecar.seedstore_service.error_status import error_status
-from agentsidecar.sidecar_runtime.richstatus import PreconditionViolation, RichError
+from agentsidecar.sidecar_runtime.richstatus import RichError
 from agentsidecar.sidecar_runtime.rpcerrors import ErrorTable
 
 INTERNAL_REASON = "INTERNAL"
@@ -35,10 +35,7 @@ def to_rich_error(error: BaseException, fields: Mapping[str, str] | None = None)
         domain=status.domain,
         metadata=status.metadata,
         field_violations=status.field_violations,
-        precondition_violations=tuple(
-            PreconditionViolation(violation.type, violation.subject, violation.description)
-            for violation in status.precondition_violations
-        ),
+        precondition_violations=status.precondition_violations,
     )
 
 

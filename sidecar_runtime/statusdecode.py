@@ -14,15 +14,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from agentsidecar.sidecar_runtime.violations import PreconditionViolation as PreconditionViolation
+
 VIOLATIONS_OMITTED = "violationsOmitted"
 TRUNCATED = "truncated"
-
-
-@dataclass(frozen=True, slots=True)
-class PreconditionViolation:
-    type: str
-    subject: str
-    description: str
 
 
 @dataclass(frozen=True, slots=True)
