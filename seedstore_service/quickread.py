@@ -2,11 +2,12 @@
 
 Agents run `seedstore search CAP --domain D --json` and its kin one process per
 call, so a read's cost is mostly the interpreter starting and the modules it
-imports. `answer` gives the output of `store`, `list`, `inspect` and `search`
+imports. `run` prints the output of `store`, `list`, `inspect` and `search`
 importing only modules that import nothing the interpreter has not loaded at
 start-up (walk, indexfile, names, scoring, location, render, cli_output and
-cli_common; cli_output only for an output not written from the listing blocks),
-or None, and then `main` offers the command line to `remote_read` (a
+cli_common; cli_output only for an output not written from the listing blocks or
+with warnings; the error tree and its status table only for an unknown id), or
+returns None, and then `main` offers the command line to `remote_read` (a
 `--server` read in the same plain forms) and else hands it to `cli.main`,
 which does everything and saves what the index lacks.
 
@@ -238,10 +239,9 @@ def vouched_sections(
                 rows = found  # type: ignore[assignment]  # no None among them
             if not section.signatures_hold(current, rows):
                 return None
-            in_scope = _in_scope(section, prefix, names, rows, domain)
-            if in_scope is None:
-                return None
-            vouched.append(_Vouched(narrow(section), prefix, *in_scope))
+            vouched.append(
+                _Vouched(narrow(section), prefix, *_in_scope(section, prefix, names, rows, domain))
+            )
     except (OSError, ValueError):
         return None  # a file gone since the walk, or a block or column that is not one
     return vouched
@@ -290,7 +290,7 @@ def _clean(section: indexfile.Section, rows: list[int] | None, domain: str | Non
 
 def _in_scope(
     section: indexfile.Section, prefix: str, names: list[str], rows: list[int] | None, domain: str | None
-) -> tuple[list[str], list[int] | None, list[_Problem], list[str]] | None:
+) -> tuple[list[str], list[int] | None, list[_Problem], list[str]]:
     """The names and rows of the files that hold a seed in scope, what the files report, and the
     names of those that hold none, as `persisted.IndexedFile.problems` and `in_scope` say: a file
     that does not parse reports its problem, (with `domain`) a seed declaring another domain the
@@ -302,8 +302,8 @@ def _in_scope(
     if _clean(section, rows, domain):
         return names, rows, [], []
     problem_of, notes_of = section.column(PROBLEM), section.column(NOTES)
-    domains = section.column(DOMAIN) if domain is not None else None
-    domain_lines = section.column(DOMAIN_LINE) if domain is not None else None
+    # With `domain`: each seed's declared domain, and the line that declares it.
+    domains, lines = (section.column(DOMAIN), section.column(DOMAIN_LINE)) if domain is not None else ([], [])
     kept_names: list[str] = []
     kept_rows: list[int] = []
     problems: list[_Problem] = []
@@ -314,12 +314,9 @@ def _in_scope(
             problems.append(_Problem(prefix + name, problem[0], problem[1]))
             held_none.append(name)
             continue
-        if domains is not None and domain_lines is not None and domains[row] != domain:
+        if domain is not None and domains[row] != domain:
             path = prefix + name
-            assert domain is not None
-            problems.append(
-                _Problem(path, domain_lines[row], domain_mismatch_reason(path, domain, domains[row]))
-            )
+            problems.append(_Problem(path, lines[row], domain_mismatch_reason(path, domain, domains[row])))
             held_none.append(name)
             continue
         problems.extend(_Problem(prefix + name, line, reason) for line, reason in notes_of[row])
@@ -543,17 +540,6 @@ def _search(
     return render.search_result_json(
         root, capability, request.value("domain"), selected, ask_policy, candidates, problems
     )
-
-
-def answer(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, Sequence[ProblemLike]] | None:
-    """What `cli.main(argv)` prints on stdout (without the final newline) and the problems it
-    prints as warnings before it; None when it prints no answer (a failure) or cli.py has to run
-    (module docstring)."""
-    answered = _answer(argv, env)
-    if answered is None or isinstance(answered, _NotFound):
-        return None
-    output, problems = answered
-    return (output.text() if isinstance(output, _Listing) else output), problems
 
 
 def run(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: TextIO) -> int | None:

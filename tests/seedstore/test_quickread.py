@@ -1,6 +1,6 @@
 """`seedstore`'s read commands from the persisted index (quickread.py) answer what cli.py answers, or nothing.
 
-Every comparison runs the same command line through `quickread.answer` and through
+Every comparison runs the same command line through `quickread.run` and through
 `cli.main` (which reads the files and refreshes the index), on real files, and
 asserts that the quick path either declines (None) or prints exactly cli.main's
 bytes; the tests that matter also assert that it did answer, so that no test passes
