@@ -731,38 +731,73 @@ async def fresh_negotiator(
         await server.stop()
 
 
-async def _cold_openai_rows(settings: Settings, workdir: Path, config: Path, base_url: str) -> list[Row]:
-    """The openai path cold: a fresh negotiator's first Invoke to the openai adapter (its HTTP
-    client connects to the mock on that call) vs a fresh Python process's first direct POST of
-    the same body (`bench_negotiator.py --cold-direct BASE_URL httpx|aiohttp`, timed inside that
-    process, its client made before: `harness.cold_direct_seconds`), alternated, median of the
-    repeats."""
-    request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
-    direct: dict[str, list[float]] = {"httpx": [], "aiohttp": []}
+# The direct clients every openai-path row measures (bench_stream.py's too).
+DIRECT_CLIENTS = ("httpx", "aiohttp")
+
+# The async stub type exists in the generated stubs (.pyi) only.
+FirstCall = Callable[["negotiator_pb2_grpc.NegotiatorServiceAsyncStub"], Awaitable[float]]
+
+
+async def cold_rows(
+    settings: Settings,
+    workdir: Path,
+    config: Path,
+    direct: tuple[str, str],
+    first_call: FirstCall,
+    label: Callable[[str, int], str],
+) -> list[Row]:
+    """A fresh negotiator's first call (`first_call` gives its seconds) vs a fresh Python process's
+    first direct request with each client (`direct`: the module that makes it with
+    `--cold-direct URL CLIENT`, and the URL; `harness.cold_direct_seconds`), alternated, median of
+    the repeats: a row per client, named `label(client, repeats)`."""
+    module, url = direct
+    directs: dict[str, list[float]] = {name: [] for name in DIRECT_CLIENTS}
     through: list[float] = []
     for attempt in range(settings.startup_repeats):
-        for name, attempts in direct.items():
-            attempts.append(await cold_direct_seconds("bench.bench_negotiator", base_url, name))
-        async with fresh_negotiator(workdir, config, f"cold-openai{attempt}") as stub:
-            started = time.perf_counter()
-            reply = await stub.Invoke(request)
-            through.append(time.perf_counter() - started)
-        if reply.text != "pong":
-            raise RuntimeError(f"{OPENAI} returned {reply.text!r}, not the mock's reply")
+        for name, attempts in directs.items():
+            attempts.append(await cold_direct_seconds(module, url, name))
+        async with fresh_negotiator(workdir, config, f"cold{attempt}") as stub:
+            through.append(await first_call(stub))
     negotiator_ms = statistics.median(through) * 1000
     rows = []
-    for name, attempts in direct.items():
+    for name, attempts in directs.items():
         direct_ms = statistics.median(attempts) * 1000
         rows.append(
             info_row(
-                f"openai path: Invoke ({OPENAI}), cold (first call of a fresh negotiator) vs a fresh "
-                f"process's first direct {name} POST, median of {len(attempts)}",
+                label(name, len(attempts)),
                 f"{negotiator_ms:.3f} ms",
                 f"{direct_ms:.3f} ms",
                 f"{negotiator_ms / direct_ms:.2f}x, {negotiator_ms - direct_ms:+.3f} ms",
             )
         )
     return rows
+
+
+async def _cold_openai_rows(settings: Settings, workdir: Path, config: Path, base_url: str) -> list[Row]:
+    """The openai path cold (`cold_rows`): a fresh negotiator's first Invoke to the openai adapter
+    (its HTTP client connects to the mock on that call) vs a fresh process's first direct POST of
+    the same body, its client made before."""
+    request = negotiator_pb2.InvokeRequest(adapter=OPENAI, prompt=PROMPT)
+
+    async def first_invoke(stub: negotiator_pb2_grpc.NegotiatorServiceAsyncStub) -> float:
+        started = time.perf_counter()
+        reply = await stub.Invoke(request)
+        elapsed = time.perf_counter() - started
+        if reply.text != "pong":
+            raise RuntimeError(f"{OPENAI} returned {reply.text!r}, not the mock's reply")
+        return elapsed
+
+    return await cold_rows(
+        settings,
+        workdir,
+        config,
+        ("bench.bench_negotiator", base_url),
+        first_invoke,
+        lambda client, repeats: (
+            f"openai path: Invoke ({OPENAI}), cold (first call of a fresh negotiator) vs a fresh "
+            f"process's first direct {client} POST, median of {repeats}"
+        ),
+    )
 
 
 async def _one_direct_post(base_url: str, client_name: str) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -43,13 +42,13 @@ from bench.bench_negotiator import (
     MODEL,
     OPENAI,
     PROMPT,
+    cold_rows,
     floor_server_argv,
     fresh_negotiator,
 )
 from bench.harness import (
     BENCH_DIR,
     Settings,
-    cold_direct_seconds,
     compare,
     open_channel,
     self_timed_window,
@@ -58,7 +57,6 @@ from bench.harness import (
 from bench.report import Comparison, Row, compared_overhead, info_row, with_rounds
 
 GAP_MS = 5.0
-DIRECT_CLIENTS = ("httpx", "aiohttp")
 
 
 def stream_config(base_url: str) -> str:
@@ -191,27 +189,17 @@ async def run(settings: Settings, rows: list[Row]) -> None:
         config = workdir / "negotiator.yaml"
         config.write_text(stream_config(base_url))
 
-        # Cold: alternate a fresh process's first direct request (each client) and a fresh
-        # negotiator's first call.
-        cold_direct: dict[str, list[float]] = {client: [] for client in DIRECT_CLIENTS}
-        cold_negotiator: list[float] = []
-        for attempt in range(settings.startup_repeats):
-            for client_name, attempts in cold_direct.items():
-                attempts.append(await cold_direct_seconds("bench.bench_stream", str(url), client_name))
-            async with fresh_negotiator(workdir, config, f"cold{attempt}") as cold_stub:
-                cold_negotiator.append(await negotiator_first_delta(cold_stub)())
-        negotiator_ms = statistics.median(cold_negotiator) * 1000
-        for client_name, attempts in cold_direct.items():
-            direct_ms = statistics.median(attempts) * 1000
-            rows.append(
-                info_row(
-                    f"stream: first delta, cold (first call of a fresh process) vs direct {client_name} SSE, "
-                    f"median of {len(attempts)}",
-                    f"{negotiator_ms:.3f} ms",
-                    f"{direct_ms:.3f} ms",
-                    f"{negotiator_ms / direct_ms:.2f}x, {negotiator_ms - direct_ms:+.3f} ms",
-                )
-            )
+        rows += await cold_rows(
+            settings,
+            workdir,
+            config,
+            ("bench.bench_stream", str(url)),
+            lambda cold_stub: negotiator_first_delta(cold_stub)(),
+            lambda client, repeats: (
+                f"stream: first delta, cold (first call of a fresh process) vs direct {client} SSE, "
+                f"median of {repeats}"
+            ),
+        )
 
         stub = await stack.enter_async_context(fresh_negotiator(workdir, config, "warm"))
         forwarder = await start_server_process(
