@@ -328,6 +328,41 @@ def test_unknown_seed_exits_64_plus_not_found_with_error_info(
     assert info["metadata"] == {"seedId": "no-such-seed"}
 
 
+def _store_with_a_broken_file(home: Path) -> None:
+    """The stocked store and a file that does not parse, named as the seed it was meant to be."""
+    _stocked_store(home)
+    (home / "capabilities" / "voice" / "hand-edit.yml").write_text("id: [unclosed\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def broken_seedstore() -> Iterator[Sidecar]:
+    yield from _start("seedstore", _store_with_a_broken_file)
+
+
+def test_a_seed_file_that_does_not_parse_is_failed_precondition_naming_it(
+    grpcurl: Path, broken_seedstore: Sidecar
+) -> None:
+    """A Go client decodes the seedstore's PreconditionFailure: the file to fix, and why."""
+    result = run_grpcurl(
+        grpcurl,
+        broken_seedstore,
+        "uds",
+        "-format-error",
+        "-d",
+        '{"id": "hand-edit"}',
+        f"{SEEDSTORE_SERVICE}/InspectSeed",
+    )
+    assert result.returncode == GRPCURL_EXIT_BASE + FAILED_PRECONDITION, result.stderr
+    error = _formatted_error(result)
+    details = _details_by_type(error)
+    info = details["google.rpc.ErrorInfo"]
+    assert (info["reason"], info["domain"]) == ("SEED_MALFORMED", "seedstore.agentsidecar")
+    path = str(broken_seedstore.home / "capabilities" / "voice" / "hand-edit.yml")
+    [violation] = details["google.rpc.PreconditionFailure"]["violations"]
+    assert (violation["type"], violation["subject"]) == ("SEED_MALFORMED", path)
+    assert violation["description"].startswith("line ")
+
+
 def test_refused_produce_exits_64_plus_failed_precondition_with_every_gap(
     grpcurl: Path, negotiator: Sidecar
 ) -> None:
