@@ -16,6 +16,7 @@ CLIENT_SAFE_RUNTIME = frozenset(
     {
         "agentsidecar.sidecar_runtime.addresses",
         "agentsidecar.sidecar_runtime.statusdecode",
+        "agentsidecar.sidecar_runtime.violations",  # a value class, which statusdecode hands back
         "agentsidecar.sidecar_runtime.wire_names",
     }
 )
