@@ -16,9 +16,9 @@ in front of a provider; the negotiator runs its openai adapter against the same 
 
 Windows rotate the direct clients / negotiator / LiteLLM, the order reversed every other round,
 and each figure is the median over rounds. LiteLLM is looked up at `$LITELLM_BIN`, then in
-`.peers/litellm` (scripts/peers/python-servers.sh), then on PATH (`pip install
-'agentsidecar[bench]'`); when it is not there the rows say so and nothing else is skipped.
-Never 1.107.0 (a compromised release): the extra pins 1.80.0.
+`.peers/litellm` (scripts/peers/python-servers.sh installs it there, in a venv of its own: its
+uvicorn pin excludes the one the mcp SDK needs), then on PATH; when it is not there the rows say
+so and nothing else is skipped. Never 1.107.0 (a compromised release): the script pins 1.80.0.
 """
 
 from __future__ import annotations
@@ -286,10 +286,7 @@ async def running_litellm(binary: Path, config: Path, log: Path) -> AsyncIterato
 async def run(settings: Settings, rows: list[Row]) -> None:
     binary = litellm_binary()
     if binary is None:
-        reason = (
-            "LiteLLM proxy is not installed (set LITELLM_BIN, run scripts/peers/python-servers.sh, "
-            "or pip install 'agentsidecar[bench]')"
-        )
+        reason = "LiteLLM proxy is not installed (run scripts/peers/python-servers.sh, or set LITELLM_BIN)"
         print(f"bench_litellm: skipped: {reason}", file=sys.stderr)
         rows.append(missing_row("litellm peer: negotiator overhead vs LiteLLM proxy's", "≤ 1/8", reason))
         return

@@ -29,7 +29,7 @@ offline=True)`, as `negotiation.schema_validator`) and jsonschema
 FORMAT_CHECKER) apply draft 2020-12. fastjsonschema implements drafts 4, 6 and 7
 only: it compiles the schema without its `$schema` (draft 7) and checks it
 against the draft-7 metaschema with a validator it compiled once, before the
-rounds. fastjsonschema is optional (`pip install 'agentsidecar[bench]'`); without
+rounds. fastjsonschema is optional (`pip install -e '.[bench]'`); without
 it its rows say so.
 """
 
@@ -319,9 +319,7 @@ def rows_of(found: list[Library], figures: Figures, missing: list[str]) -> list[
     )
     for name in missing:
         rows.append(
-            missing_row(
-                f"validators: {name}", "—", f"{name} is not installed (pip install 'agentsidecar[bench]')"
-            )
+            missing_row(f"validators: {name}", "—", f"{name} is not installed (pip install -e '.[bench]')")
         )
     return rows
 

@@ -213,6 +213,19 @@ def test_probe_command_is_an_installed_console_script() -> None:
 
 
 @pytest.mark.slow
+def test_every_extra_installs_beside_the_package() -> None:
+    # An extra whose pins exclude the runtime's own dependencies cannot be installed at all
+    # (pip refuses the whole set); pip resolves them all together, from nothing installed.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    extras = ",".join(sorted(project["project"]["optional-dependencies"]))
+    result = run(
+        sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+        "--disable-pip-version-check", f"{REPO}[{extras}]",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_check_jsonschema_accepts_the_compose_file() -> None:
     checker = tool("check-jsonschema", "check-jsonschema==0.39.0")
     result = run(checker, "--builtin-schema", "vendor.compose-spec", COMPOSE_FILE)
