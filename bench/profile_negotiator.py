@@ -18,7 +18,8 @@ through the runtime's batched stderr writer, which costs less), then:
   new `seed` setting): the schema's parse, metaschema check, compile and
   formats walk, its whole check, a new decision's log line, proto and
   sharing, and the dry run and brokered call of a cold Produce and of an
-  Invoke with new options;
+  Invoke with new options; then a run of cold Produces, each timed alone
+  (p50, p99, p99.9, max), long enough to make every cache drop entries;
 * with --cprofile, profiles this process (the server) while a client
   process makes N Negotiate and then N Invoke calls, and prints the
   functions with the most own time, then the negotiator's (and logging's)
@@ -47,12 +48,13 @@ import jsonschema_rs
 from agentsidecar.negotiator.v1 import negotiator_pb2, negotiator_pb2_grpc
 from agentsidecar.negotiator_service import convert, model, negotiation
 from agentsidecar.negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
-from agentsidecar.negotiator_service.broker import _AuditDraft, decision_line
-from agentsidecar.negotiator_service.call_caches import CallCaches
+from agentsidecar.negotiator_service.broker import Broker, _AuditDraft, decision_line
+from agentsidecar.negotiator_service.call_caches import MAX_ENTRIES, CallCaches
 from agentsidecar.negotiator_service.model import AdapterCall, AdapterReply, AuditOutcome, CallKind
 from agentsidecar.negotiator_service.server import Settings, create_server
 from bench.bench_negotiator import bench_config, output_schema, produce_request, scripted_invoke_request
 from bench.profile_openai import best_us, best_us_async
+from bench.report import percentile
 
 REPEATS = 7  # the machine is noisy: the fastest of several batches is the work itself
 
@@ -220,6 +222,27 @@ async def cold_breakdown(running: object, calls: int) -> None:
         ("Invoke, new options (convert, call, respond)", invoke),
     ):
         print(f"  {label:<46} {await best_us_async(work, calls):8.1f} µs")
+    await cold_tail(broker, prefix)
+
+
+async def cold_tail(broker: Broker, prefix: str) -> None:
+    """Each call of a run of cold Produces timed alone: enough new schemas to fill every cache
+    several times over, so the tail shows what dropping their entries costs the calls that do it."""
+    caches = broker.caches
+    count = 4 * MAX_ENTRIES
+    messages = [produce_request(f"{prefix}t{i}") for i in range(count)]
+    latencies = []
+    for message in messages:
+        started = time.perf_counter()
+        reply, decision = await broker.call(caches.produce_request(message), time_budget=None)
+        caches.produce_response(reply, decision)
+        latencies.append(time.perf_counter() - started)
+    latencies.sort()
+    figures = "  ".join(
+        f"{name} {percentile(latencies, fraction) * 1e6:.0f}"
+        for name, fraction in (("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))
+    )
+    print(f"  {f'Produce, a new schema, {count} calls one by one':<46} {figures} µs")
 
 
 async def client(target: str, calls: int, method: str) -> None:

@@ -22,6 +22,8 @@ class Stats:
     p90_ms: float
     p99_ms: float
     throughput_per_s: float
+    # The tail a pause in one call in a thousand shows in (a window holds a few thousand calls).
+    p999_ms: float = 0.0
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
@@ -46,6 +48,7 @@ def summarize(latencies_s: Sequence[float], elapsed_s: float) -> Stats:
         p90_ms=percentile(ordered, 0.90) * 1000.0,
         p99_ms=percentile(ordered, 0.99) * 1000.0,
         throughput_per_s=len(ordered) / elapsed_s if elapsed_s > 0 else 0.0,
+        p999_ms=percentile(ordered, 0.999) * 1000.0,
     )
 
 
@@ -63,6 +66,7 @@ def median_stats(rounds: Sequence[Stats]) -> Stats:
         p90_ms=statistics.median(r.p90_ms for r in rounds),
         p99_ms=statistics.median(r.p99_ms for r in rounds),
         throughput_per_s=statistics.median(r.throughput_per_s for r in rounds),
+        p999_ms=statistics.median(r.p999_ms for r in rounds),
     )
 
 

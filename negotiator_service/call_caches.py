@@ -56,7 +56,8 @@ decision_protos, negotiate_responses, decision_sizes
 
 Identity keys hold their objects (IdentityCache), so no other object can
 take their id()s while an entry lives. Every cache is bounded by
-MAX_ENTRIES and starts over when full: a miss costs only the recomputation.
+MAX_ENTRIES; when full, each new entry drops the oldest (IdentityCache says
+why one at a time): a miss costs only the recomputation.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class CallCaches:
         if known is not None:
             return known
         if len(decisions) >= self._max_entries:
-            decisions.clear()
+            del decisions[next(iter(decisions))]
         decisions[key] = decision
         return decision
 

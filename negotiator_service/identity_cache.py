@@ -7,7 +7,10 @@ decision's proto or log line, an adapter's verdict) is a pure function of
 them. Identity is then a far cheaper key than equality, which would hash
 every field. An entry holds its key objects, so no other object can take
 their id()s while it lives: an id match is the same object. Bounded: past
-`max_entries` the cache starts over.
+`max_entries` each new entry drops the oldest (a dict keeps insertion
+order), so freeing what the cache held is spread over the calls that bring
+new entries; emptying a full cache at once would free it all within one
+call (compiled validators among it), that call paying for every other.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ class IdentityCache(Generic[_Value]):
         return default if entry is None else entry[1]
 
     def put(self, objects: tuple[object, ...], extra: Hashable, value: _Value) -> None:
-        if len(self._entries) >= self._max_entries:
-            self._entries.clear()
-        self._entries[_key(objects, extra)] = (objects, value)
+        entries = self._entries
+        if len(entries) >= self._max_entries:
+            del entries[next(iter(entries))]
+        entries[_key(objects, extra)] = (objects, value)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -115,7 +115,7 @@ def test_option_problems_are_reported_for_every_call_with_those_options() -> Non
     assert negotiation.validate_request(fine) is None
 
 
-def test_an_identity_cache_tells_equal_objects_apart_and_starts_over_when_full() -> None:
+def test_an_identity_cache_tells_equal_objects_apart_and_drops_its_oldest_entry_when_full() -> None:
     cache: IdentityCache[str] = IdentityCache(max_entries=2)
     first, twin = [1, 2], [1, 2]  # equal, but not the same object
     cache.put((first,), "extra", "kept")
@@ -124,8 +124,19 @@ def test_an_identity_cache_tells_equal_objects_apart_and_starts_over_when_full()
     assert cache.get((first,), "other extra", None) is None
     cache.put((twin,), "extra", "twin's")
     assert (len(cache), cache.get((first,), "extra", None)) == (2, "kept")
-    cache.put(([3],), None, "third")  # full: starts over
-    assert (len(cache), cache.get((first,), "extra", None)) == (1, None)
+    third = [3]
+    cache.put((third,), None, "third")  # full: the oldest entry goes, the others stay
+    assert len(cache) == 2
+    assert cache.get((first,), "extra", None) is None
+    assert (cache.get((twin,), "extra", None), cache.get((third,), None, None)) == ("twin's", "third")
+    cache.put((first,), "extra", "back")
+    assert [
+        cache.get((key,), extra, None) for key, extra in ((twin, "extra"), (third, None), (first, "extra"))
+    ] == [
+        None,
+        "third",
+        "back",
+    ]
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 3])
@@ -229,7 +240,10 @@ def test_decisions_that_differ_in_any_compared_field_are_kept_apart() -> None:
     ]
     kept = [caches.shared_decision(decision) for decision in (base, *variants)]
     assert [a is b for a, b in zip(kept, (base, *variants), strict=True)] == [True] * 5
-    assert caches.shared_decision(dataclasses.replace(variants[3])) is variants[3]  # still kept: bounded
+    # Bounded: the fifth dropped the oldest (base), and the others are still kept.
+    assert caches.shared_decision(dataclasses.replace(variants[3])) is variants[3]
+    assert caches.shared_decision(dataclasses.replace(variants[0])) is variants[0]
+    assert caches.shared_decision(dataclasses.replace(base)) is not base
 
 
 def test_a_replaced_declaration_is_judged_afresh_for_the_same_options() -> None:
