@@ -6,7 +6,8 @@ imports. `run` prints the output of `store`, `list`, `inspect` and `search`
 importing only modules that import nothing the interpreter has not loaded at
 start-up (walk, indexfile, names, scoring, location, render, cli_output and
 cli_common; cli_output only for an output not written from the listing blocks or
-with warnings; the error tree and its status table only for an unknown id), or
+with warnings; the error tree and its status table only for an unknown or ambiguous
+id), or
 returns None, and then `main` offers the command line to `remote_read` (a
 `--server` read in the same plain forms) and else hands it to `cli.main`,
 which does everything and saves what the index lacks.
@@ -28,9 +29,10 @@ It answers only when its answer is the one `cli.main` prints, byte for byte:
 * a file that does not parse, (with `--domain`) a seed there declaring another domain,
   and a seed's notes are reported as cli.py reports them, in the answer's `problems`
   (sorted by path) and as `warning:` lines on stderr before it;
-* `inspect` finds the id in at most one file (in none: cli.py's SeedNotFound failure,
-  printed from the status table, unless a file that does not parse is named after the
-  id); `search`'s capability has a canonical form.
+* `inspect` prints the seed of the one file holding the id, or cli.py's failure from
+  the status table: SeedNotFound when none does (unless a file that does not parse is
+  named after the id), AmbiguousSeed with the paths of those that do, sorted, when
+  several do; `search`'s capability has a canonical form.
 
 Nothing here writes: when an entry is missing or stale, cli.py reads the file and
 saves the entry, and the next call answers from it.
@@ -449,12 +451,14 @@ def _list(root: str, domain: str | None, scope: _Scope, problems: Sequence[Probl
 
 class _NotFound:
     """`inspect`'s id is held by no seed in scope, and no file that holds none is named after it
-    (which cli.py would report instead): the SeedNotFound failure cli.py prints."""
+    (which cli.py would report instead): the SeedNotFound failure cli.py prints; or, with
+    `paths`, by the seeds of those files (sorted, as a scope's seeds are): AmbiguousSeed."""
 
-    __slots__ = ("seed_id",)
+    __slots__ = ("paths", "seed_id")
 
-    def __init__(self, seed_id: str) -> None:
+    def __init__(self, seed_id: str, paths: list[str] | None = None) -> None:
         self.seed_id = seed_id
+        self.paths = paths
 
 
 def _inspect(
@@ -474,7 +478,7 @@ def _inspect(
             rows = [row for row in held.rows if ids[row] == seed_id]
         for row in rows:
             if found is not None:
-                return None  # ambiguous: cli.py reports it
+                return _ambiguous(seed_id, vouched)
             found = (held, row)
     if found is None:
         if any(file_stem(name) == seed_id for held in vouched for name in held.broken):
@@ -491,6 +495,21 @@ def _inspect(
     path = held.prefix + held.names[held.rows.index(row)]
     seed = indexfile.loads(section.seeds()[row])
     return render.inspect_json(root, path, section.column(REVISION)[row], seed, problems)
+
+
+def _ambiguous(seed_id: str, vouched: list[_Vouched]) -> _NotFound | None:
+    """AmbiguousSeed for the files of the scope whose seeds hold `seed_id`, found from checked
+    ids (the counts that found a second one read columns as written); None if fewer than two."""
+    paths: list[str] = []
+    for held in vouched:
+        ids = held.section.column(ID)
+        paths.extend(
+            held.prefix + name for name, row in zip(held.names, held.rows, strict=True) if ids[row] == seed_id
+        )
+    if len(paths) < 2:
+        return None
+    paths.sort()
+    return _NotFound(seed_id, paths)
 
 
 def _search(
@@ -560,9 +579,10 @@ def _print(
     if isinstance(answered, _NotFound):
         # The errors and their status table are imported only now: no answer needs them.
         from agentsidecar.seedstore_service.cli_output import local_error_object
-        from agentsidecar.seedstore_service.errors import SeedNotFound
+        from agentsidecar.seedstore_service.errors import AmbiguousSeed, SeedNotFound
 
-        error = SeedNotFound(answered.seed_id)
+        paths = answered.paths
+        error = SeedNotFound(answered.seed_id) if paths is None else AmbiguousSeed(answered.seed_id, paths)
         cli_common.print_error(error.message, local_error_object(error, error.message), stderr)
         return cli_common.EXIT_FAILED
     output, problems = answered

@@ -116,7 +116,6 @@ DECLINED: tuple[tuple[str, ...], ...] = (
     ("list", "--server", "unix:/nowhere"),
     ("list", "--json"),
     ("inspect",),
-    ("inspect", "say"),  # in two domains: ambiguous
     ("inspect", "a", "b"),
     ("search",),
     ("search", "text_to_speech", "--broaden"),
@@ -406,6 +405,32 @@ def test_an_unknown_id_is_reported_as_cli_reports_it(store: Path) -> None:
         assert failed == full_streams(argv), argv
         assert failed[2] == 1, argv
         assert quick(["list", "--domain", "audio"]) == full(["list", "--domain", "audio"])
+
+
+def test_an_ambiguous_id_is_reported_as_cli_reports_it(store: Path) -> None:
+    # `say` is in voice and audio; another in a nested directory and one in the root file sort
+    # among them by path, not by section.
+    nested = store / "audio" / "more"
+    nested.mkdir()
+    (nested / "say.yml").write_text(dump_seed(SEEDS[5]), encoding="utf-8")
+    (store / "say.yml").write_text(dump_seed(SEEDS[0]), encoding="utf-8")
+    with no_racy_window():
+        full(["list"])
+        for argv in (
+            ("inspect", "say"),
+            ("inspect", "say", "--domain", "audio"),
+            ("inspect", "--json", "say"),
+        ):
+            failed = quick_streams(argv)
+            assert failed is not None, argv
+            assert failed == full_streams(argv), argv
+            assert (failed[0], failed[2]) == ("", 1), argv
+            assert '"reason":"SEED_AMBIGUOUS"' in failed[1], argv
+        stderr = full_streams(["inspect", "say"])[1]
+        (failure,) = (line for line in stderr.splitlines() if line.startswith("{"))
+        violations = json.loads(failure)["error"]["precondition_violations"]
+        names = ("audio/more/say.yml", "audio/say.yml", "say.yml", "voice/say.yml")
+        assert [violation["subject"] for violation in violations] == [str(store / name) for name in names]
 
 
 def test_a_seed_declaring_another_domain_is_reported_for_that_domain(store: Path) -> None:
