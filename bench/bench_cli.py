@@ -170,19 +170,19 @@ def settle_index(home: Path, env: dict[str, str]) -> None:
     run_once([str(seedstore_executable()), "list"], env)
 
 
-AMBIGUOUS_ID = "seed-000011"  # in d11; the broken-file copy holds a twin of it in d12
+AMBIGUOUS_ID = "seed-000011"  # in d11, where the broken-file copy holds a twin of it
 
 
 def broken_file_rows(home: Path, scratch: Path, skillspec: str | None, runs: int) -> list[Row]:
     """`list` and `inspect ID` on a copy of the store (its index too) with one file that does not
     parse, as a hand edit leaves one: the reads report it and answer from the index all the same;
-    and `inspect` of an id two files of the copy hold (a seed copied to another domain), the
-    failure naming both."""
+    and `inspect` of an id two files of the copy hold (a seed copied under another name in its
+    directory, so that the sections' `list` rows still follow each other), the failure naming both."""
     broken_home = scratch / "broken-file"
     shutil.copytree(home, broken_home, symlinks=True)
     capabilities = broken_home / "capabilities"
     (capabilities / "d03" / "zz-hand-edit.yml").write_text("id: [unclosed\n", encoding="utf-8")
-    shutil.copyfile(capabilities / "d11" / f"{AMBIGUOUS_ID}.yml", capabilities / "d12" / "zz-twin.yml")
+    shutil.copyfile(capabilities / "d11" / f"{AMBIGUOUS_ID}.yml", capabilities / "d11" / "zz-twin.yml")
     env = {**os.environ, "SKILLSPEC_HOME": str(broken_home)}
     env.pop("SEEDSTORE_SERVER", None)
     settle_index(broken_home, env)
