@@ -305,10 +305,8 @@ class Broker:
         if not isinstance(tool_log, ToolCallLog):
             tool_log = ToolCallLog()
         audit.tool_log = tool_log
-        schema = _own_schema(expanded, schema, checked)
-        if checked is not None and schema is not None:
-            # Before the adapter holds the schema it could change.
-            checked = checked.compiled(schema)
+        if checked is not None and expanded.output_schema:
+            checked, schema = checked.for_dispatch(expanded.output_schema, schema)
         options = expanded.options
         # The declaration `_decide` judged by: the target's, as the registry held it (nothing was
         # awaited since).
@@ -397,8 +395,7 @@ class Broker:
         For code that must know the verdict before calling (conversations
         skip their lease for a refused call); raises as `negotiate` does.
         """
-        decision, _, _ = self._judge(request)
-        return decision
+        return self._judge_checked(request)[0]
 
     def _decide(self, request: CallRequest, *, operation: str, dispatch: bool) -> _Judged:
         judged = self._judge_checked(request, dispatch=dispatch)
@@ -408,14 +405,16 @@ class Broker:
     def _judge(self, request: CallRequest) -> tuple[Decision, Mapping[str, Any] | None, CallRequest]:
         """The decision, the parsed schema, and the call with its profile expanded (what the adapter gets)."""
         decision, schema, expanded, checked = self._judge_checked(request)
-        return decision, _own_schema(expanded, schema, checked), expanded
+        if checked is not None and expanded.output_schema:
+            checked, schema = checked.for_dispatch(expanded.output_schema, schema)
+        return decision, schema, expanded
 
     def _judge_checked(self, request: CallRequest, *, dispatch: bool = False) -> _Judged:
         """`_judge`, with the output schema's CheckedSchema (None for an Invoke).
 
         The schema is None also for a Produce whose text was checked before
-        (`_own_schema` parses it for the call that dispatches): a dry run
-        never needs it.
+        (`CheckedSchema.for_dispatch` gives the one a dispatched call hands
+        its adapter): a dry run never needs it.
 
         A judgement is a pure function of the call's options, target, kind,
         schema text and whether it has a prompt, of the profiles (fixed per
@@ -590,16 +589,6 @@ async def _within(
         task.uncancel()
         raise AdapterTimeout(shortname, exceeded)
     return reply
-
-
-def _own_schema(
-    request: CallRequest, schema: Mapping[str, Any] | None, checked: CheckedSchema | None
-) -> Mapping[str, Any] | None:
-    """The schema a dispatched call hands its adapter: parsed for this call alone, so an adapter
-    that changes it cannot change what the next call gets."""
-    if schema is not None or checked is None or not request.output_schema:
-        return schema
-    return negotiation.fresh_schema(request.output_schema)
 
 
 def decision_line(operation: str, decision: Decision, allow_unknown: frozenset[Capability]) -> str:

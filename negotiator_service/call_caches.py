@@ -28,9 +28,10 @@ judgements (Broker._judge)
 schemas (checked_schema)
     Key: an output schema's text, at most MAX_SCHEMA_BYTES long. Value: its
     CheckedSchema (negotiation.check_schema_text): its problems, its
-    compiled validator and its formats, a pure function of the text and
-    immutable. The parsed schema an adapter gets is never kept: a call
-    whose text is known parses its own (broker._own_schema).
+    compiled validator, its formats and the parsed schema the calls hand
+    their adapters, each a pure function of the text and immutable (the
+    schema is `frozen_json`, so no adapter can change what the next call
+    gets: CheckedSchema.for_dispatch).
 
 decisions (shared_decision)
     Key: a decision by value: its compared fields (adapter, declaration

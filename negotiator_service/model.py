@@ -439,7 +439,9 @@ class AdapterCall:
 
     prompt: str
     options: CallOptions
-    output_schema: Mapping[str, JsonValue] | None = None  # parsed; Produce only
+    # Produce only: parsed and read-only (negotiation.frozen_json, shared by like calls);
+    # adapters/_calls.plain_json copies it as plain JSON to change or dump.
+    output_schema: Mapping[str, JsonValue] | None = None
     time_budget: float | None = None  # seconds the caller has left; None = no deadline
     delegation_depth: int = 0
     tools: ToolBox | None = None  # set only when the call brought tools

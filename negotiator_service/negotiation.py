@@ -127,7 +127,7 @@ def validate_call(
     `check_schema` checks a schema text (default: `check_schema_text`); a
     cache of its results hands out the same CheckedSchema for the same text,
     and no parsed schema for a text it knows (the schema returned is then
-    None: parse it with `fresh_schema` where it is needed).
+    None: `CheckedSchema.for_dispatch` gives the one an adapter gets).
     """
     problems: list[tuple[str, str]] = []
     problems.extend(_target_problems(request))
@@ -181,17 +181,34 @@ def _parse_schema(text: str) -> tuple[Mapping[str, Any] | None, list[tuple[str, 
     return parsed, []
 
 
-def fresh_schema(text: str) -> Mapping[str, Any]:
-    """A schema text already found valid, parsed: a boolean schema as its object equivalent.
-
-    Parsed afresh for every call: the schema goes to the adapter, which must
-    not be able to change what the next call gets.
-    """
+def fresh_schema(text: str) -> dict[str, Any]:
+    """A schema text already found valid, parsed: a boolean schema as its object equivalent."""
     parsed = json.loads(text)
     if isinstance(parsed, bool):
         return {} if parsed else {"not": {}}
-    schema: Mapping[str, Any] = parsed
+    schema: dict[str, Any] = parsed
     return schema
+
+
+def frozen_json(value: Any) -> Any:
+    """A parsed JSON value that cannot be changed: each object a MappingProxyType, each array a
+    tuple, over copies (nothing else holds them). `plain_json` (adapters/_calls.py) gives the
+    plain dicts and lists back, which json.dumps needs."""
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return value
+    # Written out so that no call is made for a scalar, most of a schema's values.
+    if kind is dict:
+        frozen: dict[str, Any] = {}
+        for key, item in value.items():
+            kind = type(item)
+            frozen[key] = frozen_json(item) if kind is dict or kind is list else item
+        return MappingProxyType(frozen)
+    items = []
+    for item in value:
+        kind = type(item)
+        items.append(frozen_json(item) if kind is dict or kind is list else item)
+    return tuple(items)
 
 
 class CheckedSchema:
@@ -200,15 +217,16 @@ class CheckedSchema:
     One CheckedSchema may serve every call with that text (call_caches.py):
     its problems and formats are fixed when it is built, and its validator
     is compiled at most once (by the check, or for the first call that
-    dispatches) and immutable; one made `without_validator` compiles a copy
-    per call instead. The parsed schema an adapter gets is never part of it.
+    dispatches) and immutable, as is the parsed schema those calls hand
+    their adapters (`for_dispatch`); one made `without_validator` compiles
+    a copy, and parses that schema, per call instead.
 
     problems: everything wrong with the text (empty when it is usable).
     formats: (request field, format) of the first `format` keyword naming
         each format, in document order (what `derive_checked_requirements` takes).
     """
 
-    __slots__ = ("_keeps_validator", "_validator", "formats", "problems")
+    __slots__ = ("_keeps_validator", "_schema", "_validator", "formats", "problems")
 
     def __init__(
         self,
@@ -222,6 +240,27 @@ class CheckedSchema:
         self.formats = formats
         self._validator = validator
         self._keeps_validator = keeps_validator
+        self._schema: Mapping[str, Any] | None = None
+
+    def for_dispatch(
+        self, text: str, parsed: Mapping[str, Any] | None
+    ) -> tuple[CheckedSchema, Mapping[str, Any]]:
+        """For a call dispatching with this text: the check compiled (`compiled`), and the schema
+        its adapter gets; `parsed` is the text as this call's check parsed it (None: not parsed).
+
+        The schema is `frozen_json`: no adapter can change it, so one object serves every call
+        with the text (made by the first; per call for one that keeps no validator), and the
+        validator is compiled before any adapter holds it.
+        """
+        schema = self._schema
+        if schema is not None:
+            return self, schema
+        plain = parsed if parsed is not None else fresh_schema(text)
+        checked = self.compiled(plain)
+        schema = frozen_json(plain)
+        if checked._keeps_validator:
+            checked._schema = schema
+        return checked, schema
 
     def compiled(self, schema: Mapping[str, Any]) -> CheckedSchema:
         """This check with its validator, compiled from `schema` (this text, parsed) unless it is already.
@@ -832,13 +871,13 @@ def _collect_first_formats(
                             return True
                         path.pop()
                 path.pop()
-        elif shape == _ONE and not isinstance(value, list):
+        elif shape == _ONE and not isinstance(value, list | tuple):
             if (type(value) is dict or isinstance(value, Mapping)) and not walked.isdisjoint(value):
                 path.append(keyword)
                 if _collect_first_formats(value, path, first, named):
                     return True
                 path.pop()
-        elif isinstance(value, list):  # a list keyword, or the pre-2020 tuple `items`
+        elif isinstance(value, list | tuple):  # a list keyword, or the pre-2020 tuple `items`
             path.append(keyword)
             for index, sub in enumerate(value):
                 if (type(sub) is dict or isinstance(sub, Mapping)) and not walked.isdisjoint(sub):

@@ -31,6 +31,7 @@ from agentsidecar.negotiator_service.model import (
     ToolFilter,
     TypedSet,
 )
+from agentsidecar.negotiator_service.negotiation import frozen_json
 from agentsidecar.negotiator_service.registry import AdapterRegistry, RegisteredAdapter
 
 SUPPORTED = CapabilityState.SUPPORTED
@@ -351,7 +352,7 @@ async def test_the_adapter_receives_the_parsed_call() -> None:
     assert call == AdapterCall(
         prompt="give me json",
         options=request.options,
-        output_schema=SCHEMA,
+        output_schema=frozen_json(SCHEMA),  # read-only: objects as MappingProxyType, arrays as tuples
         time_budget=2.5,
         delegation_depth=2,
     )

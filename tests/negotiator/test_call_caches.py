@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from agentsidecar.common.v1 import common_pb2
 from agentsidecar.negotiator.v1 import negotiator_pb2
 from agentsidecar.negotiator_service import convert, negotiation
-from agentsidecar.negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call
+from agentsidecar.negotiator_service.adapters._calls import ALL_CAPABILITIES, check_call, plain_json
 from agentsidecar.negotiator_service.broker import Broker
 from agentsidecar.negotiator_service.call_caches import CallCaches
 from agentsidecar.negotiator_service.errors import (
@@ -277,13 +278,22 @@ def test_what_validation_refuses_is_refused_after_a_like_call_was_accepted() -> 
     assert [field for field, _ in schema_on_invoke.value.violations] == ["output_schema"]
 
 
-def test_a_produce_like_an_earlier_one_gets_a_schema_of_its_own() -> None:
+def test_produces_with_one_schema_text_share_one_schema_no_adapter_can_change() -> None:
     broker = judged_broker(FakeAdapter(make_declaration(supported=[Capability.STRUCTURED_OUTPUT])))
-    produce = dataclasses.replace(shared_call(), kind=CallKind.PRODUCE, output_schema='{"type": "object"}')
-    _, first_schema, _ = broker._judge(produce)
-    _, second_schema, _ = broker._judge(produce)
-    assert first_schema == second_schema == {"type": "object"}
-    assert first_schema is not second_schema  # an adapter changing one cannot change the next call's
+    text = '{"type": "object", "required": ["a"], "properties": {"a": {"enum": [1, [2]]}}}'
+    produce = dataclasses.replace(shared_call(), kind=CallKind.PRODUCE, output_schema=text)
+    _, first_schema, _ = broker._judge(produce)  # judged afresh: the check's own parse, frozen
+    _, second_schema, _ = broker._judge(produce)  # judged before: the kept one
+    assert first_schema is not None
+    assert first_schema is second_schema
+    assert plain_json(first_schema) == json.loads(text)
+    with pytest.raises(TypeError):
+        first_schema["type"] = "array"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        first_schema["properties"]["a"]["enum"][1][0] = 3
+    with pytest.raises(AttributeError):
+        first_schema["required"].append("b")
+    assert plain_json(second_schema) == json.loads(text)
 
 
 def test_a_profile_expanded_once_is_expanded_for_every_like_call() -> None:

@@ -93,11 +93,23 @@ async def test_a_produce_and_a_dry_run_refuse_a_bad_schema_alike_every_time(sche
         assert adapter.call_count == 0
 
 
-async def test_the_output_check_applies_the_callers_schema_whatever_the_adapter_did_with_its_copy() -> None:
+async def test_an_adapter_cannot_loosen_the_callers_schema() -> None:
+    refusals: list[str] = []
+
     def loosen(kind: str, call: AdapterCall) -> str:
         schema: Any = call.output_schema
-        schema["properties"]["n"]["type"] = "string"
-        del schema["required"]
+        try:
+            schema["properties"]["n"]["type"] = "string"
+        except TypeError:
+            refusals.append("retype n")
+        try:
+            del schema["required"]
+        except TypeError:
+            refusals.append("drop required")
+        try:
+            schema["required"].clear()
+        except AttributeError:
+            refusals.append("empty required")
         return json.dumps({"n": "not a number"})
 
     broker = broker_with(fake(default=loosen))
@@ -105,6 +117,7 @@ async def test_the_output_check_applies_the_callers_schema_whatever_the_adapter_
         with pytest.raises(OutputSchemaViolation) as violated:
             await broker.call(produce(json.dumps(SCHEMA)), time_budget=None)
         assert [pointer for pointer, _ in violated.value.violations] == ["/n"]
+    assert refusals == ["retype n", "drop required", "empty required"] * 2
 
 
 async def test_a_produce_after_a_dry_run_of_its_schema_checks_the_output() -> None:
