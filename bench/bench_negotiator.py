@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -53,6 +54,7 @@ from bench.harness import (
     cold_direct_seconds,
     compare,
     compare_startup,
+    cpu_seconds,
     echo_call,
     echo_server_argv,
     open_channel,
@@ -497,12 +499,51 @@ async def run(settings: Settings, rows: list[Row]) -> None:
             rounds=settings.rounds,
         )
         rows.append(floor_row(f"Invoke throughput, {IN_FLIGHT} in flight", floor_loaded, "throughput_per_s"))
+        rows += await cpu_rows(settings, (floor.pid, floor_invoke), (negotiator.pid, invoke))
 
         rows += await schema_rows(settings, stub, echo_channel)
         rows += await _before_tree_rows(settings, stack, workdir, config, stub)
         rows += await _openai_rows(settings, stub, forwarder_stub, base_url)
         rows += await _cold_openai_rows(settings, workdir, config, base_url)
         rows += await _openai_before_rows(settings, stack, workdir, config, stub, forwarder_stub, base_url)
+
+
+async def cpu_rows(
+    settings: Settings,
+    floor: tuple[int, Callable[[], Awaitable[object]]],
+    subject: tuple[int, Callable[[], Awaitable[object]]],
+) -> list[Row]:
+    """The server's CPU per Invoke, one caller, the negotiator against the floor in alternated
+    rounds (median): the whole process and its main thread, the event loop where the servicer
+    runs. What bounds the throughput with many calls in flight, and the figure a loop in one
+    process understates (its caches stay warm between calls; a server's are not)."""
+    calls = 300 if settings.quick else 2000
+    measured: dict[int, list[tuple[float, float]]] = {floor[0]: [], subject[0]: []}
+    for index in range(settings.rounds):
+        for pid, call in (floor, subject) if index % 2 == 0 else (subject, floor):
+            for _ in range(50):
+                await call()
+            before = cpu_seconds(pid), cpu_seconds(pid, pid)
+            for _ in range(calls):
+                await call()
+            after = cpu_seconds(pid), cpu_seconds(pid, pid)
+            measured[pid].append(((after[0] - before[0]) / calls * 1e6, (after[1] - before[1]) / calls * 1e6))
+    rows = []
+    for position, part in enumerate(("the whole process", "its main thread (the event loop)")):
+        floor_us = statistics.median(pair[position] for pair in measured[floor[0]])
+        subject_us = statistics.median(pair[position] for pair in measured[subject[0]])
+        rounds = ", ".join(
+            f"{s[position]:.0f}/{f[position]:.0f}"
+            for s, f in zip(measured[subject[0]], measured[floor[0]], strict=True)
+        )
+        row = info_row(
+            f"server CPU per Invoke ({SCRIPTED}), 1 caller, {part}: negotiator vs the floor's Invoke",
+            f"{subject_us:.0f} µs",
+            f"{floor_us:.0f} µs",
+            f"{subject_us / floor_us:.2f}×, +{subject_us - floor_us:.0f} µs",
+        )
+        rows.append(dataclasses.replace(row, rounds=f"µs per call per round, negotiator/floor: {rounds}"))
+    return rows
 
 
 def floor_server_argv(listen: str, forward: str | None = None) -> list[str]:

@@ -413,6 +413,14 @@ async def measure_startup(
     )
 
 
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User plus system CPU seconds of a process (all its threads), or of one of its threads (the
+    main thread's id is the pid), from /proc (clock ticks: 10 ms here)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()  # past the command name
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     """Resident set size of a process, from /proc/<pid>/status (VmRSS)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
