@@ -449,10 +449,10 @@ def _list(root: str, domain: str | None, scope: _Scope, problems: Sequence[Probl
     return render.listing_json(root, domain, rows, problems)
 
 
-class _NotFound:
-    """`inspect`'s id is held by no seed in scope, and no file that holds none is named after it
-    (which cli.py would report instead): the SeedNotFound failure cli.py prints; or, with
-    `paths`, by the seeds of those files (sorted, as a scope's seeds are): AmbiguousSeed."""
+class _Failure:
+    """The failure cli.py prints for `inspect`'s id: SeedNotFound when no seed in scope holds it
+    and no file that holds none is named after it (which cli.py would report instead); with
+    `paths`, AmbiguousSeed: the seeds of those files hold it (sorted, as a scope's seeds are)."""
 
     __slots__ = ("paths", "seed_id")
 
@@ -463,7 +463,7 @@ class _NotFound:
 
 def _inspect(
     root: str, seed_id: str, vouched: list[_Vouched], problems: Sequence[ProblemLike]
-) -> dict[str, Any] | _NotFound | None:
+) -> dict[str, Any] | _Failure | None:
     found: tuple[_Vouched, int] | None = None
     for held in vouched:
         section = held.section
@@ -489,7 +489,7 @@ def _inspect(
             ids = held.section.column(ID)
             if any(ids[row] == seed_id for row in held.rows):
                 return None
-        return _NotFound(seed_id)
+        return _Failure(seed_id)
     held, row = found
     section = held.section
     path = held.prefix + held.names[held.rows.index(row)]
@@ -497,7 +497,7 @@ def _inspect(
     return render.inspect_json(root, path, section.column(REVISION)[row], seed, problems)
 
 
-def _ambiguous(seed_id: str, vouched: list[_Vouched]) -> _NotFound | None:
+def _ambiguous(seed_id: str, vouched: list[_Vouched]) -> _Failure | None:
     """AmbiguousSeed for the files of the scope whose seeds hold `seed_id`, found from checked
     ids (the counts that found a second one read columns as written); None if fewer than two."""
     paths: list[str] = []
@@ -509,7 +509,7 @@ def _ambiguous(seed_id: str, vouched: list[_Vouched]) -> _NotFound | None:
     if len(paths) < 2:
         return None
     paths.sort()
-    return _NotFound(seed_id, paths)
+    return _Failure(seed_id, paths)
 
 
 def _search(
@@ -574,9 +574,9 @@ def run(argv: Sequence[str], env: Mapping[str, str], stdout: TextIO, stderr: Tex
 
 
 def _print(
-    answered: tuple[str | _Listing, Sequence[ProblemLike]] | _NotFound, stdout: TextIO, stderr: TextIO
+    answered: tuple[str | _Listing, Sequence[ProblemLike]] | _Failure, stdout: TextIO, stderr: TextIO
 ) -> int:
-    if isinstance(answered, _NotFound):
+    if isinstance(answered, _Failure):
         # The errors and their status table are imported only now: no answer needs them.
         from agentsidecar.seedstore_service.cli_output import local_error_object
         from agentsidecar.seedstore_service.errors import AmbiguousSeed, SeedNotFound
@@ -600,7 +600,7 @@ def _print(
 
 def _answer(
     argv: Sequence[str], env: Mapping[str, str]
-) -> tuple[str | _Listing, Sequence[ProblemLike]] | _NotFound | None:
+) -> tuple[str | _Listing, Sequence[ProblemLike]] | _Failure | None:
     request = parse(argv)
     if request is None or env.get(SERVER_ENV):
         return None
@@ -608,7 +608,7 @@ def _answer(
     if root is None or not is_normal(root):
         return None
     style = request.value("json-style") or cli_common.DEFAULT_JSON_STYLE
-    output: dict[str, Any] | _NotFound | None
+    output: dict[str, Any] | _Failure | None
     problems: Sequence[ProblemLike] = ()
     if request.command == "store":
         output = render.store_json(root)
@@ -644,7 +644,7 @@ def _answer(
                 output = _search(root, request, _Scope(vouched), problems)
         except ValueError:
             return None  # a column or a block of a section is not what was written
-    if output is None or isinstance(output, _NotFound):
+    if output is None or isinstance(output, _Failure):
         return output
     # Imported here: a pretty `list` written from the listing blocks needs none of it.
     from agentsidecar.seedstore_service import cli_output
