@@ -661,8 +661,37 @@ def _kept_for_search(section: indexfile.Section) -> indexfile.Section:
 
 
 def main() -> int:
-    """The `seedstore` console command."""
+    """The `seedstore` command's exit code, once it has printed what it prints."""
     argv = sys.argv[1:]
+    code = _answered(argv)
+    if code is None:
+        from agentsidecar.seedstore_service.cli import main as full_main
+
+        return full_main(argv)
+    return code
+
+
+def console() -> int:
+    """The `seedstore` console script: `main`, but a command answered here or by `remote_read`
+    ends the process as soon as its output is flushed (`os._exit`), without the interpreter's
+    teardown: freeing every module and object one by one is work no one waits for. cli.main's
+    commands exit as usual (their locks, temporary files and handlers close at exit)."""
+    argv = sys.argv[1:]
+    code = _answered(argv)
+    if code is None:
+        from agentsidecar.seedstore_service.cli import main as full_main
+
+        return full_main(argv)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        code = cli_common.reader_gone(sys.stdout)
+    os._exit(code)
+
+
+def _answered(argv: list[str]) -> int | None:
+    """The exit code of a command answered here, else by `remote_read`; None: cli.py answers."""
     # One command, then the process exits: the cyclic collector would only scan the decoded
     # index, or the service's reply, again and again (cli.main pauses it the same way).
     collecting = gc.isenabled()
@@ -676,10 +705,6 @@ def main() -> int:
     finally:
         if collecting:
             gc.enable()
-    if code is None:
-        from agentsidecar.seedstore_service.cli import main as full_main
-
-        return full_main(argv)
     return code
 
 

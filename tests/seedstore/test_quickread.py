@@ -665,6 +665,31 @@ def test_a_reader_that_has_gone_gets_no_traceback(settled: Path, argv: list[str]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv", [["list"], ["inspect", "say", "--domain", "voice", "--json"], ["inspect", "nowhere"]]
+)
+def test_the_console_script_ends_an_answer_with_its_output_whole(
+    settled: Path, tmp_path: Path, argv: list[str]
+) -> None:
+    """The console script ends the process at once after an answer from the index: into files
+    (block-buffered, unlike a terminal) its output, errors and exit code are cli.py's, byte for byte."""
+    assert quick(argv) is not None  # answered from the index
+    env = {**os.environ, "SKILLSPEC_HOME": str(settled)}
+    env.pop("SEEDSTORE_SERVER", None)
+    ended = []
+    for name, command in (
+        ("console", [SEEDSTORE, *argv]),
+        ("cli", [PYTHON, "-m", "agentsidecar.seedstore_service.cli", *argv]),
+    ):
+        out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            code = subprocess.run(command, env=env, stdout=stdout, stderr=stderr, timeout=60).returncode
+        ended.append((code, out.read_bytes(), err.read_bytes()))
+    assert ended[0] == ended[1]
+    assert len(ended[0][1]) + len(ended[0][2]) > 100  # the answer or the error, in full
+
+
+@pytest.mark.slow
 def test_warnings_to_a_reader_that_has_gone_end_as_cli_ends(settled: Path) -> None:
     """`seedstore list 2>&1 | head -c 1` on a store with a file that does not parse: the warning
     cannot be written; the quick path ends as cli.py does (exit 1, no traceback, no answer)."""
