@@ -3,9 +3,9 @@
     python -m bench.profile_negotiator [--calls N] [--cprofile] [--top K]
 
 Starts the negotiator in this process (`agentsidecar.negotiator_service.server.create_server`
-on a Unix socket, the bench config of bench_negotiator.py, decision lines to a
-file through the logging module at INFO; `negotiator serve` writes them
-through the runtime's batched stderr writer, which costs less), then:
+on a Unix socket, the bench config of bench_negotiator.py, decision lines
+through the runtime's batched writer as `negotiator serve` writes them, here
+to a file), then:
 
 * times the server-side per-call work piece by piece, without gRPC
   (convert, validate_request, profile expansion, derive/judge, the decision
@@ -22,7 +22,7 @@ through the runtime's batched stderr writer, which costs less), then:
   (p50, p99, p99.9, max), long enough to make every cache drop entries;
 * with --cprofile, profiles this process (the server) while a client
   process makes N Negotiate and then N Invoke calls, and prints the
-  functions with the most own time, then the negotiator's (and logging's)
+  functions with the most own time, then the negotiator's and the runtime's
   functions by cumulative time.
 """
 
@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
-import logging
 import os
 import pstats
 import sys
@@ -287,7 +287,7 @@ async def through_grpc(target: str, calls: int, top: int) -> None:
         print(f"\n== {method}: {calls} calls from a client process in {elapsed:.2f} s (profiled server) ==")
         stats = pstats.Stats(profile, stream=sys.stdout)
         stats.sort_stats("tottime").print_stats(top)
-        stats.sort_stats("cumulative").print_stats("agentsidecar.negotiator_service|logging", top)
+        stats.sort_stats("cumulative").print_stats("agentsidecar", top)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -295,20 +295,25 @@ async def main(args: argparse.Namespace) -> None:
         workdir = Path(tmp)
         config = workdir / "negotiator.yaml"
         config.write_text(bench_config("http://127.0.0.1:9/v1"))
-        # As `negotiator serve`: decision records at INFO, here to a file rather than the terminal.
-        logging.basicConfig(
-            filename=str(workdir / "decisions.log"), level=logging.INFO, format="%(message)s", force=True
-        )
-        running = await create_server(
-            Settings(listen=(f"unix:{workdir / 'n.sock'}",), config_path=config, state_dir=workdir / "state")
-        )
-        try:
-            await breakdown(running, args.calls)
-            await cold_breakdown(running, args.calls)
-            if args.cprofile:
-                await through_grpc(running.bound[0], args.calls, args.top)
-        finally:
-            await running.stop()
+        # As `negotiator serve`: decision lines through the runtime's batched stderr writer, which
+        # takes the stderr of the moment it is made: here a file rather than the terminal.
+        with (workdir / "decisions.log").open("w", encoding="utf-8") as decisions:
+            with contextlib.redirect_stderr(decisions):
+                running = await create_server(
+                    Settings(
+                        listen=(f"unix:{workdir / 'n.sock'}",),
+                        config_path=config,
+                        state_dir=workdir / "state",
+                        decisions_to_stderr=True,
+                    )
+                )
+            try:
+                await breakdown(running, args.calls)
+                await cold_breakdown(running, args.calls)
+                if args.cprofile:
+                    await through_grpc(running.bound[0], args.calls, args.top)
+            finally:
+                await running.stop()
 
 
 if __name__ == "__main__":
