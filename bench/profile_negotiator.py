@@ -13,7 +13,13 @@ to a file), then:
   the broker's judgement, response conversion with and without the
   server's caches, the reply's size bound, the brokered call with and
   without a time budget), each as µs per call;
-* times the cold pieces the same way, each call with an input no call
+* times the warm Invoke's pieces (request conversion, the brokered call, the
+  response) one call at a time, each call after touching a buffer of four
+  times the CPU's L2 cache, beside the same without: in a server, gRPC's core
+  and the event loop run between two calls and push the call path's objects
+  out of the cache, and that, not the instructions, is most of what the call
+  path costs there (compare bench/server_cpu_stages.py);
+* times the cold pieces as the first ones, each call with an input no call
   before it had (bench_negotiator's 20-property schema with a new tag, a
   new `seed` setting): the schema's parse, metaschema check, compile and
   formats walk, its whole check, a new decision's log line, proto and
@@ -35,6 +41,7 @@ import cProfile
 import json
 import os
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -144,6 +151,64 @@ async def breakdown(running: object, calls: int) -> None:
             await work()
         per_call = (time.perf_counter() - started) / calls
         print(f"  {label:<46} {per_call * 1e6:8.1f} µs")
+
+
+def l2_bytes() -> int:
+    """The CPU's L2 cache per core (sysfs), or 2 MiB when the system does not say."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+    except OSError:
+        return 2 << 20
+    units = {"K": 1 << 10, "M": 1 << 20}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+async def evicted_breakdown(running: object, calls: int) -> None:
+    """The warm Invoke's pieces with the CPU's L2 cache evicted before each call: what they cost in
+    a server, where gRPC's core and the event loop run between two calls. Each call is timed
+    alone (the eviction is not in its time); medians. A piece's distance from its warm-loop
+    figure is the memory it touches that is not in the cache."""
+    from agentsidecar.negotiator_service.server import RunningNegotiator
+
+    assert isinstance(running, RunningNegotiator)
+    broker, caches = running.broker, running.broker.caches
+    invoke_message = scripted_invoke_request()
+    request = caches.invoke_request(invoke_message)
+    reply, decision = await broker.call(request, time_budget=None)
+    evicted = bytearray(4 * l2_bytes())
+    touch = b"\1" * (len(evicted) // 64)
+
+    async def converted() -> object:
+        return caches.invoke_request(invoke_message)
+
+    async def brokered() -> object:
+        return await broker.call(request, time_budget=None, caller="unix:")
+
+    async def responded() -> object:
+        return caches.invoke_response(reply, decision)
+
+    async def whole() -> object:
+        answer, judged = await broker.call(caches.invoke_request(invoke_message), time_budget=None)
+        return caches.invoke_response(answer, judged)
+
+    print(f"the warm Invoke's pieces, {calls} calls each, {len(evicted) >> 20} MiB touched before each call:")
+    for label, work in (
+        ("caches.invoke_request", converted),
+        ("broker.call (scripted adapter)", brokered),
+        ("caches.invoke_response", responded),
+        ("all three", whole),
+    ):
+        figures = []
+        for evict in (False, True):
+            times = []
+            for _ in range(calls):
+                if evict:
+                    evicted[::64] = touch  # one byte in every cache line
+                started = time.perf_counter_ns()
+                await work()
+                times.append(time.perf_counter_ns() - started)
+            figures.append(statistics.median(times) / 1000)
+        print(f"  {label:<46} {figures[1]:8.1f} µs  (warm loop {figures[0]:.1f})")
 
 
 def _checking(texts: list[str], compile_it: bool) -> Callable[[int], object]:
@@ -309,6 +374,7 @@ async def main(args: argparse.Namespace) -> None:
                 )
             try:
                 await breakdown(running, args.calls)
+                await evicted_breakdown(running, args.calls)
                 await cold_breakdown(running, args.calls)
                 if args.cprofile:
                     await through_grpc(running.bound[0], args.calls, args.top)
