@@ -664,11 +664,7 @@ def main() -> int:
     """The `seedstore` command's exit code, once it has printed what it prints."""
     argv = sys.argv[1:]
     code = _answered(argv)
-    if code is None:
-        from agentsidecar.seedstore_service.cli import main as full_main
-
-        return full_main(argv)
-    return code
+    return _full_cli(argv) if code is None else code
 
 
 def console() -> int:
@@ -679,15 +675,19 @@ def console() -> int:
     argv = sys.argv[1:]
     code = _answered(argv)
     if code is None:
-        from agentsidecar.seedstore_service.cli import main as full_main
-
-        return full_main(argv)
+        return _full_cli(argv)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except BrokenPipeError:
         code = cli_common.reader_gone(sys.stdout)
     os._exit(code)
+
+
+def _full_cli(argv: list[str]) -> int:
+    from agentsidecar.seedstore_service.cli import main as full_main
+
+    return full_main(argv)
 
 
 def _answered(argv: list[str]) -> int | None:
